@@ -1,0 +1,196 @@
+# Board profile: boards/<name>.json on the host, board.json on the device, as a
+# plain object. Loading validates every field and names the first bad one, so a
+# malformed profile is one clear line, never a KeyError deep in the firmware.
+import json
+
+# Memory tier kinds a profile may name; budget and bandwidth code key on these.
+TIER_KINDS = ("sram", "psram", "dram", "flash")
+BOARD_KINDS = ("mcu", "soc")
+
+
+class BoardError(ValueError):
+    # a profile that cannot be used; str() is "<where>: <field>: <problem>"
+    def __init__(self, where, field, problem):
+        super().__init__("%s: %s: %s" % (where, field, problem))
+        self.where = where  # file name or "<dict>"
+        self.field = field  # dotted path of the offending field, e.g. "memory[1].bytes"
+        self.problem = problem  # what is wrong with it
+
+
+class Tier:
+    # one memory tier of a board: where bytes live and what moving them costs
+    def __init__(self, d, where, path):
+        self.name = _str(d, "name", where, path)  # unique within the board, e.g. "psram"
+        self.kind = _choice(d, "kind", TIER_KINDS, where, path)  # one of TIER_KINDS
+        self.bytes = _int(d, "bytes", where, path, 1)  # capacity in bytes
+        self.bandwidth = _int(d, "bandwidth_bytes_per_s", where, path, 1)  # sustained bytes/s
+        self.latency_ns = _int(d, "latency_ns", where, path, 0)  # first-access latency, ns
+        self.dma = _bool(d, "dma", where, path)  # True when a DMA engine can move it
+        self.source = _str(d, "source", where, path)  # citation; "estimate: ..." when estimated
+
+    def to_dict(self):
+        # the JSON form this tier was loaded from
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "bytes": self.bytes,
+            "bandwidth_bytes_per_s": self.bandwidth,
+            "latency_ns": self.latency_ns,
+            "dma": self.dma,
+            "source": self.source,
+        }
+
+
+class Board:
+    # a validated board profile; see docs/boards.md for every field
+    def __init__(self, d, where="<dict>"):
+        if not isinstance(d, dict):
+            raise BoardError(where, "<top>", "expected a JSON object")
+        self.where = where  # where the profile came from (for messages)
+        self.name = _str(d, "name", where, "")  # identifier, same as the file stem
+        self.title = _str(d, "title", where, "")  # human description
+        self.kind = _choice(d, "kind", BOARD_KINDS, where, "")  # "mcu" or "soc"
+        cpu = _obj(d, "cpu", where, "")
+        self.cpu_arch = _str(cpu, "arch", where, "cpu.")  # e.g. "xtensa-lx7"
+        self.cores = _int(cpu, "cores", where, "cpu.", 1)  # CPU cores
+        self.cpu_mhz = _int(cpu, "mhz", where, "cpu.", 1)  # max clock, MHz
+        tiers = _list(d, "memory", where, "")
+        if not tiers:
+            raise BoardError(where, "memory", "needs at least one tier")
+        self.tiers = []  # [Tier], fastest first as listed
+        seen = {}
+        for i, t in enumerate(tiers):
+            path = "memory[%d]." % i
+            if not isinstance(t, dict):
+                raise BoardError(where, path[:-1], "expected a JSON object")
+            tier = Tier(t, where, path)
+            if tier.name in seen:
+                raise BoardError(where, path + "name", "duplicate tier name %r" % tier.name)
+            seen[tier.name] = tier
+            self.tiers.append(tier)
+        thermal = _obj(d, "thermal", where, "")
+        self.throttle_c = _int(thermal, "throttle_c", where, "thermal.", 1)  # throttles from here, °C
+        self.usb_vid = None  # USB vendor id (int) of the board's serial port, or None
+        self.usb_pid = None  # USB product id (int), or None
+        usb = d.get("usb")
+        if usb is not None:
+            if not isinstance(usb, dict):
+                raise BoardError(where, "usb", "expected an object or null")
+            self.usb_vid = _hex16(usb, "vid", where, "usb.")
+            self.usb_pid = _hex16(usb, "pid", where, "usb.")
+        self.source = _str(d, "source", where, "")  # citation for cpu/thermal/usb figures
+        est = d.get("estimates", [])
+        if not isinstance(est, list) or not all(isinstance(e, str) for e in est):
+            raise BoardError(where, "estimates", "expected a list of field names")
+        self.estimates = est  # fields whose figures are estimates, not datasheet values
+        if self.kind == "mcu":
+            self.mpy_heap = _int(d, "micropython_heap_bytes", where, "", 1024)  # usable GC heap
+            self.mpy_arch = _str(d, "mpy_arch", where, "")  # mpy-cross -march value
+            self.firmware_bytes = _int(d, "firmware_reserved_bytes", where, "", 0)  # heap the firmware itself keeps
+        else:
+            self.mpy_heap = None
+            self.mpy_arch = None
+            self.firmware_bytes = _int(d, "os_reserved_bytes", where, "", 0)  # RAM the OS keeps
+        self.raw = d  # the dict as loaded, for writing to the device
+
+    def tier(self, name):
+        # the tier called name; KeyError names the board when absent
+        for t in self.tiers:
+            if t.name == name:
+                return t
+        raise KeyError("board %s has no memory tier %r" % (self.name, name))
+
+    def tier_of_kind(self, kind):
+        # the first (fastest listed) tier of a kind, or None
+        for t in self.tiers:
+            if t.kind == kind:
+                return t
+        return None
+
+    def total_bytes(self, kind):
+        # bytes in all tiers of a kind
+        n = 0
+        for t in self.tiers:
+            if t.kind == kind:
+                n += t.bytes
+        return n
+
+
+def loads(text, where="<string>"):
+    # parse and validate a profile from JSON text
+    try:
+        d = json.loads(text)
+    except ValueError as e:
+        raise BoardError(where, "<json>", "not valid JSON (%s)" % e)
+    return Board(d, where)
+
+
+def load(path):
+    # read and validate the profile at path (boards/x.json on the host, board.json on a device)
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError:
+        raise BoardError(path, "<file>", "cannot be read")
+    return loads(text, path)
+
+
+def _get(d, key, where, path):
+    if key not in d:
+        raise BoardError(where, path + key, "missing")
+    return d[key]
+
+
+def _str(d, key, where, path):
+    v = _get(d, key, where, path)
+    if not isinstance(v, str) or not v:
+        raise BoardError(where, path + key, "expected a non-empty string")
+    return v
+
+
+def _int(d, key, where, path, minimum):
+    v = _get(d, key, where, path)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise BoardError(where, path + key, "expected an integer")
+    if v < minimum:
+        raise BoardError(where, path + key, "must be at least %d" % minimum)
+    return v
+
+
+def _bool(d, key, where, path):
+    v = _get(d, key, where, path)
+    if not isinstance(v, bool):
+        raise BoardError(where, path + key, "expected true or false")
+    return v
+
+
+def _obj(d, key, where, path):
+    v = _get(d, key, where, path)
+    if not isinstance(v, dict):
+        raise BoardError(where, path + key, "expected an object")
+    return v
+
+
+def _list(d, key, where, path):
+    v = _get(d, key, where, path)
+    if not isinstance(v, list):
+        raise BoardError(where, path + key, "expected a list")
+    return v
+
+
+def _choice(d, key, choices, where, path):
+    v = _str(d, key, where, path)
+    if v not in choices:
+        raise BoardError(where, path + key, "expected one of %s" % ", ".join(choices))
+    return v
+
+
+def _hex16(d, key, where, path):
+    v = _str(d, key, where, path)
+    try:
+        n = int(v, 16)
+    except ValueError:
+        n = -1
+    if not v.startswith("0x") or not 0 <= n <= 0xFFFF:
+        raise BoardError(where, path + key, "expected a hex string like \"0x303A\"")
+    return n

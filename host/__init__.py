@@ -1,0 +1,1 @@
+# kvrtos host tools (CPython only): flashing, the virtual board, monitor, budget, emulator.

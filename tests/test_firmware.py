@@ -1,0 +1,20 @@
+# Every firmware test script (tests/firmware/fw_*.py) runs under the real MicroPython
+# interpreter with the default board's heap, and under CPython.
+import glob
+import os
+
+import pytest
+
+from conftest import FIRMWARE_TESTS, run_firmware
+
+SCRIPTS = sorted(glob.glob(os.path.join(FIRMWARE_TESTS, "fw_*.py")))
+
+
+@pytest.mark.parametrize("interp", [pytest.param("micropython", marks=pytest.mark.micropython), pytest.param("cpython", marks=pytest.mark.cpython)])
+@pytest.mark.parametrize("script", SCRIPTS, ids=[os.path.basename(s)[:-3] for s in SCRIPTS])
+def test_firmware_script(script, interp):
+    r = run_firmware(script, interp)
+    out = r.stdout.strip().splitlines()
+    assert r.returncode == 0 and out and out[-1].startswith("PASS"), (
+        "%s under %s exited %d\n--- stdout\n%s\n--- stderr\n%s" % (os.path.basename(script), interp, r.returncode, r.stdout, r.stderr)
+    )
