@@ -1,0 +1,345 @@
+# The virtual board: MicroPython's unix port behind a pseudo-terminal, heap from the
+# board profile, filesystem in a directory, speaking the raw REPL so that the real
+# mpremote (and `kv flash`, `kv monitor`) work against it exactly as against a USB
+# serial port. The wrapper adds what the unix port lacks: soft reset. When the
+# interpreter exits (Ctrl-D at the REPL, sys.exit, a crash) it is restarted like a
+# board after a soft reset: boot.py, then main.py unless the reset came from the raw
+# REPL, where the board comes back in raw mode as mpremote expects.
+#
+#   host  <->  user pty (its path: .vboard/NAME/port)  <->  this relay  <->  child pty  <->  micropython
+import argparse
+import errno
+import fcntl
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+import termios
+import time
+import tty
+
+from host import boards, paths
+from host.errors import UserError
+
+BOOT_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vboard_boot.py")
+RAW_BANNER = b"raw REPL; CTRL-B to exit\r\n"  # the raw REPL's greeting
+FRIENDLY_PROMPT = b">>> "  # the friendly REPL's prompt
+_TAIL = 64  # bytes of recent output kept to spot prompts split across reads
+
+
+def state_dir(name):
+    # .vboard/NAME: the default home of a virtual board (fs/, port, vboard.pid)
+    return os.path.join(paths.VBOARD_HOME, name)
+
+
+def port_link(name):
+    # the stable path of a virtual board's port: a symlink to its current pty
+    return os.path.join(state_dir(name), "port")
+
+
+def running_port(name):
+    # the port path of a live virtual board for this profile, or None
+    link = port_link(name)
+    pidfile = os.path.join(state_dir(name), "vboard.pid")
+    try:
+        with open(pidfile) as f:
+            pid = int(f.read().strip())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return None
+    return link if os.path.exists(link) else None
+
+
+class VirtualBoard:
+    # one virtual board process: owns the user pty and (re)starts the interpreter
+    def __init__(self, board, fs_dir=None, home=None, vanish_after=None, quiet=False):
+        self.board = board  # validated firmware_py.board.Board
+        self.home = home or state_dir(board.name)  # holds port link and pid file
+        self.fs_dir = os.path.abspath(fs_dir or os.path.join(self.home, "fs"))  # the board's filesystem
+        self.heap = board.mpy_heap or 2 * 1024 * 1024  # GC heap given to the interpreter, bytes
+        self.vanish_after = vanish_after  # fault injection: vanish after this many host bytes, or None
+        self.quiet = quiet  # no status lines on stdout
+        self.link = os.path.join(self.home, "port")  # stable port path for clients
+        self.master = -1  # host side of the user pty (we read/write it)
+        self.slave_keep = -1  # a held-open fd of the user pty's slave, so clients may come and go
+        self.child = None  # subprocess.Popen of the interpreter, or None
+        self.child_fd = -1  # our side of the interpreter's pty
+        self.raw = False  # True while the interpreter sits in its raw REPL
+        self.entering_raw = False  # after a raw soft reset: swallow the banner, send Ctrl-A
+        self.sent_ctrl_a = False  # Ctrl-A already sent during entering_raw
+        self.held = b""  # output held back while entering_raw
+        self.tail = b""  # last _TAIL bytes of interpreter output
+        self.from_host = 0  # bytes received from the host since start
+        self.dropped = 0  # output bytes dropped because no host was reading and the pty was full
+        self.restarts = 0  # soft resets so far
+        self.stopping = False  # set by SIGTERM/SIGINT
+
+    # open the user-facing pty and publish its path; returns the pty path
+    def open_port(self):
+        os.makedirs(self.fs_dir, exist_ok=True)
+        os.makedirs(self.home, exist_ok=True)
+        self.master, slave = pty.openpty()
+        tty.setraw(slave)
+        self.slave_keep = slave
+        fl = fcntl.fcntl(self.master, fcntl.F_GETFL)
+        fcntl.fcntl(self.master, fcntl.F_SETFL, fl | os.O_NONBLOCK)
+        path = os.ttyname(slave)
+        tmp = self.link + ".new"
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+        os.symlink(path, tmp)
+        os.replace(tmp, self.link)
+        with open(os.path.join(self.home, "vboard.pid"), "w") as f:
+            f.write("%d\n" % os.getpid())
+        return path
+
+    # start the interpreter on a fresh pty; raw=True skips main.py and re-enters raw REPL
+    def spawn(self, raw):
+        master, slave = pty.openpty()
+        # Raw bytes both ways, but keep ISIG: while the interpreter runs code it
+        # restores these settings, so Ctrl-C becomes SIGINT -> KeyboardInterrupt,
+        # as the interrupt character does on a board's UART.
+        tty.setraw(slave)
+        attrs = termios.tcgetattr(slave)
+        attrs[3] |= termios.ISIG
+        termios.tcsetattr(slave, termios.TCSANOW, attrs)
+
+        def make_controlling_tty():
+            os.setsid()
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+        env = dict(os.environ)
+        env.pop("MICROPYPATH", None)
+        cmd = [paths.tool("micropython"), "-X", "heapsize=%d" % self.heap, "-i", BOOT_SCRIPT]
+        if raw:
+            cmd.append("raw")
+        self.child = subprocess.Popen(
+            cmd, cwd=self.fs_dir, stdin=slave, stdout=slave, stderr=slave,
+            preexec_fn=make_controlling_tty, close_fds=True, env=env,
+        )
+        os.close(slave)
+        self.child_fd = master
+        self.entering_raw = raw
+        self.sent_ctrl_a = False
+        self.held = b""
+        self.tail = b""
+        self.raw = False
+
+    # write to the host; drops (and counts) what a full, unread pty cannot take
+    def to_host(self, data):
+        while data:
+            try:
+                n = os.write(self.master, data)
+            except BlockingIOError:
+                self.dropped += len(data)
+                return
+            data = data[n:]
+
+    # track raw/friendly REPL state from interpreter output
+    def _track(self, data):
+        window = self.tail + data
+        r = window.rfind(RAW_BANNER)
+        f = window.rfind(FRIENDLY_PROMPT)
+        if r >= 0 or f >= 0:
+            self.raw = r > f
+        self.tail = window[-_TAIL:]
+
+    # interpreter output: held back while re-entering raw mode, else relayed
+    def from_child(self, data):
+        if not self.entering_raw:
+            self._track(data)
+            self.to_host(data)
+            return
+        self.held += data
+        if not self.sent_ctrl_a and FRIENDLY_PROMPT in self.held:
+            os.write(self.child_fd, b"\x01")  # ctrl-A: enter raw REPL
+            self.sent_ctrl_a = True
+        i = self.held.find(RAW_BANNER)
+        if i >= 0:
+            banner = self.held.find(b"MicroPython ")
+            before = self.held[:banner] if banner >= 0 else b""  # boot.py output, if any
+            rest = self.held[i:]
+            self.entering_raw = False
+            self.held = b""
+            self._track(rest)
+            self.to_host(before + rest)
+
+    # the interpreter exited: restart it like a soft reset
+    def restart(self):
+        if self.child is not None:
+            try:
+                self.child.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                self.child.kill()
+                self.child.wait()
+        if self.child_fd >= 0:
+            os.close(self.child_fd)
+            self.child_fd = -1
+        raw = self.raw
+        self.restarts += 1
+        self.to_host(b"soft reboot\r\n" if raw else b"MPY: soft reboot\r\n")
+        self.spawn(raw)
+
+    # relay bytes until stopped
+    def serve(self):
+        while not self.stopping:
+            fds = [self.master, self.child_fd]
+            try:
+                ready, _, _ = select.select(fds, [], [], 0.5)
+            except InterruptedError:
+                continue
+            if self.child_fd in ready:
+                try:
+                    data = os.read(self.child_fd, 4096)
+                except OSError as e:
+                    if e.errno != errno.EIO:
+                        raise
+                    data = b""
+                if data:
+                    self.from_child(data)
+                else:
+                    self.restart()
+                    continue
+            if self.master in ready:
+                try:
+                    data = os.read(self.master, 4096)
+                except (BlockingIOError, InterruptedError):
+                    data = b""
+                except OSError as e:
+                    if e.errno != errno.EIO:
+                        raise
+                    data = b""  # no host has the port open right now
+                if data:
+                    self.from_host += len(data)
+                    if self.vanish_after is not None and self.from_host >= self.vanish_after:
+                        # fault injection: the port disappears mid-transfer, like an unplugged cable
+                        os.write(self.child_fd, data[: max(0, len(data) - (self.from_host - self.vanish_after))])
+                        self.vanish()
+                    os.write(self.child_fd, data)
+            if self.child is not None and self.child.poll() is not None and self.child_fd not in ready:
+                # exited without closing its pty cleanly
+                self.restart()
+
+    # close everything at once, as an unplugged board would
+    def vanish(self):
+        self.close()
+        os._exit(3)
+
+    # stop the interpreter and remove the port
+    def close(self):
+        if self.child is not None and self.child.poll() is None:
+            self.child.kill()
+            self.child.wait()
+        for fd in (self.child_fd, self.master, self.slave_keep):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.child_fd = self.master = self.slave_keep = -1
+        for p in (self.link, os.path.join(self.home, "vboard.pid")):
+            try:
+                if os.path.islink(p) or os.path.exists(p):
+                    os.remove(p)
+            except OSError:
+                pass
+
+    # open the port, start the interpreter and serve until SIGTERM/SIGINT
+    def run(self):
+        path = self.open_port()
+
+        def stop(signum, frame):
+            self.stopping = True
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        self.spawn(raw=False)
+        if not self.quiet:
+            print("vboard %s: port %s (stable path %s)" % (self.board.name, path, os.path.relpath(self.link)))
+            print("vboard %s: heap %d B, filesystem %s; Ctrl-C to stop" % (self.board.name, self.heap, os.path.relpath(self.fs_dir)))
+            sys.stdout.flush()
+        try:
+            self.serve()
+        finally:
+            self.close()
+        if not self.quiet:
+            print("vboard %s: stopped after %d soft resets" % (self.board.name, self.restarts))
+
+
+class Handle:
+    # a virtual board running as a child process of this one (tests, demo, flash)
+    def __init__(self, proc, link, home):
+        self.proc = proc  # subprocess.Popen of `python -m host.vboard`
+        self.port = link  # stable port path
+        self.home = home  # state directory
+
+    # stop it (SIGTERM, then SIGKILL)
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def start(board_name, fs_dir=None, home=None, vanish_after=None, detach=False, timeout=20.0):
+    # start a virtual board in the background; returns a Handle once its port is up
+    b = boards.load(board_name)
+    home = os.path.abspath(home or state_dir(b.name))
+    link = os.path.join(home, "port")
+    if os.path.lexists(link):
+        os.remove(link)
+    cmd = [sys.executable, "-m", "host.vboard", "--board", board_name, "--home", home, "--quiet"]
+    if fs_dir:
+        cmd += ["--fs", os.path.abspath(fs_dir)]
+    if vanish_after is not None:
+        cmd += ["--vanish-after-bytes", str(vanish_after)]
+    os.makedirs(home, exist_ok=True)
+    log = open(os.path.join(home, "vboard.log"), "ab")
+    proc = subprocess.Popen(
+        cmd, cwd=paths.ROOT, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+        start_new_session=detach, env=dict(os.environ, PYTHONPATH=paths.ROOT),
+    )
+    log.close()
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(link):
+        if proc.poll() is not None:
+            raise UserError("virtual board %s exited at start (log: %s)" % (b.name, os.path.join(home, "vboard.log")))
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise UserError("virtual board %s did not come up within %.0f s" % (b.name, timeout))
+        time.sleep(0.05)
+    return Handle(proc, link, home)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="vboard", description="MicroPython unix port behind a pty, as a virtual board")
+    ap.add_argument("--board", default=paths.DEFAULT_BOARD)
+    ap.add_argument("--fs", default=None, help="filesystem directory (default .vboard/NAME/fs)")
+    ap.add_argument("--home", default=None, help="state directory for port link and pid (default .vboard/NAME)")
+    ap.add_argument("--vanish-after-bytes", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--quiet", action="store_true")
+    a = ap.parse_args(argv)
+    try:
+        b = boards.load(a.board)
+        if b.kind != "mcu":
+            raise UserError("board %s is a %s, not a microcontroller: no virtual board for it" % (b.name, b.kind), 2)
+        VirtualBoard(b, fs_dir=a.fs, home=a.home, vanish_after=a.vanish_after_bytes, quiet=a.quiet).run()
+    except UserError as e:
+        print("vboard: %s" % e, file=sys.stderr)
+        return e.code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
