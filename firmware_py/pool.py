@@ -1,0 +1,213 @@
+# Static heap pool: one arena allocated once at boot, split into fixed-size blocks.
+# Allocation and free are O(1) (a free list threaded through an index array), never
+# touch the heap after boot, and cannot fragment it. Regions give each request a
+# quota of blocks; counters follow FreeRTOS HeapStats_t and Zephyr k_mem_slab.
+#
+# arena (bytearray, one tier: the MicroPython GC heap = PSRAM on the ESP32-S3)
+#   block b occupies arena[b * block_bytes : (b + 1) * block_bytes]
+#   views[b] is a memoryview of exactly that block, made once here at boot
+#   (slicing a memoryview later would allocate on MicroPython).
+from array import array
+
+from firmware_py.compat import const, mem_free, micropython, ptr32
+
+_NONE = const(-1)  # free-list end / "no block"
+_TAKEN = const(-2)  # next[b] of a block that is allocated
+_MAX_REGIONS = const(16)  # regions are numbered 0 .. _MAX_REGIONS - 1
+# per-block bookkeeping bytes kept outside the arena: next (4) + ref (2) + owner (1)
+META_BYTES_PER_BLOCK = const(7)
+
+
+class PoolError(ValueError):
+    # a caller's mistake (bad size, double free, foreign block) or an arena that does
+    # not fit in the heap at boot; str() is one line
+    pass
+
+
+@micropython.viper
+def _zero32(buf, word: int, n: int):
+    # buf's uint32 words [word, word + n) = 0; O(n), no allocation
+    p = ptr32(buf)
+    i = word
+    end = word + n
+    while i < end:
+        p[i] = 0
+        i += 1
+
+
+@micropython.viper
+def copy32(dst, dword: int, src, sword: int, n: int):
+    # dst words [dword, dword + n) = src words [sword, sword + n); O(n), no allocation
+    d = ptr32(dst)
+    s = ptr32(src)
+    i = 0
+    while i < n:
+        d[dword + i] = s[sword + i]
+        i += 1
+
+
+class Pool:
+    # fixed-size block allocator over one preallocated arena, with regions (quotas)
+    def __init__(self, block_bytes, n_blocks, clear_on_free=False, views=True):
+        if block_bytes < 4 or block_bytes % 4:
+            raise PoolError("block_bytes must be a positive multiple of 4, got %d" % block_bytes)
+        if n_blocks < 1 or n_blocks > 0x7FFF:
+            raise PoolError("n_blocks must be 1..32767, got %d" % n_blocks)
+        need = block_bytes * n_blocks
+        free = mem_free()  # None on CPython: not measurable, just try
+        if free is not None and need > free:
+            raise PoolError("arena needs %d B, heap has %d B free" % (need, free))
+        try:
+            arena = bytearray(need)
+        except MemoryError:
+            # compat.mem_free() counts all free bytes; the arena needs them contiguous
+            raise PoolError("arena needs %d B contiguous, heap has %s B free" % (need, mem_free()))
+        self.arena = arena  # bytearray[n_blocks * block_bytes], the only KV memory
+        self.block_bytes = block_bytes  # bytes per block, multiple of 4
+        self.block_words = block_bytes // 4  # uint32 words per block
+        self.n_blocks = n_blocks  # blocks in the arena
+        self.clear_on_free = clear_on_free  # zero a block when it returns to the free list
+        self.next = array("i", range(1, n_blocks + 1))  # free-list link; _TAKEN when allocated
+        self.next[n_blocks - 1] = _NONE
+        self.head = 0  # first free block, or _NONE
+        self.ref = filled("h", n_blocks, 0)  # references to each block (0 = free)
+        self.owner = filled("b", n_blocks, _NONE)  # region charged for each block, _NONE when free
+        self.quota = filled("i", _MAX_REGIONS, 0)  # blocks each region may hold; 0 = closed
+        self.region_used = filled("i", _MAX_REGIONS, 0)  # blocks each region holds now
+        self.n_regions = 0  # regions handed out so far
+        # counters in the style of FreeRTOS HeapStats_t / Zephyr k_mem_slab
+        self.blocks_free = n_blocks  # blocks on the free list now
+        self.blocks_used = 0  # blocks allocated now
+        self.high_water = 0  # most blocks ever allocated at once (Zephyr max_used)
+        self.min_free = n_blocks  # fewest blocks ever free (xMinimumEverFreeBytesRemaining)
+        self.allocs = 0  # successful allocations
+        self.frees = 0  # blocks returned to the free list
+        self.failed = 0  # allocations refused (pool empty or region quota reached)
+        self.views = None  # [memoryview] of each block, made once at boot, or None
+        if views:
+            mv = memoryview(arena)
+            self.views = [mv[i * block_bytes:(i + 1) * block_bytes] for i in range(n_blocks)]
+
+    # open a region that may hold at most quota blocks; returns its id; boot/admission time
+    def add_region(self, quota):
+        if self.n_regions >= _MAX_REGIONS:
+            raise PoolError("no more than %d regions" % _MAX_REGIONS)
+        if quota < 0:
+            raise PoolError("quota must be >= 0, got %d" % quota)
+        r = self.n_regions
+        self.n_regions = r + 1
+        self.quota[r] = quota
+        return r
+
+    # change a region's quota (a lower quota keeps blocks already held); O(1)
+    def set_quota(self, region, quota):
+        self._check_region(region)
+        self.quota[region] = quota
+
+    # one free block charged to region, or -1 when the pool is empty or the quota is
+    # reached (counted in .failed); O(1), no allocation
+    def alloc(self, region):
+        b = self.head
+        if b < 0 or region < 0 or region >= self.n_regions or self.region_used[region] >= self.quota[region]:
+            self.failed += 1
+            return _NONE
+        self.head = self.next[b]
+        self.next[b] = _TAKEN
+        self.ref[b] = 1
+        self.owner[b] = region
+        self.region_used[region] += 1
+        self.allocs += 1
+        used = self.blocks_used + 1
+        self.blocks_used = used
+        self.blocks_free -= 1
+        if used > self.high_water:
+            self.high_water = used
+        if self.blocks_free < self.min_free:
+            self.min_free = self.blocks_free
+        return b
+
+    # one more reference to an allocated block (prefix sharing); O(1), no allocation
+    def share(self, b):
+        if b < 0 or b >= self.n_blocks or self.ref[b] <= 0:
+            raise PoolError("share of block %d that is not allocated" % b)
+        self.ref[b] += 1
+
+    # drop one reference; the last one returns the block to the free list and its
+    # region's quota; O(1) (O(block) with clear_on_free), no allocation
+    def unref(self, b):
+        if b < 0 or b >= self.n_blocks or self.ref[b] <= 0:
+            raise PoolError("free of block %d that is not allocated" % b)
+        r = self.ref[b] - 1
+        self.ref[b] = r
+        if r:
+            return
+        self.region_used[self.owner[b]] -= 1
+        self.owner[b] = _NONE
+        self.next[b] = self.head
+        self.head = b
+        self.frees += 1
+        self.blocks_used -= 1
+        self.blocks_free += 1
+        if self.clear_on_free:
+            _zero32(self.arena, b * self.block_words, self.block_words)
+
+    # free block b held by region (isolation: a region cannot free another's block); O(1)
+    def free(self, region, b):
+        if b < 0 or b >= self.n_blocks or self.ref[b] <= 0:
+            raise PoolError("free of block %d that is not allocated" % b)
+        if self.owner[b] != region:
+            raise PoolError("block %d belongs to region %d, not %d" % (b, self.owner[b], region))
+        self.unref(b)
+
+    # byte offset of block b in the arena; O(1)
+    def offset(self, b):
+        return b * self.block_bytes
+
+    # counters as a dict (allocates: reporting path only)
+    def stats(self):
+        return {
+            "block_bytes": self.block_bytes,
+            "blocks": self.n_blocks,
+            "blocks_free": self.blocks_free,
+            "blocks_used": self.blocks_used,
+            "high_water": self.high_water,
+            "min_free": self.min_free,
+            "allocs": self.allocs,
+            "frees": self.frees,
+            "failed": self.failed,
+        }
+
+    def _check_region(self, region):
+        if region < 0 or region >= self.n_regions:
+            raise PoolError("no region %d" % region)
+
+
+# array of n elements of typecode, all v, built by doubling (array(tc, bytes) means
+# raw bytes on MicroPython but one element per byte on CPython); boot time only
+def filled(typecode, n, v):
+    a = array(typecode, [v])
+    while len(a) < n:
+        a.extend(a[:n - len(a)])
+    return a if n else array(typecode)
+
+
+# how many blocks of block_bytes fit in avail bytes once each block's bookkeeping
+# (META_BYTES_PER_BLOCK + view_bytes) is paid; the sizing rule the host budget shares
+def blocks_that_fit(avail, block_bytes, view_bytes):
+    if avail <= 0:
+        return 0
+    return avail // (block_bytes + META_BYTES_PER_BLOCK + view_bytes)
+
+
+@micropython.viper
+def get32(buf, word: int) -> int:
+    # buf's uint32 word at index word (values kept < 2**30: a small int); O(1)
+    p = ptr32(buf)
+    return int(p[word])
+
+
+@micropython.viper
+def set32(buf, word: int, v: int):
+    # buf's uint32 word at index word = v; O(1), no allocation
+    p = ptr32(buf)
+    p[word] = v

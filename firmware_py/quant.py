@@ -1,0 +1,98 @@
+# Packing K/V vectors into the cache's row format (firmware_py/kv.py Layout): fp32
+# bit patterns, int8 with one scale per token per KV head, int4 (two per byte, low
+# nibble first) with one scale per `group` channels. Symmetric: scale = max|x| / qmax,
+# q = round(x / scale), so |x - q * scale| <= scale / 2 for every element.
+# This is the model-side math: it uses floats, so it allocates on MicroPython (boxed
+# floats); the cache itself only ever copies the packed rows.
+import struct
+
+from firmware_py.compat import const
+
+_QMAX8 = const(127)
+_QMAX4 = const(7)
+
+
+# pack one layer's K and V (sequences of kv_dim floats) into dst at byte off, in
+# layout's layer_row format; O(kv_dim), allocates (floats)
+def pack_layer(layout, k, v, dst, off):
+    _pack(layout, k, dst, off, off + layout.ks_off)
+    _pack(layout, v, dst, off + layout.v_off, off + layout.vs_off)
+
+
+# pack a whole token row (ks[l], vs[l] for every layer) into dst (row_bytes); allocates
+def pack_token(layout, ks, vs, dst):
+    for layer in range(layout.n_layers):
+        pack_layer(layout, ks[layer], vs[layer], dst, layer * layout.layer_row)
+
+
+# the K (which=0) or V (which=1) floats of one layer row at byte off of src; allocates
+def unpack_layer(layout, src, off, which):
+    d = off + (layout.v_off if which else 0)
+    s = off + (layout.vs_off if which else layout.ks_off)
+    n = layout.kv_dim
+    dt = layout.dtype
+    if dt == "fp32":
+        return list(struct.unpack_from("<%df" % n, src, d))
+    if dt == "fp16":
+        return list(struct.unpack_from("<%de" % n, src, d))
+    out = []
+    g = layout.group
+    for i in range(n):
+        sc = struct.unpack_from("<f", src, s + 4 * (i // g))[0]
+        if dt == "int8":
+            q = src[d + i]
+            q = q - 256 if q > 127 else q
+        else:
+            q = (src[d + i // 2] >> (4 * (i & 1))) & 15
+            q = q - 16 if q > 7 else q
+        out.append(q * sc)
+    return out
+
+
+# the largest error dequantization may show for x under layout (0 for fp32); allocates
+def error_bound(layout, x):
+    dt = layout.dtype
+    if dt == "fp32":
+        return 0.0
+    if dt == "fp16":
+        return max(abs(e) for e in x) / 1024.0 + 1e-7
+    g = layout.group
+    qmax = _QMAX8 if dt == "int8" else _QMAX4
+    worst = 0.0
+    for j in range(0, len(x), g):
+        amax = max(abs(e) for e in x[j:j + g])
+        worst = max(worst, amax / qmax / 2)
+    return worst * 1.0001 + 1e-12
+
+
+def _pack(layout, x, dst, d, s):
+    n = layout.kv_dim
+    dt = layout.dtype
+    if dt == "fp32":
+        struct.pack_into("<%df" % n, dst, d, *x)
+        return
+    if dt == "fp16":
+        struct.pack_into("<%de" % n, dst, d, *x)
+        return
+    g = layout.group
+    qmax = _QMAX8 if dt == "int8" else _QMAX4
+    for j in range(0, n, g):
+        amax = 0.0
+        for i in range(j, j + g):
+            a = abs(x[i])
+            if a > amax:
+                amax = a
+        struct.pack_into("<f", dst, s + 4 * (j // g), amax / qmax)
+        sc = struct.unpack_from("<f", dst, s + 4 * (j // g))[0]  # the stored (fp32) scale
+        for i in range(j, j + g):
+            q = int(round(x[i] / sc)) if sc > 0 else 0
+            if q > qmax:
+                q = qmax
+            elif q < -qmax:
+                q = -qmax
+            if dt == "int8":
+                dst[d + i] = q & 255
+            elif i & 1:
+                dst[d + i // 2] = (dst[d + i // 2] & 15) | ((q & 15) << 4)
+            else:
+                dst[d + i // 2] = (dst[d + i // 2] & 0xF0) | (q & 15)
