@@ -1,0 +1,181 @@
+# KV cache over the pool: append writes in place, lookup is O(1), every policy evicts
+# (or stops with ST_FULL) without allocating, watermark fires once at 80 %, forked
+# prefixes are shared and copied on write, regions isolate sequences.
+from fwtest import check, eq, raises, no_alloc, done
+from firmware_py import kv, pool, quant
+from firmware_py.compat import collect, mem_alloc
+
+# stories260K's shape: 5 layers, 4 KV heads x 8; tiny blocks so rings wrap quickly
+L = kv.Layout(5, 4, 8, "fp32", tokens_per_block=4)
+eq(L.kv_bytes_per_token, 1280, "stories260K fp32 KV is 1280 B/token")
+eq(L.token_bytes, 1288, "plus an 8 B slot header")
+p = pool.Pool(L.block_bytes, 24)
+c = kv.KVCache(p, L, max_seqs=4, max_blocks_per_seq=8, h2o=True)
+r0 = p.add_region(24)
+
+# token rows: every word of token i's row carries (i + 1) in its first word and
+# (layer) in its second, so a read-back proves which token and layer it came from
+N = 40
+rows = []
+for i in range(N):
+    b = bytearray(L.row_bytes)
+    for layer in range(5):
+        pool.set32(b, layer * L.layer_row // 4, i + 1)
+        pool.set32(b, layer * L.layer_row // 4 + 1, layer)
+    rows.append(b)
+out = bytearray(L.layer_row)
+
+
+def token_at(seq, pos, layer):
+    # token number stored at pos (or -1 when not cached), checking the layer tag
+    if not c.read(seq, pos, layer, out, 0):
+        return -1
+    assert pool.get32(out, 1) == layer
+    return pool.get32(out, 0) - 1
+
+
+# --- full: appends to the budget, then ST_FULL with nothing written
+s = c.open(r0, "full", 10)
+st = [0]
+k = [0]
+
+
+def append_next():
+    st[0] = c.append(s, rows[k[0]])
+    k[0] += 1
+
+
+for _ in range(7):
+    append_next()
+eq(st[0], 0, "7 of 10: below the watermark")
+no_alloc("full: append token 8 (crosses the 80 % watermark)", append_next)
+eq(st[0], kv.ST_WATERMARK, "watermark fires at 8 of 10")
+append_next()
+eq(st[0], 0, "watermark fires once")
+append_next()
+no_alloc("full: append past the budget returns ST_FULL", append_next)
+eq(st[0], kv.ST_FULL, "budget reached: ST_FULL, not an exception")
+eq(c.length(s), 10, "nothing written past the budget")
+eq(token_at(s, 9, 4), 9, "last token reads back")
+got = [0]
+
+
+def lookup():
+    got[0] = c.locate(s, 5)
+
+
+no_alloc("locate a cached position", lookup)
+eq(got[0], 5, "full: slot = position")
+
+
+def read_row():
+    c.read(s, 3, 2, out, 0)
+
+
+no_alloc("read one layer row", read_row)
+eq(pool.get32(out, 0), 4, "row of token 3 read back")
+eq(c.blocks_of(s), 3, "10 tokens in blocks of 4 take 3 blocks (allocated on demand)")
+c.close(s)
+eq(p.blocks_used, 0, "close returns every block")
+
+
+# --- window / sinks / h2o: append 40 tokens under the heap lock, check what is kept
+def run(policy, budget, sinks=4, recent=0):
+    seq = c.open(r0, policy, budget, sinks, recent)
+    check(seq >= 0, "open %s" % policy)
+    k[0] = 0
+    box = [seq]
+
+    def go():
+        sq = box[0]
+        for i in range(N):
+            c.append(sq, rows[i])
+            if policy == "h2o":
+                # tokens divisible by 5 attract attention: they must survive as heavy hitters
+                c.add_score(sq, c.s_slot[sq], 1000 if i % 5 == 0 else 1)
+
+    no_alloc("%s: %d appends with eviction" % (policy, N), go)
+    kept = [pos for pos in range(N) if token_at(seq, pos, 0) == pos]
+    return seq, kept
+
+
+s, kept = run("window", 10)
+eq(kept, list(range(30, 40)), "window keeps the newest 10")
+eq(c.locate(s, 29), -1, "evicted position is not found")
+eq(c.s_evictions[s], 30, "30 evictions")
+c.close(s)
+
+s, kept = run("sinks", 10, 4)
+eq(kept, [0, 1, 2, 3] + list(range(34, 40)), "sinks keeps the first 4 and the newest 6")
+c.close(s)
+
+s, kept = run("h2o", 12, 2, 4)
+print("h2o kept:", kept)
+check(kept[:2] == [0, 1], "h2o keeps the sinks")
+check(kept[-4:] == [36, 37, 38, 39], "h2o keeps the newest 4")
+heavy = kept[2:-4]
+eq(len(heavy), 6, "h2o fills the rest with heavy hitters")
+check(all(x % 5 == 0 for x in heavy), "heavy hitters are the high-score tokens")
+c.close(s)
+
+# --- fork: a shared prefix is read by both, written copy-on-write
+a = c.open(r0, "full", 16)
+for i in range(6):
+    c.append(a, rows[i])
+used = p.blocks_used
+b2 = c.fork(a)
+eq(p.blocks_used, used, "fork shares blocks: no new block")
+eq(token_at(b2, 5, 3), 5, "fork reads the shared prefix")
+c.append(a, rows[20])
+c.append(b2, rows[30])
+eq(token_at(a, 6, 0), 20, "a's token 6 is its own")
+eq(token_at(b2, 6, 0), 30, "b's token 6 is its own: the shared block was copied on write")
+eq(token_at(a, 4, 1), 4, "a still reads the prefix")
+eq(p.blocks_used, used + 1, "one block copied")
+c.close(a)
+eq(token_at(b2, 2, 2), 2, "prefix survives the other sequence closing")
+c.close(b2)
+eq(p.blocks_used, 0, "every block back after both close")
+
+# --- regions: a sequence in a small region stops with ST_NO_BLOCK at its quota
+rs = p.add_region(1)
+s = c.open(rs, "full", 32)
+for i in range(4):
+    eq(c.append(s, rows[i]), 0, "fits in one block")
+eq(c.append(s, rows[4]), kv.ST_NO_BLOCK, "region quota reached: ST_NO_BLOCK")
+eq(p.region_used[rs], 1, "the region holds exactly its quota")
+eq(c.open(rs, "window", 8), kv.ST_NO_BLOCK, "a ring that cannot reserve its blocks is refused at open")
+c.close(s)
+raises(kv.KVError, c.open, r0, "lru", 8)
+raises(kv.KVError, c.open, r0, "sinks", 8, 8)
+raises(kv.KVError, kv.Layout, 5, 4, 8, "bf16")
+
+# --- int8 / int4 rows: packed by the model side, copied by the cache
+for dt in ("int8", "int4"):
+    lq = kv.Layout(5, 4, 8, dt, tokens_per_block=4)
+    pq = pool.Pool(lq.block_bytes, 4)
+    cq = kv.KVCache(pq, lq, max_seqs=1)
+    sq = cq.open(pq.add_region(4), "window", 6)
+    ks = [[((i * 7 + l * 3) % 17 - 8) / 8.0 for i in range(32)] for l in range(5)]
+    vs = [[((i * 5 + l) % 13 - 6) / 6.0 for i in range(32)] for l in range(5)]
+    tok = bytearray(lq.row_bytes)
+    collect()
+    a0 = mem_alloc()
+    quant.pack_token(lq, ks, vs, tok)
+    if a0 is not None:
+        print("%s quantize one token (model side): %d B allocated" % (dt, mem_alloc() - a0))
+    box = [cq, sq, tok]
+
+    def app():
+        for _ in range(9):
+            box[0].append(box[1], box[2])
+
+    no_alloc("%s: 9 appends into a ring of 6" % dt, app)
+    row = bytearray(lq.layer_row)
+    check(cq.read(sq, 8, 3, row, 0), "%s newest cached" % dt)
+    kk = quant.unpack_layer(lq, row, 0, 0)
+    vv = quant.unpack_layer(lq, row, 0, 1)
+    err = max(max(abs(x - y) for x, y in zip(kk, ks[3])), max(abs(x - y) for x, y in zip(vv, vs[3])))
+    bound = max(quant.error_bound(lq, ks[3]), quant.error_bound(lq, vs[3]))
+    check(err <= bound, "%s error %f within bound %f" % (dt, err, bound))
+done()

@@ -1,0 +1,82 @@
+# Static heap pool: O(1) alloc/free without touching the heap, regions hold their
+# quotas, counters follow HeapStats_t, clear-on-free zeroes, misuse is a PoolError.
+from fwtest import check, eq, raises, no_alloc, done
+from firmware_py import pool
+from firmware_py.compat import collect, mem_alloc
+
+# bookkeeping beyond the arena: what host/budget.py charges per block and per pool
+collect()
+a0 = mem_alloc()
+big = pool.Pool(64, 1000)
+collect()
+if a0 is not None:
+    over = mem_alloc() - a0 - 64 * 1000
+    print("pool of 1000 x 64 B: %d B of bookkeeping beyond the arena" % over)
+    check(over <= 1000 * (pool.META_BYTES_PER_BLOCK + pool.VIEW_BYTES_PER_BLOCK) + pool.POOL_FIXED_BYTES,
+          "bookkeeping within what the budget charges: %d B" % over)
+big = None
+p = pool.Pool(64, 10, clear_on_free=True)
+eq(len(p.views), 10, "one view per block, made at boot")
+eq(len(p.views[3]), 64, "a view spans exactly one block")
+ra = p.add_region(4)
+rb = p.add_region(10)
+
+got = [p.alloc(ra) for _ in range(5)]
+eq(got[4], -1, "region a cannot take a 5th block past its quota of 4")
+eq(p.failed, 1, "the refused allocation is counted")
+eq(p.region_used[ra], 4, "region a holds its quota")
+eq(len(set(got[:4])), 4, "distinct blocks")
+more = [p.alloc(rb) for _ in range(7)]
+eq(more[6], -1, "pool empty after 10 blocks")
+eq(p.blocks_free, 0, "no block free")
+eq(p.min_free, 0, "minimum-ever free reached 0")
+eq(p.high_water, 10, "high water 10")
+e = raises(pool.PoolError, p.free, rb, got[0])
+check("belongs to region" in str(e), "a region cannot free another region's block: " + str(e))
+
+# clear-on-free: a freed block comes back zeroed
+b = got[0]
+p.views[b][0] = 7
+p.free(ra, b)
+eq(p.views[b][0], 0, "clear_on_free zeroed the block")
+raises(pool.PoolError, p.free, ra, b)  # double free
+raises(pool.PoolError, p.unref, 99)
+eq(p.frees, 1, "one free counted")
+eq(p.allocs, 10, "ten allocations counted")
+
+# sharing: the last reference frees
+c = p.alloc(ra)
+eq(c, b, "LIFO free list hands back the block just freed")
+p.share(c)
+p.unref(c)
+eq(p.blocks_used, 10, "still held by one reference")
+p.unref(c)
+eq(p.blocks_used, 9, "freed by the last reference")
+
+# heap-locked: alloc + free, and the word copy
+q = pool.Pool(256, 32)
+rq = q.add_region(32)
+
+
+def alloc_free_all():
+    for _ in range(32):
+        q.alloc(rq)
+    q.alloc(rq)  # refused: pool empty, still no allocation
+    for i in range(32):
+        q.unref(i)
+
+
+no_alloc("pool alloc/free of 32 blocks (+1 refused)", alloc_free_all)
+eq(q.blocks_free, 32, "all back")
+eq(q.failed, 1, "refusal counted under heap lock")
+
+
+def copy_words():
+    pool.copy32(q.arena, 0, q.arena, 64, 64)
+
+
+no_alloc("copy32 of one 256 B block", copy_words)
+raises(pool.PoolError, pool.Pool, 6, 4)
+raises(pool.PoolError, pool.Pool, 64, 0)
+eq(pool.blocks_that_fit(10000, 100, 0), 10000 // 107, "sizing rule pays the bookkeeping per block")
+done()
