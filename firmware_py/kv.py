@@ -21,7 +21,7 @@
 from array import array
 
 from firmware_py.compat import const
-from firmware_py.pool import copy32, filled, get32, set32
+from firmware_py.pool import META_BYTES_PER_BLOCK, POOL_FIXED_BYTES, VIEW_BYTES_PER_BLOCK, copy32, filled, get32, set32
 
 _HDR_BYTES = const(8)  # per-slot header: position + 1, score
 _SCORE_MAX = const(0x1FFFFFFF)  # scores saturate here (stay a small int on the ESP32)
@@ -42,6 +42,9 @@ ST_FULL = const(-1)  # budget reached under policy full: nothing written
 ST_NO_BLOCK = const(-2)  # the pool or the region's quota has no block: nothing written
 ST_CLOSED = const(-3)  # no such open sequence
 ST_NO_SEQ = const(-4)  # open(): every sequence slot is in use
+
+
+KV_FIXED_BYTES = const(2048)  # KVCache object + its per-sequence arrays (measured ~1.3 KiB for 4 seqs)
 
 
 class KVError(ValueError):
@@ -445,3 +448,22 @@ class KVCache:
     def _check(self, seq):
         if seq < 0 or seq >= self.max_seqs or not self.s_open[seq]:
             raise KVError("sequence %d is not open" % seq)
+
+
+# The sizing rule host/budget.py and firmware boot share: heap bytes one pool block
+# costs with its bookkeeping (free-list/refcount/owner, its view, a block-table entry
+# per sequence, and the h2o position map)
+def bytes_per_block(layout, max_seqs=1, h2o=False):
+    per_seq = 2 + (4 * layout.tokens_per_block if h2o else 0)
+    return layout.block_bytes + META_BYTES_PER_BLOCK + VIEW_BYTES_PER_BLOCK + max_seqs * per_seq
+
+
+# blocks a heap of avail free bytes can hold as one pool + cache
+def blocks_for(avail, layout, max_seqs=1, h2o=False):
+    n = (avail - POOL_FIXED_BYTES - KV_FIXED_BYTES) // bytes_per_block(layout, max_seqs, h2o)
+    return n if n > 0 else 0
+
+
+# heap bytes a pool of n_blocks + its cache needs
+def heap_for(n_blocks, layout, max_seqs=1, h2o=False):
+    return POOL_FIXED_BYTES + KV_FIXED_BYTES + n_blocks * bytes_per_block(layout, max_seqs, h2o)

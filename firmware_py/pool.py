@@ -58,14 +58,16 @@ class Pool:
         if n_blocks < 1 or n_blocks > 0x7FFF:
             raise PoolError("n_blocks must be 1..32767, got %d" % n_blocks)
         need = block_bytes * n_blocks
+        total = need + n_blocks * (META_BYTES_PER_BLOCK + (VIEW_BYTES_PER_BLOCK if views else 0)) + POOL_FIXED_BYTES
         free = mem_free()  # None on CPython: not measurable, just try
-        if free is not None and need > free:
-            raise PoolError("arena needs %d B, heap has %d B free" % (need, free))
+        if free is not None and total > free:
+            raise PoolError("arena needs %d B (%d blocks of %d B + bookkeeping), heap has %d B free"
+                            % (total, n_blocks, block_bytes, free))
         try:
             arena = bytearray(need)
         except MemoryError:
-            # compat.mem_free() counts all free bytes; the arena needs them contiguous
-            raise PoolError("arena needs %d B contiguous, heap has %s B free" % (need, mem_free()))
+            # mem_free() counts all free bytes; the arena needs them in one piece
+            raise PoolError("arena needs %d B in one piece, heap has %s B free but fragmented" % (need, mem_free()))
         self.arena = arena  # bytearray[n_blocks * block_bytes], the only KV memory
         self.block_bytes = block_bytes  # bytes per block, multiple of 4
         self.block_words = block_bytes // 4  # uint32 words per block
@@ -90,9 +92,13 @@ class Pool:
         self.views = None  # [memoryview] of each block, made once at boot, or None
         if views:
             mv = memoryview(arena)
-            views = [None] * n_blocks  # sized once: a growing list would over-allocate
-            for i in range(n_blocks):
-                views[i] = mv[i * block_bytes:(i + 1) * block_bytes]
+            try:
+                views = [None] * n_blocks  # sized once: a growing list would over-allocate
+                for i in range(n_blocks):
+                    views[i] = mv[i * block_bytes:(i + 1) * block_bytes]
+            except MemoryError:
+                self.arena = None
+                raise PoolError("block views need %d B more, heap has %s B free" % (n_blocks * VIEW_BYTES_PER_BLOCK, mem_free()))
             self.views = views
 
     # open a region that may hold at most quota blocks; returns its id; boot/admission time
@@ -196,14 +202,6 @@ def filled(typecode, n, v):
     while len(a) < n:
         a.extend(a[:n - len(a)])
     return a if n else array(typecode)
-
-
-# how many blocks of block_bytes fit in avail bytes once each block's bookkeeping
-# (META_BYTES_PER_BLOCK + view_bytes) is paid; the sizing rule the host budget shares
-def blocks_that_fit(avail, block_bytes, view_bytes):
-    if avail <= 0:
-        return 0
-    return avail // (block_bytes + META_BYTES_PER_BLOCK + view_bytes)
 
 
 @micropython.viper

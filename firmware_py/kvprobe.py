@@ -1,0 +1,117 @@
+# Boot a pool + KV cache the way the firmware does and append tokens until the
+# policy stops it: the check that host/budget.py's max_tokens and heap_bytes_needed
+# hold on the real interpreter. Usage (key=value arguments; runs on both interpreters):
+#   micropython -X heapsize=N firmware_py/kvprobe.py board=boards/esp32s3_n8r8.json \
+#       model=stories260K.bin kv_dtype=fp32 [policy=full] [window=W] [tokens=T] [arena=BYTES]
+# Prints one line "kvprobe: ..." and exits 0; a boot that does not fit prints one line
+# saying what was needed and what there is, and exits 1 (no traceback); bad arguments 2.
+import sys
+
+from firmware_py import board, compat, kv, llama2c, pool
+from firmware_py.compat import const
+
+_SINKS = const(4)  # sink tokens for the sinks and h2o policies (as StreamingLLM)
+
+
+# parse key=value arguments into a dict; unknown keys are the caller's mistake
+def _args(argv):
+    opts = {"policy": "full", "kv_dtype": "fp32", "window": "0", "tokens": "0", "arena": "0", "model": "", "board": ""}
+    for a in argv:
+        k, sep, v = a.partition("=")
+        if not sep or k not in opts:
+            raise ValueError("unknown argument %r (want key=value with key in %s)" % (a, ", ".join(sorted(opts))))
+        opts[k] = v
+    if not opts["board"] or not opts["model"]:
+        raise ValueError("board=PATH and model=PATH are required")
+    return opts
+
+
+# boot (weights, activations, pool, cache) and append until the policy stops;
+# returns the exit code
+def main(argv):
+    try:
+        o = _args(argv)
+        brd = board.load(o["board"])
+        cfg, wbytes = llama2c.read_config(o["model"])
+        layout = kv.Layout(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, o["kv_dtype"])
+        policy = o["policy"]
+        window = int(o["window"])
+    except (ValueError, board.BoardError, llama2c.CheckpointError) as e:
+        print("kvprobe: %s" % e)
+        return 2
+    if brd.kind != "mcu":
+        print("kvprobe: %s is not a MicroPython board" % brd.name)
+        return 2
+    h2o = policy == "h2o"
+    compat.collect()
+    try:
+        weights = bytearray(wbytes)  # the fp32 weights, read into the heap as esp32-llm does
+        with open(o["model"], "rb") as f:
+            f.seek(llama2c.V2_HEADER_BYTES if cfg.version else llama2c.HEADER_BYTES)
+            f.readinto(weights)
+        acts = bytearray(cfg.activation_bytes())  # run.c's RunState, fp32
+        row = bytearray(layout.row_bytes)  # one token's K/V row, filled by the model
+    except MemoryError:
+        print("kvprobe: boot refused: weights and activations need %d B, heap has %s B free"
+              % (wbytes + cfg.activation_bytes(), compat.mem_free()))
+        return 1
+    arena = int(o["arena"])
+    if arena:
+        n_blocks = arena // layout.block_bytes
+    else:
+        # the pool takes what the board profile leaves after firmware, weights, activations
+        avail = brd.mpy_heap - brd.firmware_bytes - wbytes - cfg.activation_bytes() - layout.row_bytes
+        n_blocks = kv.blocks_for(avail, layout, 1, h2o)
+    if n_blocks < 1:
+        print("kvprobe: boot refused: board %s leaves no room for one KV block of %d B" % (brd.name, layout.block_bytes))
+        return 1
+    compat.collect()
+    try:
+        p = pool.Pool(layout.block_bytes, n_blocks)
+        cache = kv.KVCache(p, layout, max_seqs=1, h2o=h2o)
+    except pool.PoolError as e:
+        print("kvprobe: boot refused: %s" % e)
+        return 1
+    except MemoryError:
+        print("kvprobe: boot refused: KV cache bookkeeping for %d blocks, heap has %s B free" % (n_blocks, compat.mem_free()))
+        return 1
+    region = p.add_region(n_blocks)
+    budget = window if policy != "full" else 0
+    try:
+        seq = cache.open(region, policy, budget, _SINKS, window // 10 if h2o else 0)
+    except kv.KVError as e:
+        print("kvprobe: %s" % e)
+        return 2
+    if seq < 0:
+        print("kvprobe: boot refused: %d blocks cannot hold a %s window of %d" % (n_blocks, policy, window))
+        return 1
+    limit = int(o["tokens"]) or (cache.max_slots + 1 if policy == "full" else 2 * window)
+    box = [0, 0]  # tokens appended, last status
+    compat.heap_lock()  # the decode loop must not allocate: a MemoryError here is a bug
+    try:
+        _fill(cache, seq, row, limit, box)
+    finally:
+        compat.heap_unlock()
+    del weights, acts
+    st = box[1]
+    status = "FULL" if st == kv.ST_FULL else "NO_BLOCK" if st == kv.ST_NO_BLOCK else "OK"
+    print("kvprobe: %d tokens appended, status %s, cached %d, pool %d/%d blocks of %d B, watermark events %d, heap free %s B"
+          % (box[0], status, cache.cached(seq), p.blocks_used, p.n_blocks, p.block_bytes, cache.events, compat.mem_free()))
+    return 0
+
+
+# append row to seq until limit tokens or a negative status; box = [count, status]
+def _fill(cache, seq, row, limit, box):
+    n = 0
+    st = 0
+    while n < limit:
+        st = cache.append(seq, row)
+        if st < 0:
+            break
+        n += 1
+    box[0] = n
+    box[1] = st
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
