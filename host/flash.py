@@ -41,13 +41,13 @@ def _kvh(p):
 print(repr([_kvh(p) for p in %r]))
 """
 
-_INSTALL_SCRIPT = """
+
+_REMOVE_SCRIPT = """
 import os
 try:
     os.remove(%r)
 except OSError:
     pass
-os.rename(%r, %r)
 """
 
 
@@ -146,6 +146,19 @@ def _ensure_dirs(t, dests):
                 made.add(p)
 
 
+def _remove_stale(t, dests, out):
+    # delete files the previous flash wrote (per the device's manifest) that this build no longer has
+    try:
+        old = json.loads(t.fs_readfile(MANIFEST).decode())
+    except (OSError, ValueError):
+        return []
+    stale = sorted(p for p in old if p not in set(dests))
+    for p in stale:
+        t.exec(_REMOVE_SCRIPT % p)
+        out("  rm    %s  (no longer in the firmware)" % p)
+    return stale
+
+
 def flash(port=None, board_name=paths.DEFAULT_BOARD, src=paths.FIRMWARE, out=print, reset=True, keep_open=False):
     # flash the firmware; returns a summary dict (and the open serial port when keep_open)
     from mpremote.transport import TransportError
@@ -182,7 +195,7 @@ def flash(port=None, board_name=paths.DEFAULT_BOARD, src=paths.FIRMWARE, out=pri
             (got,) = device_hashes(t, [part])
             if got != a.sha256:
                 raise UserError("verify failed for %s: device has %s, expected %s" % (a.dest, got, a.sha256))
-            t.exec(_INSTALL_SCRIPT % (a.dest, part, a.dest))
+            t.exec(_REMOVE_SCRIPT % a.dest + "os.rename(%r, %r)\n" % (part, a.dest))  # install the verified file
             copied += 1
             copied_bytes += len(a.data)
             out("  copy  %-34s %7d B" % (a.dest, len(a.data)))
@@ -191,6 +204,7 @@ def flash(port=None, board_name=paths.DEFAULT_BOARD, src=paths.FIRMWARE, out=pri
         bad = [a.dest for a, h in zip(arts, final) if h != a.sha256]
         if bad:
             raise UserError("verify failed after copying: %s" % ", ".join(bad))
+        removed = _remove_stale(t, [a.dest for a in arts], out)
         manifest = json.dumps({a.dest: a.sha256 for a in arts}, sort_keys=True).encode()
         t.fs_writefile(MANIFEST, manifest, chunk_size=CHUNK)
         out(
@@ -218,6 +232,7 @@ def flash(port=None, board_name=paths.DEFAULT_BOARD, src=paths.FIRMWARE, out=pri
             % (port, where, copied, len(todo), type(e).__name__)
         )
     summary = {
+        "removed": removed,
         "board": board.name, "port": port, "virtual": virtual, "copied": copied, "copied_bytes": copied_bytes,
         "skipped": skipped, "skipped_bytes": skipped_bytes, "files": len(arts),
     }

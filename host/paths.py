@@ -7,7 +7,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIRMWARE = os.path.join(ROOT, "firmware_py")
 BOARDS = os.path.join(ROOT, "boards")
-VBOARD_HOME = os.path.join(ROOT, ".vboard")
+VBOARD_HOME = os.environ.get("KVRTOS_VBOARD_HOME") or os.path.join(ROOT, ".vboard")  # virtual boards' state
 BUILD = os.path.join(ROOT, "build")
 DEFAULT_BOARD = "esp32s3_n8r8"
 

@@ -17,6 +17,12 @@ def _vboard_run(name):
     f.close()
     try:
         exec(src, globals())
+    except SystemExit:
+        # sys.exit() in main.py soft-resets a board; the unix port would drop to the
+        # REPL instead, so end this interpreter and let the vboard relay restart it
+        import os
+
+        os.system("kill -TERM $PPID")
     except KeyboardInterrupt:
         print("KeyboardInterrupt")
     except Exception as e:  # a crashing main.py leaves the board at the REPL

@@ -1,0 +1,146 @@
+# kv flash end to end against the virtual board: copies only what changed, verifies
+# by sha256 on the device, and converges after a port that vanishes mid-copy.
+import hashlib
+import os
+import shutil
+
+import pytest
+
+from host import boards, flash, paths
+from host.errors import UserError
+from vboard_util import fs_path, kv, one_line_error, start
+
+pytestmark = pytest.mark.vboard
+BOARD = boards.load(paths.DEFAULT_BOARD)
+
+
+def quiet(*a):
+    pass
+
+
+def on_disk(tmp_path, dest):
+    p = fs_path(tmp_path, dest)
+    if not os.path.exists(p):
+        return None
+    with open(p, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def test_first_flash_copies_all_second_nothing_changed_file_only(tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(paths.FIRMWARE, src, ignore=shutil.ignore_patterns("__pycache__"))
+    arts = flash.build(BOARD, str(src), virtual=True)
+    with start(tmp_path) as vb:
+        s1 = flash.flash(port=vb.port, src=str(src), out=quiet, reset=False)
+        assert s1["copied"] == len(arts) and s1["skipped"] == 0
+        # the device's own sha256 of every file matches the build, and so do the bytes on its filesystem
+        t = flash.connect(vb.port)
+        try:
+            assert flash.device_hashes(t, [a.dest for a in arts]) == [a.sha256 for a in arts]
+        finally:
+            t.close()
+        for a in arts:
+            assert on_disk(tmp_path, a.dest) == a.sha256, a.dest
+        assert os.path.exists(fs_path(tmp_path, flash.MANIFEST))
+
+        s2 = flash.flash(port=vb.port, src=str(src), out=quiet, reset=False)
+        assert s2["copied"] == 0 and s2["skipped"] == len(arts)
+
+        with open(src / "board.py", "a") as f:
+            f.write("\n# a change\nCHANGED = 1\n")
+        lines = []
+        s3 = flash.flash(port=vb.port, src=str(src), out=lines.append, reset=False)
+        assert s3["copied"] == 1, lines
+        assert any("copy  firmware_py/board.mpy" in ln for ln in lines), lines
+
+
+def test_port_vanishing_mid_flash_is_reported_and_next_flash_repairs(tmp_path):
+    arts = flash.build(BOARD, paths.FIRMWARE, virtual=True)
+    total = sum(len(a.data) for a in arts)
+    # the port disappears after the host has sent about a third of the bytes
+    vb = start(tmp_path, vanish_after=total // 3)
+    r = kv("flash", "--port", vb.port)
+    vb.stop()
+    assert one_line_error(r), (r.returncode, r.stdout, r.stderr)
+    assert "vanished" in r.stderr and "run flash again" in r.stderr, r.stderr
+    # no file under its real name is half-written: each is absent or complete
+    present = [a for a in arts if on_disk(tmp_path, a.dest) is not None]
+    assert len(present) < len(arts)
+    for a in present:
+        assert on_disk(tmp_path, a.dest) == a.sha256, a.dest
+    with start(tmp_path) as vb2:
+        s = flash.flash(port=vb2.port, out=quiet, reset=False)
+        assert s["copied"] == len(arts) - len(present) and s["skipped"] == len(present)
+        again = flash.flash(port=vb2.port, out=quiet, reset=False)
+        assert again["copied"] == 0
+    for a in arts:
+        assert on_disk(tmp_path, a.dest) == a.sha256
+
+
+def test_flash_then_soft_reset_shows_the_boot_report(tmp_path):
+    from firmware_py.app import REPORT_END
+    from vboard_util import read_until
+
+    with start(tmp_path) as vb:
+        summary, ser = flash.flash(port=vb.port, out=quiet, keep_open=True)
+        try:
+            out = read_until(ser, REPORT_END.encode())
+        finally:
+            ser.close()
+    text = out.decode()
+    assert "board        esp32s3_n8r8" in text
+    assert "heap         free" in text and "micropython  1." in text
+
+
+def test_build_targets_the_profiles_architecture(tmp_path):
+    import platform
+
+    (tmp_path / "fast.py").write_text(
+        "from firmware_py.compat import micropython\n@micropython.viper\ndef f(x: int) -> int:\n    return x + 1\n"
+    )
+    (tmp_path / "main.py").write_text("import fast\n")
+    # mpy header byte 2 holds the native architecture in its top 6 bits: 10 = xtensawin, 2 = x64
+    board = flash.build(BOARD, str(tmp_path), virtual=False)
+    assert [a.dest for a in board] == ["firmware_py/fast.mpy", "main.py", "board.json"]
+    assert board[0].data[0] == ord("M") and board[0].data[2] >> 2 == 10
+    if platform.machine() == "x86_64":
+        host = flash.build(BOARD, str(tmp_path), virtual=True)
+        assert host[0].data[2] >> 2 == 2
+
+
+def test_flash_refuses_a_soc_board():
+    with pytest.raises(UserError):
+        flash.flash(port="/dev/null", board_name="rk3588_4gb", out=quiet)
+
+
+def test_files_dropped_from_the_firmware_are_removed(tmp_path):
+    src = tmp_path / "src"
+    shutil.copytree(paths.FIRMWARE, src, ignore=shutil.ignore_patterns("__pycache__"))
+    (src / "extra.py").write_text("X = 1\n")
+    with start(tmp_path) as vb:
+        flash.flash(port=vb.port, src=str(src), out=quiet, reset=False)
+        assert on_disk(tmp_path, "firmware_py/extra.mpy") is not None
+        (src / "extra.py").unlink()
+        s = flash.flash(port=vb.port, src=str(src), out=quiet, reset=False)
+        assert s["removed"] == ["firmware_py/extra.mpy"] and s["copied"] == 0
+        assert on_disk(tmp_path, "firmware_py/extra.mpy") is None
+
+
+def test_flash_without_port_starts_then_reuses_a_virtual_board(tmp_path, monkeypatch):
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    env = dict(os.environ, KVRTOS_VBOARD_HOME=str(tmp_path / "vb"))
+    run = lambda: subprocess.run([sys.executable, "-m", "invoke", "flash"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)  # noqa: E731
+    try:
+        r1 = run()
+        assert r1.returncode == 0 and "starting one" in r1.stdout, r1.stdout + r1.stderr
+        r2 = run()
+        assert r2.returncode == 0 and "starting one" not in r2.stdout and " 0 copied" in r2.stdout, r2.stdout + r2.stderr
+    finally:
+        pidfile = tmp_path / "vb" / paths.DEFAULT_BOARD / "vboard.pid"
+        if pidfile.exists():
+            os.kill(int(pidfile.read_text()), signal.SIGTERM)
