@@ -1,0 +1,210 @@
+# "How many KV tokens fit on this board with this model, and how big must the heap
+# be": the arithmetic the firmware uses at boot (firmware_py.kv sizing rule), done in
+# advance on the host. `./kv budget --board B --model M --kv-dtype D [--policy P
+# --window W] [--json]`; `python -m host.budget ... --batch N --tokens T` for batches.
+import argparse
+import json
+import math
+import sys
+
+from firmware_py import kv
+from host import boards, models
+from host.errors import UserError
+
+KV_DTYPES = ("fp32", "fp16", "int8", "int4")
+# -X heapsize / a port's GC heap spends 1 byte of allocation table per 4 blocks and 1
+# of finaliser table per 8: with the ESP32's 16-byte blocks usable = heap x 128/131
+# (the unix port's 32-byte blocks lose half that); heap_bytes_needed uses the worse
+_GC_TABLES_NUM = 131
+_GC_TABLES_DEN = 128
+# bytes per weight by storage type; int8/int4 as llama.cpp q8_0 / q4_0 (a 2-byte scale
+# per 32 weights: 8.5 and 4.5 bits)
+WEIGHT_BYTES = {"fp32": 4.0, "fp16": 2.0, "int8": 8.5 / 8, "int4": 4.5 / 8}
+SINKS = 4  # sink tokens kept by the sinks and h2o policies (StreamingLLM's 4)
+
+
+def h2o_split(window):
+    # (sinks, recent) of an h2o budget of `window` tokens: 4 sinks, half recent, the
+    # rest heavy hitters (H2O keeps equal recent and heavy shares)
+    return SINKS, window // 2
+
+
+def compute(board, model, kv_dtype="fp32", policy="full", window=0, batch=1, tokens=0, weights_dtype="", weights_bytes=0):
+    # the budget as a dict (see docs/budget.md for every field); UserError on bad input.
+    # weights_dtype re-prices the model's parameters; weights_bytes overrides both
+    brd = boards.load(board)
+    m = models.load(model)
+    if weights_dtype:
+        if weights_dtype not in WEIGHT_BYTES:
+            raise UserError("--weights-dtype must be one of %s, got %r" % (", ".join(WEIGHT_BYTES), weights_dtype), 2)
+        m.weights_bytes = int(math.ceil(_params_of(m) * WEIGHT_BYTES[weights_dtype]))
+    if weights_bytes:
+        m.weights_bytes = int(weights_bytes)
+    if kv_dtype not in KV_DTYPES:
+        raise UserError("--kv-dtype must be one of %s, got %r" % (", ".join(KV_DTYPES), kv_dtype), 2)
+    if policy not in kv.POLICIES:
+        raise UserError("--policy must be one of %s, got %r" % (", ".join(kv.POLICIES), policy), 2)
+    window = int(window)
+    if policy == "full":
+        if window:
+            raise UserError("--window applies to the window, sinks and h2o policies, not full", 2)
+    else:
+        lowest = {"window": 1, "sinks": SINKS + 1, "h2o": SINKS + 2}[policy]
+        if window < lowest:
+            raise UserError("--policy %s needs --window of at least %d tokens, got %d" % (policy, lowest, window), 2)
+    if batch < 1 or tokens < 0:
+        raise UserError("--batch must be >= 1 and --tokens >= 0", 2)
+    cfg = m.cfg
+    layout = kv.Layout(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, kv_dtype)
+    h2o = policy == "h2o"
+    acts = cfg.activation_bytes() * batch + layout.row_bytes * batch
+    if brd.kind == "mcu":
+        memory = brd.mpy_heap  # the MicroPython GC heap holds weights, activations and the pool
+        where = "micropython_heap_bytes"
+    else:
+        memory = brd.total_bytes("dram") or brd.total_bytes("psram") or brd.total_bytes("sram")
+        where = "dram"
+    reserved = brd.firmware_bytes
+    avail = memory - reserved - m.weights_bytes - acts
+    blocks = kv.blocks_for(avail, layout, batch, h2o)
+    cap = (blocks // batch) * layout.tokens_per_block  # tokens per sequence, each with its own blocks
+    out = {
+        "board": brd.name,
+        "board_kind": brd.kind,
+        "model": m.name,
+        "model_source": m.source,
+        "n_layers": cfg.n_layers,
+        "n_heads": cfg.n_heads,
+        "n_kv_heads": cfg.n_kv_heads,
+        "head_dim": cfg.head_dim,
+        "seq_len": cfg.seq_len,
+        "kv_dtype": kv_dtype,
+        "policy": policy,
+        "window": window,
+        "batch": batch,
+        "kv_bytes_per_token": layout.kv_bytes_per_token,
+        "kv_formula": "2 x %d layers x %d kv_heads x %d head_dim x %s B%s" % (
+            cfg.n_layers, cfg.n_kv_heads, cfg.head_dim,
+            {"fp32": "4", "fp16": "2", "int8": "1", "int4": "0.5"}[kv_dtype],
+            " + %d B scales" % (2 * cfg.n_layers * layout.scale_bytes) if layout.scale_bytes else ""),
+        "cache_bytes_per_token": layout.token_bytes,
+        "tokens_per_block": layout.tokens_per_block,
+        "block_bytes": layout.block_bytes,
+        "weights_bytes": m.weights_bytes,
+        "activations_bytes": acts,
+        "memory_bytes": memory,
+        "memory_from": where,
+        "reserved_bytes": reserved,
+        "kv_avail_bytes": max(avail, 0),
+        "pool_blocks": blocks,
+        "max_tokens": cap,
+        "fits": True,
+        "note": "",
+    }
+    if avail <= 0:
+        out["fits"] = False
+        out["note"] = "weights (%s) and activations do not fit in %s after the reserve" % (_mib(m.weights_bytes), _mib(memory))
+    if policy != "full":
+        need_blocks = batch * ((window + layout.tokens_per_block - 1) // layout.tokens_per_block)
+        out["max_tokens"] = window if need_blocks <= blocks else 0
+        out["decode_tokens"] = None if need_blocks <= blocks else 0  # None: unbounded (the ring evicts)
+        if need_blocks > blocks:
+            out["fits"] = False
+            out["note"] = out["note"] or "a %s window of %d tokens needs %d blocks, %d fit" % (policy, window, need_blocks, blocks)
+        pool_blocks = need_blocks
+    else:
+        pool_blocks = blocks
+        out["decode_tokens"] = cap
+        if out["fits"] and cap < 1:
+            out["fits"] = False
+            out["note"] = "no room for one block of %d B" % layout.block_bytes
+    if tokens:
+        need = batch * tokens * layout.kv_bytes_per_token
+        out["tokens_wanted"] = tokens
+        out["kv_bytes_wanted"] = need
+        out["fits_wanted"] = out["fits"] and cap >= tokens if policy == "full" else out["fits"]
+    if brd.kind == "mcu":
+        usable = reserved + m.weights_bytes + acts + kv.heap_for(pool_blocks, layout, batch, h2o)
+        out["heap_bytes_needed_usable"] = usable
+        # as a GC heap size (-X heapsize=, the port's heap): tables on top, whole KiB
+        out["heap_bytes_needed"] = -(-usable * _GC_TABLES_NUM // _GC_TABLES_DEN) + 1023 & ~1023
+        out["heap_overhead_bytes"] = out["heap_bytes_needed"] - reserved - m.weights_bytes - acts - pool_blocks * layout.block_bytes
+    return out
+
+
+def _params_of(m):
+    # parameter count of a Model: the catalog's shape (+ biases) or the checkpoint's
+    return models.params(m)
+
+
+def main(board="esp32s3_n8r8", model="stories260K", kv_dtype="fp32", policy="full", window=0, as_json=False,
+         batch=1, tokens=0, out=None, weights_dtype="", weights_bytes=0):
+    # print the budget (one JSON object with as_json); UserError on bad input
+    out = out or sys.stdout
+    try:
+        window = int(window)
+    except ValueError:
+        raise UserError("--window must be a whole number of tokens, got %r" % window, 2)
+    r = compute(board, model, kv_dtype, policy, window, batch, tokens, weights_dtype, weights_bytes)
+    if as_json:
+        out.write(json.dumps(r, sort_keys=True) + "\n")
+        return r
+    w = out.write
+    w("%s on %s (%s), KV %s, policy %s%s\n" % (r["model"], r["board"], r["board_kind"], kv_dtype, policy,
+                                             " window %d" % window if window else ""))
+    w("  KV per token      %s B  (%s)\n" % (_n(r["kv_bytes_per_token"]), r["kv_formula"]))
+    w("  in the cache      %s B/token with the slot header; blocks of %d tokens = %s B\n"
+      % (_n(r["cache_bytes_per_token"]), r["tokens_per_block"], _n(r["block_bytes"])))
+    w("  weights           %s   activations %s   reserved %s of %s (%s)\n"
+      % (_mib(r["weights_bytes"]), _mib(r["activations_bytes"]), _mib(r["reserved_bytes"]), _mib(r["memory_bytes"]), r["memory_from"]))
+    w("  left for KV       %s = %d blocks\n" % (_mib(r["kv_avail_bytes"]), r["pool_blocks"]))
+    if policy == "full":
+        w("  max tokens        %s%s\n" % (_n(r["max_tokens"]), " per sequence x %d" % batch if batch > 1 else ""))
+        if r["max_tokens"] > r["seq_len"]:
+            w("                    (more than the model's trained context of %d)\n" % r["seq_len"])
+    else:
+        w("  cached tokens     %s, decode %s\n" % (_n(r["max_tokens"]), "unbounded (the ring evicts)" if r["fits"] else "impossible"))
+    if tokens:
+        w("  %d x %d tokens     %s of KV: %s\n" % (batch, tokens, _mib(r["kv_bytes_wanted"]), "fits" if r["fits_wanted"] else "does NOT fit"))
+    if "heap_bytes_needed" in r:
+        w("  heap needed       %s B (micropython -X heapsize=%d; usable %s B)\n"
+          % (_n(r["heap_bytes_needed"]), r["heap_bytes_needed"], _n(r["heap_bytes_needed_usable"])))
+    if r["note"]:
+        w("  note: %s\n" % r["note"])
+    return r
+
+
+def _n(v):
+    return "{:,}".format(v)
+
+
+def _mib(b):
+    if b >= 1 << 30:
+        return "%.2f GiB" % (b / (1 << 30))
+    return "%.2f MiB" % (b / (1 << 20)) if b >= 1 << 20 else "%.1f KiB" % (b / 1024)
+
+
+def _cli(argv=None):
+    # python -m host.budget: the invoke task's options plus --batch and --tokens
+    ap = argparse.ArgumentParser(prog="python -m host.budget", description="KV budget of a model on a board")
+    ap.add_argument("--board", default="esp32s3_n8r8")
+    ap.add_argument("--model", default="stories260K")
+    ap.add_argument("--kv-dtype", default="fp32")
+    ap.add_argument("--policy", default="full")
+    ap.add_argument("--window", default="0")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--tokens", type=int, default=0)
+    ap.add_argument("--weights-dtype", default="", help="re-price the weights: fp32, fp16, int8 (q8_0) or int4 (q4_0)")
+    ap.add_argument("--weights-bytes", type=int, default=0, help="weights take exactly this many bytes")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    try:
+        main(a.board, a.model, a.kv_dtype, a.policy, a.window, a.json, a.batch, a.tokens, None, a.weights_dtype, a.weights_bytes)
+    except UserError as e:
+        sys.stderr.write("budget: %s\n" % e)
+        return e.code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_cli())
