@@ -43,37 +43,44 @@ def main(argv):
         print("kvprobe: %s is not a MicroPython board" % brd.name)
         return 2
     h2o = policy == "h2o"
+    acts_bytes = cfg.activation_bytes()
+    arena = int(o["arena"])
+    if arena:
+        n_blocks = arena // layout.block_bytes
+    elif policy != "full":
+        n_blocks = (window + layout.tokens_per_block - 1) // layout.tokens_per_block  # a ring needs no more
+    else:
+        # the pool takes what the board profile leaves after firmware, weights, activations
+        avail = brd.mpy_heap - kv.boot_reserve(brd.firmware_bytes) - wbytes - acts_bytes - layout.row_bytes
+        n_blocks = kv.blocks_for(avail, layout, 1, h2o)
+    if n_blocks < 1:
+        print("kvprobe: boot refused: board %s leaves no room for one KV block of %d B" % (brd.name, layout.block_bytes))
+        return 1
+    need = wbytes + acts_bytes + layout.row_bytes + kv.heap_for(n_blocks, layout, 1, h2o)
     compat.collect()
+    free = compat.mem_free()
+    if free is not None and need > free:
+        print("kvprobe: boot refused: needs %d B (weights %d, activations %d, KV pool of %d x %d B blocks + bookkeeping %d), heap has %d B free"
+              % (need, wbytes, acts_bytes + layout.row_bytes, n_blocks, layout.block_bytes,
+                 kv.heap_for(n_blocks, layout, 1, h2o) - n_blocks * layout.block_bytes, free))
+        return 1
+    # largest first, while the heap is least fragmented: arena, then weights
+    try:
+        p = pool.Pool(layout.block_bytes, n_blocks)
+    except pool.PoolError as e:
+        print("kvprobe: boot refused: %s" % e)
+        return 1
     try:
         weights = bytearray(wbytes)  # the fp32 weights, read into the heap as esp32-llm does
         with open(o["model"], "rb") as f:
             f.seek(llama2c.V2_HEADER_BYTES if cfg.version else llama2c.HEADER_BYTES)
             f.readinto(weights)
-        acts = bytearray(cfg.activation_bytes())  # run.c's RunState, fp32
+        acts = bytearray(acts_bytes)  # run.c's RunState, fp32
         row = bytearray(layout.row_bytes)  # one token's K/V row, filled by the model
-    except MemoryError:
-        print("kvprobe: boot refused: weights and activations need %d B, heap has %s B free"
-              % (wbytes + cfg.activation_bytes(), compat.mem_free()))
-        return 1
-    arena = int(o["arena"])
-    if arena:
-        n_blocks = arena // layout.block_bytes
-    else:
-        # the pool takes what the board profile leaves after firmware, weights, activations
-        avail = brd.mpy_heap - brd.firmware_bytes - wbytes - cfg.activation_bytes() - layout.row_bytes
-        n_blocks = kv.blocks_for(avail, layout, 1, h2o)
-    if n_blocks < 1:
-        print("kvprobe: boot refused: board %s leaves no room for one KV block of %d B" % (brd.name, layout.block_bytes))
-        return 1
-    compat.collect()
-    try:
-        p = pool.Pool(layout.block_bytes, n_blocks)
         cache = kv.KVCache(p, layout, max_seqs=1, h2o=h2o)
-    except pool.PoolError as e:
-        print("kvprobe: boot refused: %s" % e)
-        return 1
     except MemoryError:
-        print("kvprobe: boot refused: KV cache bookkeeping for %d blocks, heap has %s B free" % (n_blocks, compat.mem_free()))
+        print("kvprobe: boot refused: weights, activations and cache bookkeeping need %d B more, heap has %s B free"
+              % (wbytes + acts_bytes + layout.row_bytes, compat.mem_free()))
         return 1
     region = p.add_region(n_blocks)
     budget = window if policy != "full" else 0

@@ -64,7 +64,8 @@ def compute(board, model, kv_dtype="fp32", policy="full", window=0, batch=1, tok
     else:
         memory = brd.total_bytes("dram") or brd.total_bytes("psram") or brd.total_bytes("sram")
         where = "dram"
-    reserved = brd.firmware_bytes
+    # MCU: the profile's firmware reserve, or what this firmware's boot measurably keeps
+    reserved = kv.boot_reserve(brd.firmware_bytes) if brd.kind == "mcu" else brd.firmware_bytes
     avail = memory - reserved - m.weights_bytes - acts
     blocks = kv.blocks_for(avail, layout, batch, h2o)
     cap = (blocks // batch) * layout.tokens_per_block  # tokens per sequence, each with its own blocks
