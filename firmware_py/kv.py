@@ -20,7 +20,7 @@
 # Keys are stored after RoPE at their absolute position (see docs/memory.md: why).
 from array import array
 
-from firmware_py.compat import const
+from firmware_py.compat import const, micropython, ptr32
 from firmware_py.pool import META_BYTES_PER_BLOCK, POOL_FIXED_BYTES, VIEW_BYTES_PER_BLOCK, copy32, filled, get32, set32
 
 _HDR_BYTES = const(8)  # per-slot header: position + 1, score
@@ -50,6 +50,24 @@ ST_NO_SEQ = const(-4)  # open(): every sequence slot is in use
 # loading .mpy files keeps less). A profile's firmware_reserved_bytes counts when larger.
 BOOT_BYTES = const(98304)
 KV_FIXED_BYTES = const(2048)  # KVCache object + its per-sequence arrays (measured ~1.3 KiB for 4 seqs)
+
+
+@micropython.viper
+def _min_row(buf, word: int, rows: int, lo: int, hi: int, limit: int) -> int:
+    # the row (of `rows` slot headers from uint32 word `word`) whose position p has
+    # lo <= p < hi and whose score is lowest and below limit, or -1; O(rows), no allocation
+    p = ptr32(buf)
+    best = -1
+    r = 0
+    while r < rows:
+        pos1 = int(p[word + 2 * r])  # position + 1; 0 = empty slot
+        if pos1 > lo and pos1 <= hi:
+            sc = int(p[word + 2 * r + 1])
+            if sc < limit:
+                limit = sc
+                best = r
+        r += 1
+    return best
 
 
 class KVError(ValueError):
@@ -438,15 +456,18 @@ class KVCache:
         cap = self.s_cap[seq]
         cutoff = n - self.s_recent[seq]  # positions >= cutoff are protected
         sinks = self.s_sinks[seq]
+        t = self.t
+        base = seq * self.max_blocks
         best = _NONE
         best_score = _SCORE_MAX + 1
-        for slot in range(sinks, cap):
-            p = self.slot_pos(seq, slot)
-            if p < cutoff:
-                sc = self.score(seq, slot)
-                if sc < best_score:
-                    best_score = sc
-                    best = slot
+        for i in range((cap + t - 1) // t):
+            b = self.table[base + i]
+            rows = cap - i * t
+            w = b * self.block_bytes // 4
+            r = _min_row(self.arena, w, rows if rows < t else t, sinks, cutoff, best_score)
+            if r >= 0:
+                best = i * t + r
+                best_score = get32(self.arena, w + 2 * r + 1)
         assert best >= 0, "h2o: no evictable slot"
         return best
 
