@@ -181,8 +181,8 @@ def flash(port=None, board_name=paths.DEFAULT_BOARD, src=paths.FIRMWARE, out=pri
     todo = []
     try:
         have = device_hashes(t, [a.dest for a in arts])
-        todo = [a for a, h in zip(arts, have) if h != a.sha256]
-        for a, h in zip(arts, have):
+        todo = [a for a, h in zip(arts, have, strict=True) if h != a.sha256]
+        for a, h in zip(arts, have, strict=True):
             if h == a.sha256:
                 skipped += 1
                 skipped_bytes += len(a.data)
@@ -201,7 +201,7 @@ def flash(port=None, board_name=paths.DEFAULT_BOARD, src=paths.FIRMWARE, out=pri
             out("  copy  %-34s %7d B" % (a.dest, len(a.data)))
         current = None
         final = device_hashes(t, [a.dest for a in arts])
-        bad = [a.dest for a, h in zip(arts, final) if h != a.sha256]
+        bad = [a.dest for a, h in zip(arts, final, strict=True) if h != a.sha256]
         if bad:
             raise UserError("verify failed after copying: %s" % ", ".join(bad))
         removed = _remove_stale(t, [a.dest for a in arts], out)
