@@ -18,8 +18,6 @@
 #     V scales [H][groups]
 # A token row handed to append() is [L] layer_rows back to back (row_bytes).
 # Keys are stored after RoPE at their absolute position (see docs/memory.md: why).
-from array import array
-
 from firmware_py.compat import const, micropython, ptr32
 from firmware_py.pool import META_BYTES_PER_BLOCK, POOL_FIXED_BYTES, VIEW_BYTES_PER_BLOCK, copy32, filled, get32, set32
 
@@ -306,15 +304,9 @@ class KVCache:
                 return ST_NO_BLOCK
             self.table[i] = b
         elif pool.ref[b] > 1:
-            # copy on write: this block is shared (a forked prefix); take a private copy
-            nb = pool.alloc(self.s_region[seq])
-            if nb < 0:
+            b = self._own(seq, i, b)
+            if b < 0:
                 return ST_NO_BLOCK
-            w = self.block_bytes // 4
-            copy32(self.arena, nb * w, self.arena, b * w, w)
-            pool.unref(b)
-            self.table[i] = nb
-            b = nb
         hw = (b * self.block_bytes + (slot % t) * _HDR_BYTES) // 4  # header word of slot
         if st:
             self.s_evictions[seq] += 1
@@ -341,6 +333,8 @@ class KVCache:
     # into the token reserved last for seq; O(layer_row), no allocation
     def write(self, seq, layer, src, src_off):
         slot = self.s_slot[seq]
+        if slot < 0:
+            return  # nothing reserved (reserve() failed or was not called)
         t = self.t
         b = self.table[seq * self.max_blocks + slot // t]
         w = self.row_words
@@ -411,14 +405,34 @@ class KVCache:
             return _NONE
         return get32(self.arena, (b * self.block_bytes + (slot % t) * _HDR_BYTES) // 4) - 1
 
-    # add an attention score (fixed point, >= 0) to slot of seq, saturating; O(1).
-    # Writes the header in place: the caller scores only its own, unshared blocks.
+    # add an attention score (fixed point, >= 0) to slot of seq, saturating; O(1)
+    # (a shared block is first copied, as for a write). ST_OK, or ST_NO_BLOCK when that
+    # copy finds no block (the score is then dropped)
     def add_score(self, seq, slot, score):
         t = self.t
-        b = self.table[seq * self.max_blocks + slot // t]
+        i = seq * self.max_blocks + slot // t
+        b = self.table[i]
+        if self.pool.ref[b] > 1:
+            b = self._own(seq, i, b)
+            if b < 0:
+                return ST_NO_BLOCK
         w = (b * self.block_bytes + (slot % t) * _HDR_BYTES) // 4 + 1
         v = get32(self.arena, w) + score
         set32(self.arena, w, v if v < _SCORE_MAX else _SCORE_MAX)
+        return ST_OK
+
+    # copy on write: give seq a private copy of shared block b at table index i;
+    # the new block, or -1 when seq's region has none; O(block), no allocation
+    def _own(self, seq, i, b):
+        pool = self.pool
+        nb = pool.alloc(self.s_region[seq])
+        if nb < 0:
+            return _NONE
+        w = self.block_bytes // 4
+        copy32(self.arena, nb * w, self.arena, b * w, w)
+        pool.unref(b)
+        self.table[i] = nb
+        return nb
 
     # accumulated score of slot of seq; O(1)
     def score(self, seq, slot):

@@ -93,7 +93,7 @@ def read_config(path):
             head = f.read(V2_HEADER_BYTES)
             size = f.seek(0, 2)
     except OSError:
-        raise CheckpointError("%s: cannot be read" % path)
+        raise CheckpointError("%s: cannot be read" % path) from None
     cfg = parse_header(head, path)
     if cfg.version:
         return cfg, size - V2_HEADER_BYTES

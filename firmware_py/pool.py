@@ -67,7 +67,7 @@ class Pool:
             arena = bytearray(need)
         except MemoryError:
             # mem_free() counts all free bytes; the arena needs them in one piece
-            raise PoolError("arena needs %d B in one piece, heap has %s B free but fragmented" % (need, mem_free()))
+            raise PoolError("arena needs %d B in one piece, heap has %s B free but fragmented" % (need, mem_free())) from None
         self.arena = arena  # bytearray[n_blocks * block_bytes], the only KV memory
         self.block_bytes = block_bytes  # bytes per block, multiple of 4
         self.block_words = block_bytes // 4  # uint32 words per block
@@ -98,7 +98,7 @@ class Pool:
                     views[i] = mv[i * block_bytes:(i + 1) * block_bytes]
             except MemoryError:
                 self.arena = None
-                raise PoolError("block views need %d B more, heap has %s B free" % (n_blocks * VIEW_BYTES_PER_BLOCK, mem_free()))
+                raise PoolError("block views need %d B more, heap has %s B free" % (n_blocks * VIEW_BYTES_PER_BLOCK, mem_free())) from None
             self.views = views
 
     # open a region that may hold at most quota blocks; returns its id; boot/admission time

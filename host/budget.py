@@ -145,7 +145,7 @@ def main(board="esp32s3_n8r8", model="stories260K", kv_dtype="fp32", policy="ful
     try:
         window = int(window)
     except ValueError:
-        raise UserError("--window must be a whole number of tokens, got %r" % window, 2)
+        raise UserError("--window must be a whole number of tokens, got %r" % window, 2) from None
     r = compute(board, model, kv_dtype, policy, window, batch, tokens, weights_dtype, weights_bytes)
     if as_json:
         out.write(json.dumps(r, sort_keys=True) + "\n")

@@ -59,7 +59,7 @@ def load(name_or_path):
         try:
             cfg, wbytes = llama2c.read_config(name_or_path)
         except llama2c.CheckpointError as e:
-            raise UserError(str(e), 2)
+            raise UserError(str(e), 2) from None
         m = Model(name_or_path, cfg, wbytes, 4, cfg.params(), "llama2.c header of %s" % name_or_path)
         m.params = cfg.params()
         return m

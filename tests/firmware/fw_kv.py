@@ -137,6 +137,19 @@ eq(token_at(b2, 2, 2), 2, "prefix survives the other sequence closing")
 c.close(b2)
 eq(p.blocks_used, 0, "every block back after both close")
 
+# --- h2o scores are per sequence: scoring a forked (shared) slot copies the block first
+h = c.open(r0, "h2o", 8, 1, 2)
+for i in range(3):
+    c.append(h, rows[i])
+hf = c.fork(h)
+before = p.blocks_used
+eq(c.add_score(hf, 1, 500), kv.ST_OK, "score on a shared slot")
+eq(c.score(hf, 1), 500, "the fork sees its score")
+eq(c.score(h, 1), 0, "the original's score is untouched")
+eq(p.blocks_used, before + 1, "the shared block was copied for the score")
+c.close(h)
+c.close(hf)
+
 # --- regions: a sequence in a small region stops with ST_NO_BLOCK at its quota
 rs = p.add_region(1)
 s = c.open(rs, "full", 32)
@@ -156,8 +169,8 @@ for dt in ("int8", "int4"):
     pq = pool.Pool(lq.block_bytes, 4)
     cq = kv.KVCache(pq, lq, max_seqs=1)
     sq = cq.open(pq.add_region(4), "window", 6)
-    ks = [[((i * 7 + l * 3) % 17 - 8) / 8.0 for i in range(32)] for l in range(5)]
-    vs = [[((i * 5 + l) % 13 - 6) / 6.0 for i in range(32)] for l in range(5)]
+    ks = [[((i * 7 + ly * 3) % 17 - 8) / 8.0 for i in range(32)] for ly in range(5)]
+    vs = [[((i * 5 + ly) % 13 - 6) / 6.0 for i in range(32)] for ly in range(5)]
     tok = bytearray(lq.row_bytes)
     collect()
     a0 = mem_alloc()
@@ -166,7 +179,7 @@ for dt in ("int8", "int4"):
         print("%s quantize one token (model side): %d B allocated" % (dt, mem_alloc() - a0))
     box = [cq, sq, tok]
 
-    def app():
+    def app(box=box):
         for _ in range(9):
             box[0].append(box[1], box[2])
 
@@ -175,7 +188,7 @@ for dt in ("int8", "int4"):
     check(cq.read(sq, 8, 3, row, 0), "%s newest cached" % dt)
     kk = quant.unpack_layer(lq, row, 0, 0)
     vv = quant.unpack_layer(lq, row, 0, 1)
-    err = max(max(abs(x - y) for x, y in zip(kk, ks[3])), max(abs(x - y) for x, y in zip(vv, vs[3])))
+    err = max(max(abs(kk[i] - ks[3][i]) for i in range(32)), max(abs(vv[i] - vs[3][i]) for i in range(32)))
     bound = max(quant.error_bound(lq, ks[3]), quant.error_bound(lq, vs[3]))
     check(err <= bound, "%s error %f within bound %f" % (dt, err, bound))
 done()
