@@ -113,6 +113,7 @@ _account = _account_viper if IS_MICROPYTHON else _account_py  # same interface, 
 
 class _Timeout:
     # type of the TIMEOUT sentinel; one instance
+    # prints as TIMEOUT
     def __repr__(self):
         return "TIMEOUT"
 
@@ -207,6 +208,7 @@ class Task:
         self.result = None  # generator return value once DONE
         self.exc = None  # the exception once FAILED
 
+    # <Task name prio n STATE>; allocates (debugging only)
     def __repr__(self):
         return "<Task %s prio %d %s>" % (self.name, self.prio, STATE_NAMES[self.state])
 
@@ -373,6 +375,7 @@ class Kernel:
     def sleep_until(self, when):
         self._sleep(self._cur("sleep_until"), when)
 
+    # put the running task t on the timer list until `when`; it resumes with None
     def _sleep(self, t, when):
         t.state = BLOCKED
         t.rv = None
