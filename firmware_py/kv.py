@@ -174,6 +174,7 @@ class KVCache:
         self.map_size = 2 * self.max_slots if h2o else 0  # M
         self.pos_map = filled("h", max_seqs * self.map_size, _NONE)  # see above
         self.events = 0  # watermark events emitted so far (all sequences)
+        self.on_watermark = None  # callable(seq) run when a sequence crosses its watermark, or None
         self.status = ST_OK  # flags of the last reserve()
 
     # open a sequence in region with a policy and a budget of `budget` cached tokens;
@@ -326,6 +327,8 @@ class KVCache:
             self.s_wm_fired[seq] = 1
             self.events += 1
             st |= ST_WATERMARK
+            if self.on_watermark is not None:
+                self.on_watermark(seq)
         self.status = st
         return slot
 
@@ -501,6 +504,13 @@ def bytes_per_block(layout, max_seqs=1, h2o=False):
 # heap bytes kept before the pool on a board whose profile reserves firmware_bytes
 def boot_reserve(firmware_bytes):
     return firmware_bytes if firmware_bytes > BOOT_BYTES else BOOT_BYTES
+
+
+# blocks the pool gets on an MCU board profile (brd: firmware_py.board.Board) after the
+# boot reserve, the weights, the activations and one token row: boot-time sizing
+def blocks_for_board(brd, layout, weights_bytes, activations_bytes, max_seqs=1, h2o=False):
+    avail = brd.mpy_heap - boot_reserve(brd.firmware_bytes) - weights_bytes - activations_bytes - layout.row_bytes
+    return blocks_for(avail, layout, max_seqs, h2o)
 
 
 # blocks a heap of avail free bytes can hold as one pool + cache

@@ -51,8 +51,7 @@ def main(argv):
         n_blocks = (window + layout.tokens_per_block - 1) // layout.tokens_per_block  # a ring needs no more
     else:
         # the pool takes what the board profile leaves after firmware, weights, activations
-        avail = brd.mpy_heap - kv.boot_reserve(brd.firmware_bytes) - wbytes - acts_bytes - layout.row_bytes
-        n_blocks = kv.blocks_for(avail, layout, 1, h2o)
+        n_blocks = kv.blocks_for_board(brd, layout, wbytes, acts_bytes, 1, h2o)
     if n_blocks < 1:
         print("kvprobe: boot refused: board %s leaves no room for one KV block of %d B" % (brd.name, layout.block_bytes))
         return 1

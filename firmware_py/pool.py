@@ -172,6 +172,11 @@ class Pool:
             raise PoolError("block %d belongs to region %d, not %d" % (b, self.owner[b], region))
         self.unref(b)
 
+    # a pool of as many block_bytes blocks as arena_bytes holds (size "given in bytes")
+    @staticmethod
+    def of_bytes(arena_bytes, block_bytes, clear_on_free=False):
+        return Pool(block_bytes, arena_bytes // block_bytes, clear_on_free)
+
     # byte offset of block b in the arena; O(1)
     def offset(self, b):
         return b * self.block_bytes

@@ -38,6 +38,15 @@ def token_at(seq, pos, layer):
 s = c.open(r0, "full", 10)
 st = [0]
 k = [0]
+wm_seen = [0]
+
+
+def on_wm(seq):
+    # the watermark hook: must not allocate either (it runs inside append)
+    wm_seen[0] = seq + 1
+
+
+c.on_watermark = on_wm
 
 
 def append_next():
@@ -50,6 +59,8 @@ for _ in range(7):
 eq(st[0], 0, "7 of 10: below the watermark")
 no_alloc("full: append token 8 (crosses the 80 % watermark)", append_next)
 eq(st[0], kv.ST_WATERMARK, "watermark fires at 8 of 10")
+eq(wm_seen[0], s + 1, "the watermark hook ran for this sequence")
+eq(c.events, 1, "one watermark event counted")
 append_next()
 eq(st[0], 0, "watermark fires once")
 append_next()

@@ -76,6 +76,19 @@ def copy_words():
 
 
 no_alloc("copy32 of one 256 B block", copy_words)
+cz = pool.Pool(256, 4, clear_on_free=True)
+rz = cz.add_region(4)
+zb = cz.alloc(rz)
+cz.views[zb][100] = 9
+
+
+def free_cleared():
+    cz.unref(zb)
+
+
+no_alloc("free with clear_on_free (viper zeroing)", free_cleared)
+eq(cz.views[zb][100], 0, "zeroed under the heap lock")
+eq(pool.Pool.of_bytes(1000, 64).n_blocks, 15, "a pool sized in bytes takes whole blocks")
 raises(pool.PoolError, pool.Pool, 6, 4)
 raises(pool.PoolError, pool.Pool, 64, 0)
 done()
