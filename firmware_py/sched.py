@@ -236,7 +236,7 @@ class Kernel:
         self.top = -1  # highest priority whose ready list may be non-empty; -1 = none
         self.thead = None  # timer list head (earliest wake), Task or None
         self.ttail = None  # timer list tail
-        self.current = None  # the running Task, None outside a slice
+        self.current = None  # the running Task (between slices of run(): the last one); None outside run()
         self.stopping = False  # stop() was called: run() returns after the current slice
         self.limited = False  # this run() has a time limit
         self.end = 0  # ticks at which a limited run() returns
@@ -425,14 +425,18 @@ class Kernel:
     def kill(self, u):
         if u.state >= DONE:
             return
-        if u is self.current and (u.state == RUNNING or u.state == _RESUME):
+        if u is self.current:  # killing itself: the generator is executing, cannot close now
+            self._unlink(u)  # it may have blocked earlier in this slice
             u.state = KILLED  # the run loop finishes it when the slice ends
             return
+        self._finish(u, KILLED)
+
+    # take u off whatever ready/wait list and timer it is on; O(1)
+    def _unlink(self, u):
         if u.owner is not None:
             u.owner.remove(u)
         if u.timed:
             self._untime(u)
-        self._finish(u, KILLED)
 
     # ask run() to return after the current slice
     def stop(self):
@@ -440,6 +444,7 @@ class Kernel:
 
     # end task u in state st: close the generator, wake joiners, count it
     def _finish(self, u, st):
+        self._unlink(u)  # e.g. a task that blocked, then returned without yielding
         u.state = st
         self.totals[T_TASKS] -= 1
         if st == KILLED:
@@ -624,10 +629,6 @@ class Kernel:
     def _fault(self, task):
         task.st[S_FAULTS] += 1
         self.totals[T_FAULTS] += 1
-        if task.owner is not None:
-            task.owner.remove(task)
-        if task.timed:
-            self._untime(task)
         if self.verbose:
             print("task %s failed:" % task.name)
             print_exception(task.exc)

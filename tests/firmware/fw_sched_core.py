@@ -4,7 +4,7 @@
 from fwtest import check, eq, raises, done
 from firmware_py import compat
 from firmware_py.clock import VirtualClock, RealClock
-from firmware_py.sched import Kernel, SchedError, Semaphore, TIMEOUT, DONE, FAILED, KILLED, READY, BLOCKED
+from firmware_py.sched import Kernel, SchedError, Semaphore, Queue, TIMEOUT, DONE, FAILED, KILLED, READY, BLOCKED
 from firmware_py.compat import ticks_add, ticks_diff
 
 P = compat.TICKS_PERIOD
@@ -287,6 +287,38 @@ eq(k.run(), 0, "no task left alive")
 eq(flags, ["rest of slice runs", "finally ran"], "self-kill ends at the yield; killing a sleeper runs its finally")
 eq((tb.state, tr.state, ts.state), (KILLED, KILLED, KILLED), "all three killed")
 check(k.thead is None, "the killed sleeper left the timer list")
+
+# a task that registers a wait and ends (or kills itself) without yielding leaves no trace
+k = new()
+q2 = Queue(k, 1)
+
+
+def blocks_then_returns():
+    q2.get(100)  # registered as a getter and on the timer list...
+    return 1  # ...then ends without yielding the call
+    yield
+
+
+def blocks_then_kills_itself():
+    q2.get(100)
+    k.kill(k.current)
+    yield
+
+
+def two_calls_without_yield():
+    q2.put_nowait(5)
+    q2.get()  # completes at once; the task must now yield it
+    yield k.sleep_us(10)  # a second blocking call before that yield is a mistake
+
+
+ta = k.spawn("ret", 1, blocks_then_returns())
+tk = k.spawn("kill", 1, blocks_then_kills_itself())
+tw = k.spawn("two", 1, two_calls_without_yield())
+eq(k.run(), 0, "nothing left alive")
+eq((ta.state, tk.state, tw.state), (DONE, KILLED, FAILED), "ended, killed itself, misuse fails")
+check(q2.getters.head is None and k.thead is None, "no dead task left on the wait list or the timer list")
+check(isinstance(tw.exc, SchedError) and "yield" in str(tw.exc), "misuse says to yield the call: %s" % tw.exc)
+eq(k.totals[9], 0, "live-task count is exact")
 
 # release frees a slot for reuse; a full kernel refuses with a SchedError
 k = new(max_tasks=2)
