@@ -57,11 +57,13 @@ def run(as_json=False, switches=SWITCHES, reps=REPS, latency_ms=LATENCY_MS):
     if as_json:
         print(json.dumps(r, sort_keys=True))
         return r
-    print("scheduler, median of %d runs of %d switches per task" % (reps, 2 * switches))
+    print("scheduler, median of %d runs of %d switches (2 tasks)" % (reps, 2 * switches))
     for interp in ("micropython", "cpython"):
         g = lambda k: r["%s_%s" % (k, interp)]  # noqa: E731
-        print("  %-11s switch %5d ns, asyncio %5d ns, ratio %.3f; alloc/switch %s B" % (
-            interp, g("switch_ns"), g("switch_ns_asyncio"), g("switch_ratio_vs_asyncio"), g("alloc_bytes_per_switch")))
+        alloc = g("alloc_bytes_per_switch")
+        print("  %-11s switch %5d ns, asyncio %5d ns, ratio %.3f; alloc/switch %s" % (
+            interp, g("switch_ns"), g("switch_ns_asyncio"), g("switch_ratio_vs_asyncio"),
+            "n/a (no fixed heap)" if alloc is None else "%s B" % alloc))
         print("  %-11s 1 ms task beside 100 x 200-500 us tasks: worst wake-up %d us (low slice max %d us), "
               "misses %d of %d; asyncio sleep_ms(1) worst %d us late" % (
                   "", g("latency_worst_us"), g("latency_low_slice_max_us"), g("latency_deadline_misses"),
