@@ -69,15 +69,32 @@ def bench(c, name, json=False):
         "kv_dtype": "fp32, fp16, int8 or int4",
         "policy": "full, window, sinks or h2o",
         "window": "tokens kept by window/sinks/h2o policies",
+        "batch": "concurrent sequences sharing the memory",
+        "tokens": "also report the memory for this many tokens per sequence",
+        "weights_dtype": "weights element type (default: the checkpoint's or the catalog's)",
         "json": "print one JSON object",
     }
 )
 @one_line_errors
-def budget(c, board="esp32s3_n8r8", model="stories260K", kv_dtype="fp32", policy="full", window=0, json=False):
+def budget(c, board="esp32s3_n8r8", model="stories260K", kv_dtype="fp32", policy="full", window="0", batch="1", tokens="0", weights_dtype="", json=False):
     """How many KV tokens fit on a board with a model, and the heap the firmware needs."""
     from host import budget as budget_mod
 
-    budget_mod.main(board=board, model=model, kv_dtype=kv_dtype, policy=policy, window=window, as_json=json)
+    budget_mod.main(
+        board=board, model=model, kv_dtype=kv_dtype, policy=policy, window=window,
+        batch=_whole(batch, "--batch"), tokens=_whole(tokens, "--tokens"), weights_dtype=weights_dtype, as_json=json,
+    )
+
+
+def _whole(text, flag):
+    # a non-negative whole number from a command-line string, or a one-line UserError
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise UserError("%s must be a whole number, got %r" % (flag, text), 2)
+    return n
 
 
 @task(help={"board": "board profile name", "fs": "filesystem directory (default .vboard/NAME/fs)"})
