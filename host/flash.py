@@ -121,7 +121,9 @@ def connect(port):
             raise UserError("port %s is busy: another program (a monitor? mpremote?) has it open" % port)
         raise UserError("cannot open port %s: %s" % (port, msg.strip().splitlines()[-1] if msg.strip() else type(e).__name__))
     try:
-        t.enter_raw_repl(soft_reset=False)
+        # soft reset on the way in, as mpremote does: a running firmware (and the KV arena
+        # it allocated) is gone, so the copy has the whole heap to work in
+        t.enter_raw_repl(soft_reset=True)
     except (TransportError, serial.SerialException, OSError) as e:
         t.close()
         raise UserError("no MicroPython raw REPL on %s (%s)" % (port, str(e).strip() or type(e).__name__))
