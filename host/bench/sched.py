@@ -59,7 +59,10 @@ def run(as_json=False, switches=SWITCHES, reps=REPS, latency_ms=LATENCY_MS):
         return r
     print("scheduler, median of %d runs of %d switches (2 tasks)" % (reps, 2 * switches))
     for interp in ("micropython", "cpython"):
-        g = lambda k: r["%s_%s" % (k, interp)]  # noqa: E731
+
+        def g(key, interp=interp):
+            return r["%s_%s" % (key, interp)]
+
         alloc = g("alloc_bytes_per_switch")
         print("  %-11s switch %5d ns, asyncio %5d ns, ratio %.3f; alloc/switch %s" % (
             interp, g("switch_ns"), g("switch_ns_asyncio"), g("switch_ratio_vs_asyncio"),

@@ -15,7 +15,7 @@ steps = []
 
 
 def good(name):
-    for i in range(3):
+    for _ in range(3):
         steps.append(name)
         yield
 
@@ -87,6 +87,34 @@ eq(lat, [0, 0, 1200, 200, 0, 0], "releases at 3000 and 4000 both start at 4200; 
 eq(per.st[sched.S_MAX_LAT], 1200, "worst wake-up latency")
 eq(per.st[sched.S_MISSES], 2, "two wake-ups past their 100 µs deadline")
 eq(k.totals[sched.T_MISSES], 2, "kernel total of misses")
+
+# --- the latency scenario on the virtual clock: 1 ms task beside 100 busy tasks ---
+k = Kernel(VirtualClock(), max_tasks=101, priorities=4, verbose=False)
+
+
+def tick_task():
+    t = k.now()
+    for _ in range(200):
+        t = ticks_add(t, 1000)
+        yield k.sleep_until(t)
+        k.charge(20)
+    k.stop()
+
+
+def busy(us):
+    while True:
+        k.charge(us)
+        yield
+
+
+hi = k.spawn("tick", 3, tick_task(), -1, 1000)
+lows = [k.spawn("low%d" % i, 1, busy(200 + (i * 37) % 301)) for i in range(100)]
+k.run()
+worst_slice = max(t.st[sched.S_MAX_SLICE] for t in lows)
+eq(hi.st[sched.S_RUNS], 201, "the 1 ms task ran its first slice and every one of 200 periods")
+check(hi.st[sched.S_MAX_LAT] <= worst_slice, "worst wake-up %d us is bounded by one low slice (max %d us)" % (hi.st[sched.S_MAX_LAT], worst_slice))
+check(hi.st[sched.S_MAX_LAT] > 0, "the load really delayed it")
+eq(hi.st[sched.S_MISSES], 0, "no deadline miss at 1 ms")
 
 # --- CPU share and the stats line ---
 k = Kernel(VirtualClock(), verbose=False)
