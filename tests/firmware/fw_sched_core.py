@@ -320,6 +320,41 @@ check(q2.getters.head is None and k.thead is None, "no dead task left on the wai
 check(isinstance(tw.exc, SchedError) and "yield" in str(tw.exc), "misuse says to yield the call: %s" % tw.exc)
 eq(k.totals[9], 0, "live-task count is exact")
 
+# run(for_us) returns at the limit with the tasks still alive, and can be resumed
+k = new()
+ticks = []
+
+
+def every_700():
+    t = k.now()
+    while True:
+        t = ticks_add(t, 700)
+        yield k.sleep_until(t)
+        ticks.append(k.now())
+
+
+k.spawn("p", 1, every_700())
+eq(k.run(5000), 1, "the periodic task is still alive at the limit")
+eq(k.now(), 5000, "the virtual clock idled exactly to the limit")
+eq(ticks, [700 * i for i in range(1, 8)], "releases up to the limit")
+k.run(1000)
+eq(ticks[-1], 5600, "a second run continues the same grid")
+eq(k.now(), 6000, "and stops at its own limit")
+
+# the real clock's idle path sleeps and counts idle time
+k = Kernel(RealClock(), verbose=False)
+
+
+def nap():
+    yield k.sleep_us(5000)
+
+
+k.spawn("nap", 1, nap())
+t0 = k.now()
+k.run()
+check(ticks_diff(k.now(), t0) >= 5000, "the run lasted the sleep")
+check(k.totals[2] + 1000000 * k.totals[3] >= 4000, "most of it counted as idle: %d us" % k.totals[2])
+
 # release frees a slot for reuse; a full kernel refuses with a SchedError
 k = new(max_tasks=2)
 t1 = k.spawn("one", 1, worker("x", 1))
