@@ -51,13 +51,15 @@ def bench(c, name, json=False):
     import importlib
 
     try:
+        if name.startswith("_"):
+            raise ModuleNotFoundError(name)  # helper scripts, not benchmarks
         mod = importlib.import_module("host.bench." + name)
     except ModuleNotFoundError:
         import pkgutil
 
         import host.bench
 
-        known = sorted(m.name for m in pkgutil.iter_modules(host.bench.__path__))
+        known = sorted(m.name for m in pkgutil.iter_modules(host.bench.__path__) if not m.name.startswith("_"))
         raise UserError("no benchmark %r (known: %s)" % (name, ", ".join(known)), 2)
     mod.run(as_json=json)
 

@@ -1,7 +1,7 @@
 # Scheduler benchmark: our kernel's switch cost against the interpreter's own asyncio,
 # heap bytes per switch, and wake-up latency of a 1 ms periodic task beside 100 busy
 # low-priority tasks, on MicroPython (the unix port with the default board's heap) and
-# CPython, measured in one run. The body is sched_fw.py, run once per interpreter.
+# CPython, measured in one run. The body is _sched_body.py, run once per interpreter.
 import json
 import os
 import subprocess
@@ -10,14 +10,14 @@ import sys
 from host import boards, paths
 from host.errors import UserError
 
-BODY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sched_fw.py")
+BODY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sched_body.py")
 SWITCHES = 100000  # yields per task per repetition (two tasks)
 REPS = 5  # repetitions; medians reported
 LATENCY_MS = 1000  # periods of the 1 ms task in the latency scenario
 
 
 def _body(interp, switches, reps, latency_ms):
-    # run sched_fw.py under "micropython" or "cpython"; its JSON object
+    # run _sched_body.py under "micropython" or "cpython"; its JSON object
     env = dict(os.environ)
     args = [BODY, str(switches), str(reps), str(latency_ms)]
     if interp == "micropython":

@@ -1,6 +1,6 @@
 # Scheduler benchmark body: runs unchanged under MicroPython (the unix port, heap as on
 # the board) and CPython; host/bench/sched.py launches it on each and merges the output.
-#   usage: sched_fw.py SWITCHES REPS LATENCY_MS
+#   usage: _sched_body.py SWITCHES REPS LATENCY_MS
 # Prints one JSON object on its last line; times in ns / µs from compat.ticks_us.
 import gc
 import json
