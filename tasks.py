@@ -99,13 +99,13 @@ def _whole(text, flag):
     return n
 
 
-@task(help={"board": "board profile name", "fs": "filesystem directory (default .vboard/NAME/fs)"})
+@task(help={"board": "board profile name", "fs": "filesystem directory (default .vboard/NAME/fs)", "stop": "stop the one running for this board (e.g. started in the background by flash)"})
 @one_line_errors
-def vboard(c, board="esp32s3_n8r8", fs=None):
+def vboard(c, board="esp32s3_n8r8", fs=None, stop=False):
     """Run a virtual board (MicroPython unix port on a pty) until Ctrl-C; prints its port."""
     from host import vboard as vb
 
-    code = vb.main(["--board", board] + (["--fs", fs] if fs else []))
+    code = vb.main(["--board", board] + (["--fs", fs] if fs else []) + (["--stop"] if stop else []))
     if code:
         raise Exit(code=code)
 

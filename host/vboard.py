@@ -39,17 +39,37 @@ def port_link(name):
     return os.path.join(state_dir(name), "port")
 
 
-def running_port(name):
-    # the port path of a live virtual board for this profile, or None
-    link = port_link(name)
-    pidfile = os.path.join(state_dir(name), "vboard.pid")
+def running_pid(home):
+    # pid of the live virtual board whose state directory is home, or None
     try:
-        with open(pidfile) as f:
+        with open(os.path.join(home, "vboard.pid")) as f:
             pid = int(f.read().strip())
         os.kill(pid, 0)
     except (OSError, ValueError):
         return None
+    return pid
+
+
+def running_port(name):
+    # the port path of a live virtual board for this profile, or None
+    link = port_link(name)
+    if running_pid(state_dir(name)) is None:
+        return None
     return link if os.path.exists(link) else None
+
+
+def stop_running(home, timeout=5.0):
+    # stop the virtual board running from state directory home; its pid, or None if none ran
+    pid = running_pid(home)
+    if pid is None:
+        return None
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while running_pid(home) == pid and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if running_pid(home) == pid:
+        os.kill(pid, signal.SIGKILL)
+    return pid
 
 
 class VirtualBoard:
@@ -296,6 +316,9 @@ def start(board_name, fs_dir=None, home=None, vanish_after=None, detach=False, t
     # start a virtual board in the background; returns a Handle once its port is up
     b = boards.load(board_name)
     home = os.path.abspath(home or state_dir(b.name))
+    pid = running_pid(home)
+    if pid is not None:
+        raise UserError("a virtual %s is already running from %s (pid %d)" % (b.name, home, pid))
     link = os.path.join(home, "port")
     if os.path.lexists(link):
         os.remove(link)
@@ -329,11 +352,20 @@ def main(argv=None):
     ap.add_argument("--home", default=None, help="state directory for port link and pid (default .vboard/NAME)")
     ap.add_argument("--vanish-after-bytes", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--stop", action="store_true", help="stop the virtual board running for this profile")
     a = ap.parse_args(argv)
     try:
         b = boards.load(a.board)
         if b.kind != "mcu":
             raise UserError("board %s is a %s, not a microcontroller: no virtual board for it" % (b.name, b.kind), 2)
+        home = a.home or state_dir(b.name)
+        if a.stop:
+            pid = stop_running(home)
+            print("vboard %s: %s" % (b.name, "stopped (pid %d)" % pid if pid else "none was running"))
+            return 0
+        pid = running_pid(home)
+        if pid is not None:
+            raise UserError("a virtual %s is already running (pid %d, port %s); stop it with: ./kv vboard --stop" % (b.name, pid, os.path.join(home, "port")))
         VirtualBoard(b, fs_dir=a.fs, home=a.home, vanish_after=a.vanish_after_bytes, quiet=a.quiet).run()
     except UserError as e:
         print("vboard: %s" % e, file=sys.stderr)

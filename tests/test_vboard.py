@@ -68,3 +68,21 @@ def test_heap_comes_from_the_profile(tmp_path, board):
         total = int(mpremote(vb.port, "exec", "import gc; print(gc.mem_free() + gc.mem_alloc())").strip())
     # the GC keeps a few % of the heap for its own tables
     assert 0.9 * want <= total <= want, (total, want)
+
+
+def test_second_vboard_for_the_same_board_is_refused_and_stop_stops_it(tmp_path):
+    import os
+    import sys
+
+    from conftest import ROOT
+
+    home = str(tmp_path / "home")
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    with start(tmp_path) as vb:
+        r = subprocess.run([sys.executable, "-m", "host.vboard", "--home", home], cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
+        assert r.returncode == 1 and "already running" in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert os.path.exists(vb.port)  # the running one keeps its port
+        r = subprocess.run([sys.executable, "-m", "host.vboard", "--home", home, "--stop"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=30)
+        assert r.returncode == 0 and "stopped (pid" in r.stdout, r.stdout + r.stderr
+        vb.proc.wait(timeout=10)
+        assert not os.path.exists(vb.port)
