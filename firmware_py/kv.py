@@ -201,11 +201,7 @@ class KVCache:
                 raise KVError("h2o needs sinks >= 0, recent >= 1 and sinks + recent < budget (%d)" % cap)
         if not 0 < watermark_pct <= 100:
             raise KVError("watermark_pct must be 1..100, got %d" % watermark_pct)
-        seq = _NONE
-        for i in range(self.max_seqs):
-            if not self.s_open[i]:
-                seq = i
-                break
+        seq = self._free_seq()
         if seq < 0:
             return ST_NO_SEQ
         base = seq * self.max_blocks
@@ -232,15 +228,18 @@ class KVCache:
         self.s_evictions[seq] = 0
         return seq
 
+    # the lowest closed sequence slot, or -1 when all are open; O(max_seqs)
+    def _free_seq(self):
+        for i in range(self.max_seqs):
+            if not self.s_open[i]:
+                return i
+        return _NONE
+
     # a new sequence sharing every block of src (reference counted, copied on the
     # first write), with src's policy, budget and positions; O(blocks) or ST_NO_SEQ
     def fork(self, src):
         self._check(src)
-        seq = _NONE
-        for i in range(self.max_seqs):
-            if not self.s_open[i]:
-                seq = i
-                break
+        seq = self._free_seq()
         if seq < 0:
             return ST_NO_SEQ
         mb = self.max_blocks
