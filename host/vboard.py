@@ -78,7 +78,7 @@ class VirtualBoard:
         self.board = board  # validated firmware_py.board.Board
         self.home = home or state_dir(board.name)  # holds port link and pid file
         self.fs_dir = os.path.abspath(fs_dir or os.path.join(self.home, "fs"))  # the board's filesystem
-        self.heap = board.mpy_heap or 2 * 1024 * 1024  # GC heap given to the interpreter, bytes
+        self.heap = boards.unix_heapsize(board.mpy_heap or 2 * 1024 * 1024)  # -X heapsize giving the profile's usable heap
         self.vanish_after = vanish_after  # fault injection: vanish after this many host bytes, or None
         self.quiet = quiet  # no status lines on stdout
         self.link = os.path.join(self.home, "port")  # stable port path for clients

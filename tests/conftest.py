@@ -19,7 +19,7 @@ def run_firmware(script, interp, heap=DEFAULT_HEAP, timeout=240, args=()):
     env = dict(os.environ)
     if interp == "micropython":
         env["MICROPYPATH"] = ROOT + ":.frozen"
-        cmd = [paths.tool("micropython"), "-X", "heapsize=%d" % heap, script, *args]
+        cmd = [paths.tool("micropython"), "-X", "heapsize=%d" % boards.unix_heapsize(heap), script, *args]
     else:
         env["PYTHONPATH"] = ROOT
         cmd = [sys.executable, script, *args]
@@ -42,6 +42,6 @@ def pytest_terminal_summary(terminalreporter):
     mp, cp = _ran["micropython"], _ran["cpython"]
     if mp[0] + mp[1] + cp[0] + cp[1]:
         terminalreporter.write_line(
-            "firmware tests: micropython (heap %d B, board %s): %d passed, %d failed; "
+            "firmware tests: micropython (usable heap %d B as board %s): %d passed, %d failed; "
             "cpython: %d passed, %d failed" % (DEFAULT_HEAP, paths.DEFAULT_BOARD, mp[0], mp[1], cp[0], cp[1])
         )

@@ -36,7 +36,7 @@ def _interp(cmd, env_key, env_val):
 def micro_figures():
     # firmware_py/kvbench.py under MicroPython with the default board's heap
     heap = boards.load(paths.DEFAULT_BOARD).mpy_heap
-    cmd = [paths.tool("micropython"), "-X", "heapsize=%d" % heap, os.path.join(paths.FIRMWARE, "kvbench.py")]
+    cmd = [paths.tool("micropython"), "-X", "heapsize=%d" % boards.unix_heapsize(heap), os.path.join(paths.FIRMWARE, "kvbench.py")]
     d = _interp(cmd, "MICROPYPATH", paths.ROOT + ":.frozen")
     d["heap_bytes"] = heap
     return d

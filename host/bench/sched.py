@@ -23,7 +23,7 @@ def _body(interp, switches, reps, latency_ms):
     if interp == "micropython":
         heap = boards.load(paths.DEFAULT_BOARD).mpy_heap
         env["MICROPYPATH"] = paths.ROOT + ":.frozen"
-        cmd = [paths.tool("micropython"), "-X", "heapsize=%d" % heap] + args
+        cmd = [paths.tool("micropython"), "-X", "heapsize=%d" % boards.unix_heapsize(heap)] + args
     else:
         env["PYTHONPATH"] = paths.ROOT
         cmd = [sys.executable] + args
