@@ -21,12 +21,25 @@ def _stamp():
     return time.strftime("%H:%M:%S", time.localtime(t)) + ".%03d" % int((t % 1) * 1000)
 
 
+class _KeepInput(serial.Serial):
+    # pyserial flushes the OS input buffer when it opens a port; a monitor wants what the
+    # board printed just before (a boot report after `kv flash`, lines printed while the
+    # port was being reopened), so this port never flushes its input
+    def _reset_input_buffer(self):
+        pass
+
+
+def _open(port, baud):
+    # the port, opened exclusively, input kept
+    return _KeepInput(port, baudrate=baud, timeout=0.1, exclusive=True)
+
+
 def open_port(port, baud=115200):
     # a pyserial port opened exclusively; UserError naming the problem when it cannot be
     if not os.path.exists(port):
         raise UserError("no serial port at %s" % port, 2)
     try:
-        return serial.Serial(port, baudrate=baud, timeout=0.1, exclusive=True)
+        return _open(port, baud)
     except serial.SerialException as e:
         msg = str(e)
         if "lock" in msg.lower():
@@ -89,7 +102,7 @@ class Monitor:
         while deadline is None or time.monotonic() < deadline:
             if os.path.exists(self.port):
                 try:
-                    self.ser = serial.Serial(self.port, baudrate=self.baud, timeout=0.1, exclusive=True)
+                    self.ser = _open(self.port, self.baud)
                     self.emit("reconnected to %s after %.1f s" % (self.port, time.monotonic() - t0), note=True)
                     return True
                 except (serial.SerialException, OSError):
