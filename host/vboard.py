@@ -278,7 +278,8 @@ class VirtualBoard:
         self.spawn(raw=False)
         if not self.quiet:
             print("vboard %s: port %s (stable path %s)" % (self.board.name, path, os.path.relpath(self.link)))
-            print("vboard %s: heap %d B, filesystem %s; Ctrl-C to stop" % (self.board.name, self.heap, os.path.relpath(self.fs_dir)))
+            print("vboard %s: heap %d B usable (-X heapsize=%d), filesystem %s; Ctrl-C to stop"
+                  % (self.board.name, self.board.mpy_heap, self.heap, os.path.relpath(self.fs_dir)))
             sys.stdout.flush()
         try:
             self.serve()
