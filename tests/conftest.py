@@ -1,5 +1,4 @@
 import os
-import subprocess
 import sys
 
 import pytest
@@ -9,21 +8,16 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from host import boards, paths  # noqa: E402
+from host import interp as interp_mod  # noqa: E402
 
 FIRMWARE_TESTS = os.path.join(ROOT, "tests", "firmware")
 DEFAULT_HEAP = boards.load(paths.DEFAULT_BOARD).mpy_heap
 
 
-def run_firmware(script, interp, heap=DEFAULT_HEAP, timeout=240, args=()):
-    # run a firmware script under "micropython" (heap capped) or "cpython"; CompletedProcess
-    env = dict(os.environ)
-    if interp == "micropython":
-        env["MICROPYPATH"] = ROOT + ":.frozen"
-        cmd = [paths.tool("micropython"), "-X", "heapsize=%d" % boards.unix_heapsize(heap), script, *args]
-    else:
-        env["PYTHONPATH"] = ROOT
-        cmd = [sys.executable, script, *args]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+def run_firmware(script, interp, heap=DEFAULT_HEAP, timeout=240, args=(), heapsize=None):
+    # run a firmware script under "micropython" (usable heap `heap`, or exactly
+    # -X heapsize=heapsize) or "cpython"; CompletedProcess
+    return interp_mod.run(script, interp, usable_heap=heap, heapsize=heapsize, args=args, timeout=timeout)
 
 
 _ran = {"micropython": [0, 0], "cpython": [0, 0]}  # interp -> [passed, failed]

@@ -10,11 +10,10 @@
 import json
 import os
 import random
-import subprocess
-import sys
 
 from firmware_py import kv, pool
 from host import boards, paths
+from host import interp as interp_mod
 from host.errors import UserError
 
 CHURN_SEED = 4  # fixed: the churn is deterministic
@@ -24,27 +23,24 @@ T = 16  # tokens per block (and the first-fit growth step)
 MIN_LEN, MAX_LEN = 16, 512  # sequence lengths, uniform
 
 
-def _interp(cmd, env_key, env_val):
-    env = dict(os.environ)
-    env[env_key] = env_val
-    r = subprocess.run(cmd, cwd=paths.ROOT, env=env, capture_output=True, text=True, timeout=600)
+def _kvbench(interp):
+    # firmware_py/kvbench.py under "micropython" (the default board's heap) or "cpython"; its JSON object
+    r = interp_mod.run(os.path.join(paths.FIRMWARE, "kvbench.py"), interp)
     if r.returncode != 0:
-        raise UserError("kvbench failed under %s: %s" % (cmd[0], (r.stderr or r.stdout).strip().splitlines()[-1:]), 1)
+        raise UserError("kvbench failed under %s: %s" % (interp, (r.stderr or r.stdout).strip().splitlines()[-1:]), 1)
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def micro_figures():
     # firmware_py/kvbench.py under MicroPython with the default board's heap
-    heap = boards.load(paths.DEFAULT_BOARD).mpy_heap
-    cmd = [paths.tool("micropython"), "-X", "heapsize=%d" % boards.unix_heapsize(heap), os.path.join(paths.FIRMWARE, "kvbench.py")]
-    d = _interp(cmd, "MICROPYPATH", paths.ROOT + ":.frozen")
-    d["heap_bytes"] = heap
+    d = _kvbench("micropython")
+    d["heap_bytes"] = boards.load(paths.DEFAULT_BOARD).mpy_heap
     return d
 
 
 def cpython_figures():
     # the same script under this CPython (viper functions run as plain Python here)
-    return _interp([sys.executable, os.path.join(paths.FIRMWARE, "kvbench.py")], "PYTHONPATH", paths.ROOT)
+    return _kvbench("cpython")
 
 
 class FirstFit:

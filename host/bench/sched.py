@@ -4,10 +4,9 @@
 # CPython, measured in one run. The body is _sched_body.py, run once per interpreter.
 import json
 import os
-import subprocess
-import sys
 
 from host import boards, paths
+from host import interp as interp_mod
 from host.errors import UserError
 
 BODY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sched_body.py")
@@ -17,17 +16,8 @@ LATENCY_MS = 1000  # periods of the 1 ms task in the latency scenario
 
 
 def _body(interp, switches, reps, latency_ms):
-    # run _sched_body.py under "micropython" or "cpython"; its JSON object
-    env = dict(os.environ)
-    args = [BODY, str(switches), str(reps), str(latency_ms)]
-    if interp == "micropython":
-        heap = boards.load(paths.DEFAULT_BOARD).mpy_heap
-        env["MICROPYPATH"] = paths.ROOT + ":.frozen"
-        cmd = [paths.tool("micropython"), "-X", "heapsize=%d" % boards.unix_heapsize(heap)] + args
-    else:
-        env["PYTHONPATH"] = paths.ROOT
-        cmd = [sys.executable] + args
-    r = subprocess.run(cmd, cwd=paths.ROOT, env=env, capture_output=True, text=True, timeout=600)
+    # run _sched_body.py under "micropython" (the default board's heap) or "cpython"; its JSON object
+    r = interp_mod.run(BODY, interp, args=[str(switches), str(reps), str(latency_ms)])
     lines = r.stdout.strip().splitlines()
     if r.returncode != 0 or not lines:
         raise UserError("sched bench on %s failed (exit %d): %s" % (interp, r.returncode, (r.stderr or r.stdout).strip()[-500:]), 1)
