@@ -286,7 +286,8 @@ class VirtualBoard:
         finally:
             self.close()
         if not self.quiet:
-            print("vboard %s: stopped after %d soft resets" % (self.board.name, self.restarts))
+            print("vboard %s: stopped after %d soft resets; %d output bytes dropped because no host was reading"
+                  % (self.board.name, self.restarts, self.dropped))
 
 
 class Handle:
