@@ -163,7 +163,7 @@ def _remove_stale(t, dests, out):
 
 def flash(port=None, board_name=paths.DEFAULT_BOARD, src=paths.FIRMWARE, out=print, reset=True, keep_open=False):
     # flash the firmware; returns a summary dict (and the open serial port when keep_open)
-    from mpremote.transport import TransportError
+    from mpremote.transport import TransportError, TransportExecError
 
     board = boards.load(board_name)
     if board.kind != "mcu":
@@ -223,12 +223,18 @@ def flash(port=None, board_name=paths.DEFAULT_BOARD, src=paths.FIRMWARE, out=pri
             ser = t.serial
         else:
             t.close()
-    except (TransportError, serial.SerialException, OSError) as e:
+    except (TransportError, serial.SerialException, OSError, UserError) as e:
         try:
             t.close()
         except Exception:
             pass
+        if isinstance(e, UserError):
+            raise
         where = "while writing %s" % current if current else "during the flash"
+        if isinstance(e, TransportExecError):
+            # the board answered with an error of its own (a full filesystem, say)
+            last = (e.error_output.strip().splitlines() or ["?"])[-1]
+            raise UserError("the board refused %s: %s (%d of %d changed files written)" % (where, last, copied, len(todo)))
         raise UserError(
             "port %s vanished or stopped answering %s (%d of %d changed files written); run flash again to finish [%s]"
             % (port, where, copied, len(todo), type(e).__name__)

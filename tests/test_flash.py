@@ -144,3 +144,12 @@ def test_flash_without_port_starts_then_reuses_a_virtual_board(tmp_path, monkeyp
         pidfile = tmp_path / "vb" / paths.DEFAULT_BOARD / "vboard.pid"
         if pidfile.exists():
             os.kill(int(pidfile.read_text()), signal.SIGTERM)
+
+
+def test_a_board_error_is_reported_as_the_boards_answer(tmp_path):
+    # a directory where flash wants to write a file: the device's own OSError comes back
+    os.makedirs(fs_path(tmp_path, "firmware_py/board.mpy.part"))
+    with start(tmp_path) as vb:
+        r = kv("flash", "--port", vb.port)
+    assert one_line_error(r), r.stderr
+    assert "the board refused while writing firmware_py/board.mpy: OSError" in r.stderr, r.stderr
