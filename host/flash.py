@@ -231,10 +231,14 @@ def flash(port=None, board_name=paths.DEFAULT_BOARD, src=paths.FIRMWARE, out=pri
         if isinstance(e, UserError):
             raise
         where = "while writing %s" % current if current else "during the flash"
-        if isinstance(e, TransportExecError):
-            # the board answered with an error of its own (a full filesystem, say)
-            last = (e.error_output.strip().splitlines() or ["?"])[-1]
-            raise UserError("the board refused %s: %s (%d of %d changed files written)" % (where, last, copied, len(todo)))
+        if isinstance(e, TransportExecError) or (isinstance(e, OSError) and not isinstance(e, serial.SerialException)):
+            # the board answered with an error of its own (a full filesystem, say);
+            # mpremote turns filesystem errors into OSError, port failures are SerialException
+            if isinstance(e, TransportExecError):
+                why = (e.error_output.strip().splitlines() or ["?"])[-1]
+            else:
+                why = "%s (%s)" % (type(e).__name__, os.strerror(e.errno) if e.errno else e)
+            raise UserError("the board refused %s: %s (%d of %d changed files written)" % (where, why, copied, len(todo)))
         raise UserError(
             "port %s vanished or stopped answering %s (%d of %d changed files written); run flash again to finish [%s]"
             % (port, where, copied, len(todo), type(e).__name__)
