@@ -74,17 +74,19 @@ def bench(c, name, json=False):
         "batch": "concurrent sequences sharing the memory",
         "tokens": "also report the memory for this many tokens per sequence",
         "weights_dtype": "weights element type (default: the checkpoint's or the catalog's)",
+        "weights_bytes": "weights size in bytes, overriding what the model implies",
         "json": "print one JSON object",
     }
 )
 @one_line_errors
-def budget(c, board="esp32s3_n8r8", model="stories260K", kv_dtype="fp32", policy="full", window="0", batch="1", tokens="0", weights_dtype="", json=False):
+def budget(c, board="esp32s3_n8r8", model="stories260K", kv_dtype="fp32", policy="full", window="0", batch="1", tokens="0", weights_dtype="", weights_bytes="0", json=False):
     """How many KV tokens fit on a board with a model, and the heap the firmware needs."""
     from host import budget as budget_mod
 
     budget_mod.main(
         board=board, model=model, kv_dtype=kv_dtype, policy=policy, window=window,
-        batch=_whole(batch, "--batch"), tokens=_whole(tokens, "--tokens"), weights_dtype=weights_dtype, as_json=json,
+        batch=_whole(batch, "--batch"), tokens=_whole(tokens, "--tokens"), weights_dtype=weights_dtype,
+        weights_bytes=_whole(weights_bytes, "--weights-bytes"), as_json=json,
     )
 
 

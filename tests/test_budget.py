@@ -213,3 +213,14 @@ def test_heapsize_needed_window_policy(tmp_path):
     d = check_heapsize("esp32s3_n4r2", m, "int8", "sinks", 200, refuse_at_90=False)
     full = budget.compute("esp32s3_n4r2", m, "int8")
     assert d["heap_bytes_needed"] < full["heap_bytes_needed"] // 4
+
+
+def test_front_door_forwards_batch_tokens_and_weights():
+    r = kv_cli("--board", "rk3588_4gb", "--model", "Qwen2.5-1.5B", "--kv-dtype", "fp16", "--batch", "8", "--tokens", "2048", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["batch"] == 8 and d["kv_bytes_per_token"] == 28672
+    r = kv_cli("--board", "rk3588_4gb", "--model", "Llama-3-8B", "--kv-dtype", "fp16", "--weights-bytes", "1200000000", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["weights_bytes"] == 1200000000, r.stderr
+    r = kv_cli("--batch", "many")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
