@@ -95,15 +95,20 @@ def build(board, src=paths.FIRMWARE, virtual=False):
     return out
 
 
-def find_port(board):
-    # an ESP32-S3 on USB (by the profile's VID), else the running virtual board, else None
+def usb_port(board):
+    # the first USB serial port with the profile's VID (0x303A for an ESP32-S3), or None
     from serial.tools import list_ports
 
     if board.usb_vid is not None:
         for p in list_ports.comports():
             if p.vid == board.usb_vid:
                 return p.device
-    return vboard.running_port(board.name)
+    return None
+
+
+def find_port(board):
+    # the board on USB, else the running virtual board, else None
+    return usb_port(board) or vboard.running_port(board.name)
 
 
 def connect(port):
@@ -272,12 +277,9 @@ def flash_firmware(bin_path, port=None, erase=False, board_name=paths.DEFAULT_BO
         raise UserError("%s is not an ESP32 firmware image (first byte is not 0xE9)" % bin_path, 2)
     board = boards.load(board_name)
     if port is None:
-        from serial.tools import list_ports
-
-        found = [p.device for p in list_ports.comports() if board.usb_vid is not None and p.vid == board.usb_vid]
-        if not found:
+        port = usb_port(board)
+        if port is None:
             raise UserError("no ESP32-S3 found on USB (VID 0x%04X); plug one in or pass --port" % (board.usb_vid or 0))
-        port = found[0]
     elif not os.path.exists(port):
         raise UserError("no serial port at %s" % port, 2)
     cmds = esptool_command(bin_path, port, erase=erase)

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from conftest import ROOT
-from vboard_util import fs_path, kv, one_line_error, start, wait_for
+from vboard_util import fs_path, kv, one_line_error, send, start, wait_for
 
 pytestmark = pytest.mark.vboard
 
@@ -50,9 +50,7 @@ def test_monitor_logs_across_soft_reset_and_board_restart(tmp_path):
     try:
         assert wait_for(lambda: "connected to" in read_log(log), 20), read_log(log)
         # soft reset at the REPL: boots 1..3 (two of them reset themselves)
-        fd = os.open(os.path.realpath(vb.port), os.O_WRONLY | os.O_NOCTTY)
-        os.write(fd, b"\r\x04")  # ctrl-D at the friendly REPL
-        os.close(fd)
+        send(vb.port, b"\r\x04")  # ctrl-D at the friendly REPL
         assert wait_for(lambda: "boot 3" in read_log(log), 20), read_log(log)
         # the virtual board goes away and comes back on the same port path
         vb.stop()
@@ -88,9 +86,7 @@ def test_monitor_until_stops_at_the_line(tmp_path):
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         assert wait_for(lambda: "connected to" in read_log(log), 20), read_log(log)
-        fd = os.open(os.path.realpath(vb.port), os.O_WRONLY | os.O_NOCTTY)
-        os.write(fd, b"\r\x02\x04")
-        os.close(fd)
+        send(vb.port, b"\r\x02\x04")
         out, err = mon.communicate(timeout=30)
     assert mon.returncode == 0 and "hello from main" in out, out + err
     assert "after hello" not in out

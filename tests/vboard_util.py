@@ -33,6 +33,15 @@ def read_until(ser, marker, timeout=10.0):
     return buf
 
 
+def send(port, data):
+    # write bytes to a port without opening it as a serial client (another may hold it)
+    fd = os.open(os.path.realpath(port), os.O_WRONLY | os.O_NOCTTY)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
 def open_serial(port):
     return serial.Serial(port, timeout=0.1)
 
