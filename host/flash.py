@@ -74,7 +74,8 @@ def build(board, src=paths.FIRMWARE, virtual=False):
     out = []
     with tempfile.TemporaryDirectory() as tmp:
         for dirpath, dirnames, filenames in os.walk(src):
-            dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+            # tools/ holds board-side probes and benchmarks, not firmware: never flashed
+            dirnames[:] = sorted(d for d in dirnames if d != "__pycache__" and not (os.path.relpath(dirpath, src) == "." and d == "tools"))
             for fn in sorted(filenames):
                 if not fn.endswith(".py"):
                     continue

@@ -163,7 +163,7 @@ def test_max_tokens_is_what_the_pool_accepts(tmp_path, dtype):
 
 
 def probe(heap, board, model, *extra):
-    return run_firmware(os.path.join(ROOT, "firmware_py", "kvprobe.py"), "micropython", heapsize=heap,
+    return run_firmware(os.path.join(ROOT, "firmware_py", "tools", "kvprobe.py"), "micropython", heapsize=heap,
                         args=["board=" + os.path.join(ROOT, "boards", board + ".json"), "model=" + model, *extra])
 
 

@@ -1,7 +1,7 @@
 # `./kv bench kv [--json]`: the KV cache's figures in one run.
 #  - append cost of our in-place cache vs a cache that concatenates a new array per
 #    token, at 64, 256 and 512 tokens, and heap bytes per append, measured on the
-#    MicroPython unix port (firmware_py/kvbench.py under -X heapsize of the default
+#    MicroPython unix port (firmware_py/tools/kvbench.py under -X heapsize of the default
 #    board) and, for reference, on CPython;
 #  - fragmentation churn: many sequences of random lengths at high occupancy on one
 #    arena, our block pool (the real firmware_py Pool + KVCache) vs a first-fit
@@ -24,15 +24,15 @@ MIN_LEN, MAX_LEN = 16, 512  # sequence lengths, uniform
 
 
 def _kvbench(interp):
-    # firmware_py/kvbench.py under "micropython" (the default board's heap) or "cpython"; its JSON object
-    r = interp_mod.run(os.path.join(paths.FIRMWARE, "kvbench.py"), interp)
+    # firmware_py/tools/kvbench.py under "micropython" (the default board's heap) or "cpython"; its JSON object
+    r = interp_mod.run(os.path.join(paths.FIRMWARE, "tools", "kvbench.py"), interp)
     if r.returncode != 0:
         raise UserError("kvbench failed under %s: %s" % (interp, (r.stderr or r.stdout).strip().splitlines()[-1:]), 1)
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def micro_figures():
-    # firmware_py/kvbench.py under MicroPython with the default board's heap
+    # firmware_py/tools/kvbench.py under MicroPython with the default board's heap
     d = _kvbench("micropython")
     d["heap_bytes"] = boards.load(paths.DEFAULT_BOARD).mpy_heap
     return d
