@@ -149,6 +149,15 @@ def monitor(c, port=None, board="esp32s3_n8r8", log=None, until=None, timeout=0.
         m.close()
 
 
+@task(help={"src": "MicroPython source tree (default: $KVRTOS_MICROPYTHON_SRC or ../shared/micropython-src)"})
+@one_line_errors
+def mp32(c, src=None):
+    """Build (once, cached in .cache/) the 32-bit MicroPython unix port, the board's word size; print its path."""
+    from host import mp32 as mp32_mod
+
+    print(mp32_mod.build(src))
+
+
 @task(help={"board": "board profile name"})
 @one_line_errors
 def demo(c, board="esp32s3_n8r8"):

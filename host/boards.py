@@ -30,13 +30,14 @@ def load(name_or_path):
         raise UserError("bad board profile %s" % e, 2)
 
 
-def unix_heapsize(usable):
+def unix_heapsize(usable, word_bytes=None):
     # the `micropython -X heapsize=` that gives the unix port a GC heap of `usable` bytes
     # (what gc.mem_free() + gc.mem_alloc() report, as a profile's micropython_heap_bytes
     # does for a board). The GC keeps 2 bits of allocation table and 1 bit of finaliser
-    # table per block of 4 machine words (32 B here), on top of the blocks themselves.
+    # table per block of 4 machine words (32 B on this 64-bit host, 16 B on a 32-bit
+    # build: word_bytes 4), on top of the blocks themselves.
     import struct
 
-    block = 4 * struct.calcsize("P")
+    block = 4 * (word_bytes or struct.calcsize("P"))
     # + 16 blocks: the tables are rounded to whole blocks and the start aligned
     return -(-usable * (8 * block + 3) // (8 * block)) + 16 * block

@@ -20,7 +20,20 @@ def run_firmware(script, interp, heap=DEFAULT_HEAP, timeout=240, args=(), heapsi
     return interp_mod.run(script, interp, usable_heap=heap, heapsize=heapsize, args=args, timeout=timeout)
 
 
-_ran = {"micropython": [0, 0], "cpython": [0, 0]}  # interp -> [passed, failed]
+_ran = {"micropython": [0, 0], "micropython32": [0, 0], "cpython": [0, 0]}  # interp -> [passed, failed]
+_mp32 = []  # [(binary or None, why)] once host/mp32.py has been asked
+
+
+def mp32_or_skip():
+    # the 32-bit MicroPython unix port (built once, cached), or skip saying why it is absent
+    from host import mp32
+
+    if not _mp32:
+        _mp32.append(mp32.available())
+    binary, why = _mp32[0]
+    if binary is None:
+        pytest.skip("32-bit MicroPython unavailable: %s" % why)
+    return binary
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -33,9 +46,14 @@ def pytest_runtest_makereport(item, call):
 
 
 def pytest_terminal_summary(terminalreporter):
-    mp, cp = _ran["micropython"], _ran["cpython"]
-    if mp[0] + mp[1] + cp[0] + cp[1]:
+    mp, m32, cp = _ran["micropython"], _ran["micropython32"], _ran["cpython"]
+    if sum(mp + m32 + cp):
+        if _mp32 and _mp32[0][0] is None:
+            m32_text = "SKIPPED (%s)" % _mp32[0][1]
+        else:
+            m32_text = "%d passed, %d failed" % (m32[0], m32[1])
         terminalreporter.write_line(
-            "firmware tests: micropython (usable heap %d B as board %s): %d passed, %d failed; "
-            "cpython: %d passed, %d failed" % (DEFAULT_HEAP, paths.DEFAULT_BOARD, mp[0], mp[1], cp[0], cp[1])
+            "firmware tests: micropython 64-bit (usable heap %d B as board %s): %d passed, %d failed; "
+            "micropython 32-bit: %s; cpython: %d passed, %d failed"
+            % (DEFAULT_HEAP, paths.DEFAULT_BOARD, mp[0], mp[1], m32_text, cp[0], cp[1])
         )
