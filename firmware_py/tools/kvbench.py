@@ -1,18 +1,30 @@
 # KV append micro-benchmark, run on the target interpreter (host/bench/kv.py runs it
-# under MicroPython): our in-place block append vs the naive cache the source
-# documents describe (a new, longer array per layer per token, as torch.cat does),
-# at 64, 256 and 512 cached tokens, plus heap bytes allocated per append.
+# under MicroPython and CPython). Every design is timed side by side in one loop, the
+# median of _REPEAT runs of _TIMED appends each, at 64, 256 and 512 cached tokens:
+#   ours      KVCache.append: block table lookup, slot header, one copy32 per layer
+#   flat_kv   what a user writes without a pool (llama2.c run.c, esp32-llm): per layer
+#             one K and one V array of max_len x kv_dim preallocated at boot, token pos
+#             written in place at pos * kv_dim (two copy32 per layer, as K and V live apart)
+#   flat_row  the same flat design with K|V of a layer in one row (our row format: one
+#             copy32 per layer), so ours / flat_row is the cost of the block table alone
+#   floor     one copy32 of the whole token row, no bookkeeping at all
+#   concat    the straw man: a new, longer bytes object per layer per token (torch.cat)
+# plus heap bytes (total over a count of appends), a heap-locked append loop, where
+# ours spends its time (reserve alone), eviction at a 512 budget and int8 quantization.
 # Prints one JSON object. Shape: stories260K (5 layers, 4 KV heads x 8, fp32).
 import json
 
-from firmware_py import kv, pool, quant
+from firmware_py import compat, kv, pool, quant
 from firmware_py.compat import collect, const, mem_alloc, ticks_diff, ticks_us
+from firmware_py.pool import copy32
 
 _LAYERS = const(5)
 _KV_HEADS = const(4)
 _HEAD_DIM = const(8)
-_TIMED = const(64)  # appends timed per measurement
-_REPEAT = const(5)  # measurements per point; the median is reported
+_TIMED = const(128)  # appends timed per measurement
+_REPEAT = const(9)  # measurements per point; the median is reported
+_MAX_LEN = const(640)  # flat designs' max_len: the largest point + _TIMED
+_LOCKED = const(512)  # appends run with the heap locked
 POINTS = (64, 256, 512)
 
 
@@ -21,32 +33,57 @@ def _median(xs):
     return xs[len(xs) // 2]
 
 
-# ns per append of our cache with `at` tokens already cached (median of _REPEAT)
-def ours_ns(cache, region, row, at):
-    runs = []
-    for _ in range(_REPEAT):
-        s = cache.open(region, "full", at + _TIMED)
-        for _ in range(at):
-            cache.append(s, row)
-        t0 = ticks_us()
-        for _ in range(_TIMED):
-            cache.append(s, row)
-        runs.append(ticks_diff(ticks_us(), t0) * 1000 // _TIMED)
-        cache.close(s)
-    return _median(runs)
+class FlatKV:
+    # llama2.c's cache: per layer a K and a V bytearray[max_len][kv_dim elements], made at boot
+    def __init__(self, layout, max_len):
+        self.n_layers = layout.n_layers  # L
+        self.k = [bytearray(max_len * layout.data_bytes) for _ in range(layout.n_layers)]  # [L][max_len * kv_dim]
+        self.v = [bytearray(max_len * layout.data_bytes) for _ in range(layout.n_layers)]  # [L][max_len * kv_dim]
+        self.dw = layout.data_bytes // 4  # uint32 words of K (or V) per layer per token
+        self.vw = layout.v_off // 4  # word offset of V inside a source layer row
+        self.lw = layout.layer_row // 4  # words per source layer row
+        self.max_len = max_len  # positions each array holds
+        self.n = 0  # positions written (the next position)
+
+    # write token row src at the next position (K and V of every layer); -1 past
+    # max_len, else the position; O(row), no allocation
+    def append(self, src):
+        n = self.n
+        if n >= self.max_len:
+            return -1
+        dw = self.dw
+        d = n * dw
+        s = 0
+        for layer in range(self.n_layers):
+            copy32(self.k[layer], d, src, s, dw)
+            copy32(self.v[layer], d, src, s + self.vw, dw)
+            s += self.lw
+        self.n = n + 1
+        return n
 
 
-# heap bytes one append allocates in our cache (averaged over _TIMED appends)
-def ours_alloc(cache, region, row):
-    s = cache.open(region, "full", 2 * _TIMED)
-    cache.append(s, row)  # first block allocated outside the measurement
-    collect()
-    a0 = mem_alloc()
-    for _ in range(_TIMED):
-        cache.append(s, row)
-    a1 = mem_alloc()
-    cache.close(s)
-    return None if a0 is None else (a1 - a0) // _TIMED
+class FlatRow:
+    # the flat design in our row format: per layer one bytearray[max_len][layer_row]
+    def __init__(self, layout, max_len):
+        self.n_layers = layout.n_layers  # L
+        self.rows = [bytearray(max_len * layout.layer_row) for _ in range(layout.n_layers)]  # [L][max_len * layer_row]
+        self.lw = layout.layer_row // 4  # words per layer row
+        self.max_len = max_len  # positions each array holds
+        self.n = 0  # positions written
+
+    # write token row src at the next position, one copy per layer; -1 past max_len; O(row)
+    def append(self, src):
+        n = self.n
+        if n >= self.max_len:
+            return -1
+        w = self.lw
+        d = n * w
+        s = 0
+        for layer in range(self.n_layers):
+            copy32(self.rows[layer], d, src, s, w)
+            s += w
+        self.n = n + 1
+        return n
 
 
 class ConcatCache:
@@ -55,34 +92,135 @@ class ConcatCache:
         self.k = [b""] * layout.n_layers  # K rows so far, one bytes object per layer
         self.v = [b""] * layout.n_layers  # V rows so far
         self.d = layout.data_bytes  # bytes of K (or V) per layer per token
+        self.lr = layout.layer_row  # bytes per source layer row
 
     # append one token row: O(tokens) copy and a fresh allocation per layer, K and V
-    def append(self, row, layout):
+    def append(self, row):
         d = self.d
         for layer in range(len(self.k)):
-            o = layer * layout.layer_row
+            o = layer * self.lr
             self.k[layer] = self.k[layer] + row[o:o + d]
             self.v[layer] = self.v[layer] + row[o + d:o + 2 * d]
 
 
-# ns per append of the naive cache at `at` tokens, and heap bytes one append allocates
+# ns per append of ours with `at` tokens cached (one run of _TIMED appends)
+def _ours_once(cache, region, row, at):
+    s = cache.open(region, "full", at + _TIMED)
+    for _ in range(at):
+        cache.append(s, row)
+    t0 = ticks_us()
+    for _ in range(_TIMED):
+        cache.append(s, row)
+    dt = ticks_diff(ticks_us(), t0)
+    cache.close(s)
+    return dt * 1000 // _TIMED
+
+
+# ns per reserve() alone at `at` tokens: the bookkeeping part of ours, no copy
+def _reserve_once(cache, region, at):
+    s = cache.open(region, "full", at + _TIMED)
+    for _ in range(at):
+        cache.reserve(s)
+    t0 = ticks_us()
+    for _ in range(_TIMED):
+        cache.reserve(s)
+    dt = ticks_diff(ticks_us(), t0)
+    cache.close(s)
+    return dt * 1000 // _TIMED
+
+
+# ns per append of a flat cache (FlatKV or FlatRow) at position `at`
+def _flat_once(flat, row, at):
+    flat.n = at
+    t0 = ticks_us()
+    for _ in range(_TIMED):
+        flat.append(row)
+    return ticks_diff(ticks_us(), t0) * 1000 // _TIMED
+
+
+# ns per raw copy of one token row into the arena: the floor, no bookkeeping
+def _floor_once(arena, row, words):
+    t0 = ticks_us()
+    for i in range(_TIMED):
+        copy32(arena, i * words, row, 0, words)
+    return ticks_diff(ticks_us(), t0) * 1000 // _TIMED
+
+
+# side-by-side medians at every point: {design: {at: ns}}
+def append_ns(cache, region, row, layout):
+    fk = FlatKV(layout, _MAX_LEN)
+    fr = FlatRow(layout, _MAX_LEN)
+    words = layout.row_bytes // 4
+    runs = {}
+    for at in POINTS:
+        for name in ("ours", "reserve", "flat_kv", "flat_row", "floor"):
+            runs[(name, at)] = []
+    for _ in range(_REPEAT):
+        for at in POINTS:
+            runs[("ours", at)].append(_ours_once(cache, region, row, at))
+            runs[("flat_kv", at)].append(_flat_once(fk, row, at))
+            runs[("flat_row", at)].append(_flat_once(fr, row, at))
+            runs[("floor", at)].append(_floor_once(cache.arena, row, words))
+            runs[("reserve", at)].append(_reserve_once(cache, region, at))
+    out = {}
+    for (name, at), xs in runs.items():
+        out.setdefault(name, {})[at] = _median(xs)
+    return out
+
+
+# (heap bytes, appends) for n appends of append_fn after a collect; bytes None on CPython
+def _alloc(append_fn, n):
+    collect()
+    a0 = mem_alloc()
+    for _ in range(n):
+        append_fn()
+    a1 = mem_alloc()
+    return (None if a0 is None else a1 - a0), n
+
+
+# appends that complete with the heap locked (_LOCKED asked); None where the heap cannot be locked
+def _locked_appends(cache, region, row):
+    if not compat.HEAP_LOCK:
+        return None
+    s = cache.open(region, "full", _LOCKED)
+    box = [0]  # made before the lock: the loop itself must not allocate
+    compat.heap_lock()
+    try:
+        _fill(cache, s, row, box)
+    except MemoryError:
+        pass
+    finally:
+        compat.heap_unlock()
+    cache.close(s)
+    return box[0]
+
+
+# append row to s _LOCKED times, counting successes in box[0]
+def _fill(cache, s, row, box):
+    for _ in range(_LOCKED):
+        if cache.append(s, row) < 0:
+            return
+        box[0] += 1
+
+
+# ns per append of the naive cache at `at` tokens, and (bytes, appends) of one append
 def concat_ns(layout, row, at):
     runs = []
-    alloc = None
+    alloc = (None, 1)
     for _ in range(3):
         c = ConcatCache(layout)
         for _ in range(at):
-            c.append(row, layout)
+            c.append(row)
         collect()
         a0 = mem_alloc()
-        c.append(row, layout)
+        c.append(row)
         a1 = mem_alloc()
         if a0 is not None:
-            alloc = a1 - a0
+            alloc = (a1 - a0, 1)
         t0 = ticks_us()
-        for _ in range(_TIMED // 4):
-            c.append(row, layout)
-        runs.append(ticks_diff(ticks_us(), t0) * 1000 // (_TIMED // 4))
+        for _ in range(_TIMED // 8):
+            c.append(row)
+        runs.append(ticks_diff(ticks_us(), t0) * 1000 // (_TIMED // 8))
         c = None
         collect()
     return _median(runs), alloc
@@ -97,14 +235,25 @@ def main():
     row = bytearray(layout.row_bytes)
     for i in range(len(row)):
         row[i] = i & 255
-    out = {"layout": layout.to_dict()}
+    out = {"layout": layout.to_dict(), "timed_appends": _TIMED, "repeats": _REPEAT, "flat_max_len": _MAX_LEN}
+    ns = append_ns(cache, region, row, layout)
+    for name, by_at in ns.items():
+        for at, v in by_at.items():
+            out["%s_ns_at_%d" % (name, at)] = v
     for at in POINTS:
-        out["append_ns_at_%d" % at] = ours_ns(cache, region, row, at)
-    for at in POINTS:
-        ns, alloc = concat_ns(layout, row, at)
-        out["append_ns_concat_at_%d" % at] = ns
-        out["alloc_bytes_per_append_concat_at_%d" % at] = alloc
-    out["alloc_bytes_per_append"] = ours_alloc(cache, region, row)
+        c_ns, (c_bytes, c_n) = concat_ns(layout, row, at)
+        out["concat_ns_at_%d" % at] = c_ns
+        out["concat_alloc_bytes_at_%d" % at] = c_bytes
+        out["concat_alloc_appends_at_%d" % at] = c_n
+    # heap bytes over 2 * _TIMED appends (the first block is taken before counting)
+    s = cache.open(region, "full", 2 * _TIMED + 1)
+    cache.append(s, row)
+    out["ours_alloc_bytes"], out["ours_alloc_appends"] = _alloc(lambda: cache.append(s, row), 2 * _TIMED)
+    cache.close(s)
+    fk = FlatKV(layout, _MAX_LEN)
+    out["flat_kv_alloc_bytes"], out["flat_kv_alloc_appends"] = _alloc(lambda: fk.append(row), 2 * _TIMED)
+    out["heap_locked_appends_asked"] = _LOCKED
+    out["heap_locked_appends"] = _locked_appends(cache, region, row)
     # ring and h2o eviction cost at a 512-token budget (steady state: every append evicts)
     for policy in ("window", "sinks", "h2o"):
         runs = []
@@ -117,16 +266,12 @@ def main():
                 cache.append(s, row)
             runs.append(ticks_diff(ticks_us(), t0) * 1000 // (_TIMED // 4))
             cache.close(s)
-        out["append_ns_%s_evicting_at_512" % policy] = _median(runs)
+        out["%s_evicting_ns_at_512" % policy] = _median(runs)
     # the model side: quantizing one token's K/V to int8 uses floats, so it allocates
     lq = kv.Layout(_LAYERS, _KV_HEADS, _HEAD_DIM, "int8")
     ks = [[(i % 7 - 3) * 0.25 for i in range(lq.kv_dim)] for _ in range(_LAYERS)]
     qrow = bytearray(lq.row_bytes)
-    collect()
-    a0 = mem_alloc()
-    quant.pack_token(lq, ks, ks, qrow)
-    a1 = mem_alloc()
-    out["quantize_int8_alloc_bytes_per_token"] = None if a0 is None else a1 - a0
+    out["quantize_int8_alloc_bytes"], out["quantize_int8_alloc_tokens"] = _alloc(lambda: quant.pack_token(lq, ks, ks, qrow), 1)
     t0 = ticks_us()
     for _ in range(8):
         quant.pack_token(lq, ks, ks, qrow)
