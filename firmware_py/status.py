@@ -20,8 +20,9 @@ E_STALE = const(-3)  # the handle is not open, or names an earlier occupant of i
 E_NO_SLOT = const(-4)  # every slot (sequence, task) is in use
 E_RANGE = const(-5)  # an argument is outside its range (slot, layer, length, block, bits)
 E_STATE = const(-6)  # not valid in the current state (write without a reservation, double free)
+E_EMPTY = const(-7)  # the slot or position holds nothing now (never filled, or evicted)
 
-NAMES = ("OK", "E_FULL", "E_NO_BLOCK", "E_STALE", "E_NO_SLOT", "E_RANGE", "E_STATE")
+NAMES = ("OK", "E_FULL", "E_NO_BLOCK", "E_STALE", "E_NO_SLOT", "E_RANGE", "E_STATE", "E_EMPTY")
 
 
 # the name of status code st (a flag sum >= 0 reads as "OK"); allocates nothing
