@@ -1,7 +1,8 @@
 # Two clocks behind one interface, so the kernel never asks the runtime for time:
 #   now()          current time in ticks (µs on the wrapped tick circle, compat.TICKS_PERIOD)
 #   idle(until)    wait until `until` (or a little before it); the kernel's idle path
-#   charge(us)     the running task did `us` µs of work (virtual: time moves; real: spins)
+#   charge(us)     the running task did `us` µs of work (virtual: time moves; real: spins),
+#                  then clock.watch() if set (the kernel's watchdog: it may raise)
 # RealClock reads compat.ticks_us and sleeps in idle; VirtualClock only moves when told
 # to, so the same inputs give the same event sequence run after run. Time arithmetic
 # goes through ticks_add/ticks_diff only, so both survive the tick counter wrapping.
@@ -26,6 +27,7 @@ class RealClock:
             self.offset = ticks_diff(start, ticks_us())
             self.now = self.shifted_now
         self.virtual = False  # charge() spins, idle() sleeps: this is real time
+        self.watch = None  # fn() called after each charge (the kernel's watchdog check), or None
 
     # current time in ticks with the start shift applied; no allocation (small ints)
     def shifted_now(self):
@@ -47,6 +49,9 @@ class RealClock:
         t0 = ticks_us()
         while ticks_diff(ticks_us(), t0) < us:
             pass
+        w = self.watch
+        if w is not None:
+            w()
 
     advance = charge
 
@@ -57,6 +62,7 @@ class VirtualClock:
         self.t = ticks_add(start, 0)  # current time in ticks, on the wrapped circle
         self.virtual = True  # time jumps: nothing here ever waits for real
         self.idle_jumps = 0  # idle() calls that moved time forward
+        self.watch = None  # fn() called after each charge (the kernel's watchdog check), or None
         # the bound method made once here, so the kernel taking `clock.now` per run()
         # does not allocate one each time (it may run with the heap locked)
         self.now = self.read
@@ -76,5 +82,8 @@ class VirtualClock:
         if us < 0:
             raise ClockError("charge: negative duration")
         self.t = ticks_add(self.t, us)
+        w = self.watch
+        if w is not None:
+            w()  # may raise into the charging task: the emulator's hang detection
 
     advance = charge

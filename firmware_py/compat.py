@@ -43,6 +43,23 @@ if IS_MICROPYTHON:
 
     ptr8 = ptr16 = ptr32 = None  # viper casts are compiler built-ins here
 
+    # micropython.schedule(fn, arg): fn(arg) runs soon on the main thread, between
+    # bytecodes (callable from a thread or an interrupt handler; raises RuntimeError when
+    # its queue is full)
+    schedule = micropython.schedule
+
+    def periodic_timer(period_ms, callback):
+        # a started machine.Timer calling callback(timer) every period_ms (a soft
+        # callback: it runs between bytecodes of whatever task is running), or None where
+        # the port has no machine.Timer (the unix port)
+        try:
+            from machine import Timer  # noqa: PLC0415 - probing the port
+        except ImportError:
+            return None
+        tm = Timer(0)
+        tm.init(period=period_ms, mode=Timer.PERIODIC, callback=callback)
+        return tm
+
 else:
     TICKS_PERIOD = 1 << 30  # as on the ESP32 port (31-bit small ints)
     _TICKS_MAX = TICKS_PERIOD - 1
@@ -109,6 +126,15 @@ else:
         import traceback
 
         traceback.print_exception(type(exc), exc, exc.__traceback__, file=file or sys.stdout)
+
+    def schedule(fn, arg):
+        # micropython.schedule on CPython: calls fn(arg) now, in the calling thread (the
+        # GIL keeps the interrupt ring's single writes whole)
+        fn(arg)
+
+    def periodic_timer(period_ms, callback):
+        # CPython has no machine.Timer
+        return None
 
     def ptr8(buf):
         # viper's ptr8(buf) on CPython: the buffer itself, indexed by byte

@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 
 from firmware_py import compat
 from firmware_py.clock import VirtualClock
-from firmware_py.sched import Kernel, Queue, TIMEOUT
+from firmware_py.sched import Kernel, Queue, TIMEOUT, OK
 
 P = compat.TICKS_PERIOD
 
@@ -39,7 +39,7 @@ def test_queue_delivers_every_item_once_in_order(put_gaps, get_gaps, cap):
     def producer():
         for i, gap in enumerate(put_gaps):
             yield k.sleep_us(gap)
-            assert (yield q.put(i)) is True
+            assert (yield q.put(i)) == OK
 
     def consumer():
         j = 0

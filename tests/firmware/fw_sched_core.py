@@ -4,7 +4,7 @@
 from fwtest import check, eq, raises, done
 from firmware_py import compat
 from firmware_py.clock import VirtualClock, RealClock
-from firmware_py.sched import Kernel, SchedError, Semaphore, Queue, TIMEOUT, DONE, FAILED, KILLED, READY, BLOCKED
+from firmware_py.sched import Kernel, SchedError, Semaphore, Queue, TIMEOUT, DONE, FAILED, KILLED, READY, OK, E_RANGE, E_STALE
 from firmware_py.compat import ticks_add, ticks_diff
 
 P = compat.TICKS_PERIOD
@@ -206,7 +206,7 @@ def late_giver():
 k.spawn("taker", 2, taker())
 k.spawn("giver", 1, late_giver())
 k.run()
-eq(res, [(TIMEOUT, 0), (TIMEOUT, 500), (True, 2000)], "timeout 0 polls, 500 expires at 500, forever waits for the give")
+eq(res, [(TIMEOUT, 0), (TIMEOUT, 500), (OK, 2000)], "timeout 0 polls, 500 expires at 500, forever waits for the give")
 
 # --- join and exit status ---
 k = new()
@@ -315,9 +315,10 @@ ta = k.spawn("ret", 1, blocks_then_returns())
 tk = k.spawn("kill", 1, blocks_then_kills_itself())
 tw = k.spawn("two", 1, two_calls_without_yield())
 eq(k.run(), 0, "nothing left alive")
-eq((ta.state, tk.state, tw.state), (DONE, KILLED, FAILED), "ended, killed itself, misuse fails")
+eq((ta.state, tk.state, tw.state), (FAILED, KILLED, FAILED), "a wait registered and not yielded fails the task; a self-kill is a kill")
 check(q2.getters.head is None and k.thead is None, "no dead task left on the wait list or the timer list")
-check(isinstance(tw.exc, SchedError) and "yield" in str(tw.exc), "misuse says to yield the call: %s" % tw.exc)
+check(isinstance(tw.exc, SchedError) and "yield" in str(tw.exc) and "two" in str(tw.exc), "misuse names the task and says to yield the call: %s" % tw.exc)
+check(isinstance(ta.exc, SchedError) and "task ret:" in str(ta.exc), "returning with a wait registered is the same misuse: %s" % ta.exc)
 eq(k.totals[9], 0, "live-task count is exact")
 
 # run(for_us) returns at the limit with the tasks still alive, and can be resumed
@@ -378,13 +379,16 @@ check("task" in str(e), "blocking outside a task is refused: " + str(e))
 raises(SchedError, Kernel, VirtualClock(), 0)
 
 
+negr = []
+
+
 def neg():
-    yield k.sleep_us(-1)
+    negr.append((yield k.sleep_us(-1)))
+    negr.append(k.now())
 
 
 t = k.spawn("neg", 1, neg())
 k.run()
-eq(t.state, FAILED, "a negative sleep fails the task with a SchedError")
-check(isinstance(t.exc, SchedError), "the recorded exception is the SchedError")
-check(BLOCKED != READY, "state constants differ")
+eq((t.state, negr), (DONE, [E_RANGE, 0]), "a negative sleep resumes at once with E_RANGE (a status, not an exception)")
+eq(k.kill(t), E_STALE, "killing a finished task is E_STALE")
 done()

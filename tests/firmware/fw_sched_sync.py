@@ -2,7 +2,7 @@
 # wait order by priority, timeouts, and the caller mistakes that get a SchedError.
 from fwtest import check, eq, raises, done
 from firmware_py.clock import VirtualClock
-from firmware_py.sched import Kernel, Queue, Semaphore, EventFlags, SchedError, TIMEOUT
+from firmware_py.sched import Kernel, Queue, Semaphore, EventFlags, SchedError, TIMEOUT, OK, E_FULL, E_RANGE
 
 
 def new():
@@ -53,9 +53,10 @@ def tmo():
 
 k.spawn("t", 1, tmo())
 k.run()
-eq(res, [True, TIMEOUT, 50, "a", TIMEOUT, 80], "full put and empty get time out at their timeouts")
-eq(q.get_nowait(), TIMEOUT, "get_nowait on empty")
-check(q.put_nowait(1) and not q.put_nowait(2), "put_nowait stores, then reports full")
+eq(res, [OK, TIMEOUT, 50, "a", TIMEOUT, 80], "full put and empty get time out at their timeouts")
+eq(q.get_nowait(), TIMEOUT, "get_nowait on empty returns what get(0) resumes with")
+eq((q.put_nowait(1), q.put_nowait(2)), (OK, TIMEOUT), "put_nowait stores, then TIMEOUT when full (as put(x, 0))")
+eq(q.count, 1, "the refused put changed nothing")
 
 # getters are served highest priority first, FIFO within a priority; direct handoff
 k = new()
@@ -100,26 +101,27 @@ def ccons():
     out = bytearray(4)
     yield k.sleep_us(5)
     for _ in range(4):
-        r = yield q.get(100, out)
+        r = yield q.get(100, into=out)
         got.append((r, bytes(out)))
 
 
 k.spawn("p", 1, cprod())
 k.spawn("c", 1, ccons())
 k.run()
-eq(got, [(True, bytes([i * 10, i * 10 + 1, i * 10 + 2, i * 10 + 3])) for i in range(4)], "copy queue keeps each item's bytes")
+eq(got, [(OK, bytes([i * 10, i * 10 + 1, i * 10 + 2, i * 10 + 3])) for i in range(4)], "copy queue keeps each item's bytes")
 raises(SchedError, Queue, k, 0)
-e = raises(SchedError, q.put_nowait, b"ab")
-check("item_size" in str(e), "short item refused: " + str(e))
-raises(SchedError, q.get_nowait)
+eq(q.put_nowait(b"ab"), E_RANGE, "a copy-mode item shorter than item_size is refused with E_RANGE")
+eq(q.count, 0, "and nothing was stored")
+eq(q.get_nowait(), E_RANGE, "a copy-mode get without into= is E_RANGE")
+eq(q.get_nowait(into=bytearray(2)), E_RANGE, "as is a short into=")
 
 # --- semaphores ---
 k = new()
 b = Semaphore(k)  # binary, empty
 c = Semaphore(k, 2, 3)  # counting
-check(b.give() and not b.give(), "binary give saturates at 1")
-check(b.take_nowait() and not b.take_nowait(), "one token, then none")
-check(c.give() and not c.give(), "counting saturates at its maximum")
+eq((b.give(), b.give()), (OK, E_FULL), "binary give saturates at 1")
+eq((b.take_nowait(), b.take_nowait()), (OK, TIMEOUT), "one token, then TIMEOUT (as take(0))")
+eq((c.give(), c.give()), (OK, E_FULL), "counting saturates at its maximum")
 eq(c.count, 3, "three tokens")
 raises(SchedError, Semaphore, k, 2, 1)
 raises(SchedError, Semaphore, k, 0, 0)
@@ -142,7 +144,7 @@ k.spawn("hi", 2, t("hi"))
 k.spawn("lo2", 1, t("lo2"))
 k.spawn("g", 3, g())
 k.run()
-eq(taken, [("hi", True, 100), ("lo", True, 200), ("lo2", TIMEOUT, 1000)], "binary semaphore wakes by priority; the last times out")
+eq(taken, [("hi", OK, 100), ("lo", OK, 200), ("lo2", TIMEOUT, 1000)], "binary semaphore wakes by priority; the last times out")
 
 # --- event flags: any, all, clear on exit, value seen, timeout ---
 k = new()
@@ -155,11 +157,11 @@ def any_waiter():
 
 
 def all_waiter():
-    seen.append(("all", (yield ev.wait(0b011, True, True)), k.now()))
+    seen.append(("all", (yield ev.wait(0b011, wait_all=True, clear=True)), k.now()))
 
 
 def tmo_waiter():
-    seen.append(("tmo", (yield ev.wait(0b1000, False, False, 300)), k.now()))
+    seen.append(("tmo", (yield ev.wait(0b1000, 300)), k.now()))  # timeout_us is the second argument of every wait
 
 
 def setter():
@@ -180,8 +182,11 @@ eq(ev.bits, 0, "the all-waiter cleared its bits on exit")
 ev.set(0b101)
 ev.clear(0b100)
 eq(ev.bits, 0b001, "clear removes bits")
-raises(SchedError, ev.set, 1 << 24)
-raises(SchedError, ev.set, -1)
+eq((ev.set(1 << 24), ev.set(-1)), (E_RANGE, E_RANGE), "bits outside the low 24 are refused")
+eq(ev.bits, 0b001, "and change nothing")
+eq(ev.wait_nowait(0b001), 0b001, "wait_nowait returns the bits as wait(mask, 0) would")
+eq(ev.wait_nowait(0b100), TIMEOUT, "or TIMEOUT")
+eq(ev.wait_nowait(0), E_RANGE, "an empty mask is E_RANGE")
 
 # already-set bits satisfy a wait without blocking
 k = new()
@@ -191,7 +196,7 @@ r = []
 
 
 def immediate():
-    r.append((yield ev.wait(0b1, False, True)))
+    r.append((yield ev.wait(0b1, clear=True)))
     r.append(k.now())
 
 
