@@ -64,6 +64,16 @@ def bench(c, name, json=False):
     mod.run(as_json=json)
 
 
+@task(help={"render": "only re-render docs/benchmarks.md from the committed docs/bench/*.json", "only": "run just this benchmark (the others keep their JSON)"})
+@one_line_errors
+def bench_docs(c, render=False, only=""):
+    """Run every benchmark (host/bench/*.py), write docs/bench/<name>.json and regenerate docs/benchmarks.md from them."""
+    from host import benchdoc
+
+    benchdoc.main(render_only=render, only=only)
+    print("wrote %s" % os.path.relpath(benchdoc.DOC, ROOT))
+
+
 @task(
     help={
         "board": "board profile name (boards/NAME.json)",
