@@ -1,6 +1,7 @@
 # Every difference between CPython and MicroPython lives here; nothing else in
 # firmware_py/ probes the runtime. Import names from this module, never from
 # `micropython`, `time` or `gc` directly, when the two interpreters differ.
+import array
 import gc
 import sys
 import time
@@ -59,6 +60,15 @@ if IS_MICROPYTHON:
         tm = Timer(0)
         tm.init(period=period_ms, mode=Timer.PERIODIC, callback=callback)
         return tm
+
+    def new_array(typecode, n):
+        # array of n elements in one allocation, no temporary buffer (a range has a
+        # length, so the array is sized once); contents unspecified until written
+        return array.array(typecode, range(n))
+
+    def numpy():
+        # numpy module, or None: never on the board
+        return None
 
 else:
     TICKS_PERIOD = 1 << 30  # as on the ESP32 port (31-bit small ints)
@@ -126,6 +136,22 @@ else:
         import traceback
 
         traceback.print_exception(type(exc), exc, exc.__traceback__, file=file or sys.stdout)
+
+    def new_array(typecode, n):
+        # array of n zero elements in one allocation
+        return array.array(typecode, bytes(n * array.array(typecode).itemsize))
+
+    _np = []  # [numpy module or None] once numpy() has been asked
+
+    def numpy():
+        # numpy module when importable (imported on first use), else None
+        if not _np:
+            try:
+                import numpy as np
+            except ImportError:
+                np = None
+            _np.append(np)
+        return _np[0]
 
     def schedule(fn, arg):
         # micropython.schedule on CPython: calls fn(arg) now, in the calling thread (the
