@@ -50,6 +50,10 @@ def bench(c, name, json=False):
     """Run a benchmark (host/bench/<name>.py) and print its figures; --json prints one object."""
     import importlib
 
+    if name in ("-h", "--help"):
+        # invoke hands a flag typed where the positional NAME goes to the task as NAME
+        c.run("%s -m invoke --help bench" % sys.executable, pty=False)
+        return
     try:
         if name.startswith("_"):
             raise ModuleNotFoundError(name)  # helper scripts, not benchmarks
@@ -92,12 +96,38 @@ def bench_docs(c, render=False, only=""):
 def budget(c, board="esp32s3_n8r8", model="stories260K", kv_dtype="fp32", policy="full", window="0", batch="1", tokens="0", weights_dtype="", weights_bytes="0", json=False):
     """How many KV tokens fit on a board with a model, and the heap the firmware needs."""
     from host import budget as budget_mod
+    from host import models
 
-    budget_mod.main(
+    if model.lower() not in (n.lower() for n in models.names()):
+        model = paths_user(model)  # a checkpoint path, typed relative to where ./kv ran
+    r = budget_mod.main(
         board=board, model=model, kv_dtype=kv_dtype, policy=policy, window=window,
         batch=_whole(batch, "--batch"), tokens=_whole(tokens, "--tokens"), weights_dtype=weights_dtype,
         weights_bytes=_whole(weights_bytes, "--weights-bytes"), as_json=json,
     )
+    if not r["fits"]:
+        # the figures are on stdout; exit 3 says "does not fit" (2: bad input)
+        raise UserError("does not fit: %s" % r["note"], budget_mod.EXIT_DOES_NOT_FIT)
+
+
+def paths_user(p):
+    # a path the user typed, resolved against the folder they ran ./kv from
+    from host import paths
+
+    return paths.user_path(p)
+
+
+def _seconds(text, flag):
+    # a positive, finite number of seconds from a command-line string, or a one-line UserError
+    import math
+
+    try:
+        v = float(text)
+    except ValueError:
+        v = -1.0
+    if not (v > 0 and math.isfinite(v)):
+        raise UserError("%s must be a positive number of seconds, got %r" % (flag, text), 2)
+    return v
 
 
 def _whole(text, flag):
@@ -117,46 +147,59 @@ def vboard(c, board="esp32s3_n8r8", fs=None, stop=False):
     """Run a virtual board (MicroPython unix port on a pty) until Ctrl-C; prints its port."""
     from host import vboard as vb
 
-    code = vb.main(["--board", board] + (["--fs", fs] if fs else []) + (["--stop"] if stop else []))
+    code = vb.main(["--board", board] + (["--fs", paths_user(fs)] if fs else []) + (["--stop"] if stop else []))
     if code:
         raise Exit(code=code)
 
 
-@task(help={"port": "serial port (default: ESP32-S3 by USB VID, else the virtual board)", "board": "board profile name", "src": "firmware source directory"})
+@task(help={"port": "serial port (default: ESP32-S3 by USB VID, else the virtual board)", "board": "board profile name", "src": "firmware source directory (a copy of firmware_py/)",
+            "timeout": "seconds the board may stay silent in any exchange (default 10)"})
 @one_line_errors
-def flash(c, port=None, board="esp32s3_n8r8", src=None):
+def flash(c, port=None, board="esp32s3_n8r8", src=None, timeout="10"):
     """Compile firmware_py/ with mpy-cross and copy what changed to the board (mpremote), verify, soft-reset."""
     from host import flash as fl
     from host import paths
 
-    fl.flash(port=port, board_name=board, src=src or paths.FIRMWARE)
+    fl.flash(port=port and paths_user(port), board_name=board, src=paths_user(src) if src else paths.FIRMWARE,
+             answer_timeout=_seconds(timeout, "--timeout"))
 
 
-@task(help={"bin": "MicroPython firmware image for the ESP32-S3 (.bin)", "port": "serial port", "erase": "erase the whole flash first", "dry_run": "print the esptool commands only"})
+@task(help={"bin": "MicroPython firmware image for the ESP32-S3 (.bin)", "port": "serial port", "board": "board profile name (its USB VID finds the port)",
+            "erase": "erase the whole flash first", "dry_run": "print the esptool commands only (no board needed)"})
 @one_line_errors
-def flash_firmware(c, bin, port=None, erase=False, dry_run=False):
+def flash_firmware(c, bin="", port=None, board="esp32s3_n8r8", erase=False, dry_run=False):
     """Write a MicroPython firmware image to an ESP32-S3 with esptool (--chip esp32s3 write-flash)."""
     from host import flash as fl
 
-    fl.flash_firmware(bin, port=port, erase=erase, dry_run=dry_run)
+    if not bin:
+        raise UserError("--bin FILE is required: the MicroPython .bin for an ESP32-S3 (micropython.org/download/ESP32_GENERIC_S3)", 2)
+    fl.flash_firmware(paths_user(bin), port=port and paths_user(port), erase=erase, board_name=board, dry_run=dry_run)
 
 
 @task(help={"port": "serial port (default: ESP32-S3 by USB VID, else the virtual board)", "board": "board profile name (to find the port)", "log": "append every line to this file", "until": "stop at the first line matching this regex", "timeout": "stop after this many seconds"})
 @one_line_errors
-def monitor(c, port=None, board="esp32s3_n8r8", log=None, until=None, timeout=0.0):
+def monitor(c, port=None, board="esp32s3_n8r8", log=None, until=None, timeout=""):
     """Print what the board sends, timestamped, logged to --log, reconnecting when the port comes back."""
     from host import boards, monitor as mon
     from host.flash import find_port
 
-    if port is None:
+    pattern = mon.pattern_of(until)  # a bad regex is refused before the port is opened
+    seconds = _seconds(timeout, "--timeout") if timeout != "" else None
+    if log is not None:
+        log = mon.check_log(paths_user(log))
+    if port is not None:
+        port = paths_user(port)
+    else:
         port = find_port(boards.load(board))
         if port is None:
             raise UserError("no ESP32-S3 on USB and no virtual board running (start one: ./kv vboard)", 2)
     m = mon.Monitor(port, log_path=log)
     try:
-        m.run(until=until, timeout=timeout or None)
+        hit = m.run(until=pattern, timeout=seconds)
     finally:
         m.close()
+    if pattern is not None and hit is None:
+        raise UserError("no line matched --until %r within %g s" % (until, seconds))
 
 
 @task(help={"src": "MicroPython source tree (default: $KVRTOS_MICROPYTHON_SRC or ../shared/micropython-src)"})

@@ -132,6 +132,8 @@ def load(path):
             text = f.read()
     except OSError:
         raise BoardError(path, "<file>", "cannot be read")
+    except UnicodeError:  # CPython decodes on read; MicroPython leaves it to json
+        raise BoardError(path, "<file>", "is not UTF-8 text (not a board profile?)")
     return loads(text, path)
 
 
