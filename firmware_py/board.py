@@ -100,13 +100,6 @@ class Board:
                 return t
         raise KeyError("board %s has no memory tier %r" % (self.name, name))
 
-    def tier_of_kind(self, kind):
-        # the first (fastest listed) tier of a kind, or None
-        for t in self.tiers:
-            if t.kind == kind:
-                return t
-        return None
-
     def total_bytes(self, kind):
         # bytes in all tiers of a kind
         n = 0

@@ -2,18 +2,25 @@
 # Allocation and free are O(1) (a free list threaded through an index array), never
 # touch the heap after boot, and cannot fragment it. Regions give each request a
 # quota of blocks; counters follow FreeRTOS HeapStats_t and Zephyr k_mem_slab.
+# Results follow firmware_py/status.py: alloc/share/unref/free are hot-path calls that
+# return an int (a block, OK, or a negative code) and never raise or allocate; the
+# constructor, add_region and set_quota raise PoolError (docs/conventions.md).
 #
-# arena (bytearray, one tier: the MicroPython GC heap = PSRAM on the ESP32-S3)
+# arena (bytearray, one tier: the MicroPython GC heap = PSRAM on the ESP32-S3), or a
+#   4-byte-aligned window of a caller's buffer (Pool(..., arena=memoryview(buf)[a:b]))
 #   block b occupies arena[b * block_bytes : (b + 1) * block_bytes]
 #   views[b] is a memoryview of exactly that block, made once here at boot
 #   (slicing a memoryview later would allocate on MicroPython).
 from array import array
 
 from firmware_py.compat import const, mem_free, micropython, ptr32
+from firmware_py.status import E_FULL, E_NO_BLOCK, E_RANGE, E_STATE, OK
 
-_NONE = const(-1)  # free-list end / "no block"
+_NONE = const(-1)  # free-list end
 _TAKEN = const(-2)  # next[b] of a block that is allocated
 _MAX_REGIONS = const(16)  # regions are numbered 0 .. _MAX_REGIONS - 1
+_MAX_BLOCKS = const(0x7FFF)  # block numbers fit array('h') (block tables, ref counts)
+_MAX_REF = const(0x7FFF)  # references one block may have (array('h'))
 # per-block bookkeeping bytes kept outside the arena: next (4) + ref (2) + owner (1)
 META_BYTES_PER_BLOCK = const(7)
 # a view per block: memoryview object + list slot, measured on the 64-bit unix port
@@ -23,13 +30,13 @@ POOL_FIXED_BYTES = const(1024)  # the Pool object, its small arrays, GC rounding
 
 
 class PoolError(ValueError):
-    # a caller's mistake (bad size, double free, foreign block) or an arena that does
+    # a configuration mistake (bad size or quota, no such region) or an arena that does
     # not fit in the heap at boot; str() is one line
     pass
 
 
 @micropython.viper
-def _zero32(buf, word: int, n: int):
+def zero32(buf, word: int, n: int):
     # buf's uint32 words [word, word + n) = 0; O(n), no allocation
     p = ptr32(buf)
     i = word
@@ -52,23 +59,28 @@ def copy32(dst, dword: int, src, sword: int, n: int):
 
 class Pool:
     # fixed-size block allocator over one preallocated arena, with regions (quotas)
-    def __init__(self, block_bytes, n_blocks, clear_on_free=False, views=True):
+    def __init__(self, block_bytes, n_blocks, clear_on_free=False, views=True, arena=None):
         if block_bytes < 4 or block_bytes % 4:
             raise PoolError("block_bytes must be a positive multiple of 4, got %d" % block_bytes)
-        if n_blocks < 1 or n_blocks > 0x7FFF:
-            raise PoolError("n_blocks must be 1..32767, got %d" % n_blocks)
+        if n_blocks < 1 or n_blocks > _MAX_BLOCKS:
+            raise PoolError("n_blocks must be 1..%d, got %d" % (_MAX_BLOCKS, n_blocks))
         need = block_bytes * n_blocks
+        if arena is not None:
+            if len(arena) < need:
+                raise PoolError("arena of %d B is smaller than %d blocks of %d B" % (len(arena), n_blocks, block_bytes))
+            need = 0  # the caller's buffer: nothing to allocate here
         total = need + n_blocks * (META_BYTES_PER_BLOCK + (VIEW_BYTES_PER_BLOCK if views else 0)) + POOL_FIXED_BYTES
         free = mem_free()  # None on CPython: not measurable, just try
         if free is not None and total > free:
             raise PoolError("arena needs %d B (%d blocks of %d B + bookkeeping), heap has %d B free"
                             % (total, n_blocks, block_bytes, free))
-        try:
-            arena = bytearray(need)
-        except MemoryError:
-            # mem_free() counts all free bytes; the arena needs them in one piece
-            raise PoolError("arena needs %d B in one piece, heap has %s B free but fragmented" % (need, mem_free())) from None
-        self.arena = arena  # bytearray[n_blocks * block_bytes], the only KV memory
+        if arena is None:
+            try:
+                arena = bytearray(need)
+            except MemoryError:
+                # mem_free() counts all free bytes; the arena needs them in one piece
+                raise PoolError("arena needs %d B in one piece, heap has %s B free but fragmented" % (need, mem_free())) from None
+        self.arena = arena  # bytearray (or aligned window) of n_blocks * block_bytes, the only KV memory
         self.block_bytes = block_bytes  # bytes per block, multiple of 4
         self.block_words = block_bytes // 4  # uint32 words per block
         self.n_blocks = n_blocks  # blocks in the arena
@@ -88,7 +100,7 @@ class Pool:
         self.min_free = n_blocks  # fewest blocks ever free (xMinimumEverFreeBytesRemaining)
         self.allocs = 0  # successful allocations
         self.frees = 0  # blocks returned to the free list
-        self.failed = 0  # allocations refused (pool empty or region quota reached)
+        self.failed = 0  # allocations refused with E_NO_BLOCK (pool empty or region quota reached)
         self.views = None  # [memoryview] of each block, made once at boot, or None
         if views:
             mv = memoryview(arena)
@@ -114,16 +126,21 @@ class Pool:
 
     # change a region's quota (a lower quota keeps blocks already held); O(1)
     def set_quota(self, region, quota):
-        self._check_region(region)
+        if region < 0 or region >= self.n_regions:
+            raise PoolError("no region %d" % region)
+        if quota < 0:
+            raise PoolError("quota must be >= 0, got %d" % quota)
         self.quota[region] = quota
 
-    # one free block charged to region, or -1 when the pool is empty or the quota is
-    # reached (counted in .failed); O(1), no allocation
+    # one free block charged to region; E_RANGE for a region never added, E_NO_BLOCK
+    # (counted in .failed) when the pool is empty or the quota is reached; O(1), no allocation
     def alloc(self, region):
+        if region < 0 or region >= self.n_regions:
+            return E_RANGE
         b = self.head
-        if b < 0 or region < 0 or region >= self.n_regions or self.region_used[region] >= self.quota[region]:
+        if b < 0 or self.region_used[region] >= self.quota[region]:
             self.failed += 1
-            return _NONE
+            return E_NO_BLOCK
         self.head = self.next[b]
         self.next[b] = _TAKEN
         self.ref[b] = 1
@@ -139,21 +156,31 @@ class Pool:
             self.min_free = self.blocks_free
         return b
 
-    # one more reference to an allocated block (prefix sharing); O(1), no allocation
+    # one more reference to an allocated block (prefix sharing): OK, E_RANGE (no such
+    # block), E_STATE (block is free), E_FULL (32,767 references); O(1), no allocation
     def share(self, b):
-        if b < 0 or b >= self.n_blocks or self.ref[b] <= 0:
-            raise PoolError("share of block %d that is not allocated" % b)
-        self.ref[b] += 1
+        if b < 0 or b >= self.n_blocks:
+            return E_RANGE
+        r = self.ref[b]
+        if r <= 0:
+            return E_STATE
+        if r >= _MAX_REF:
+            return E_FULL
+        self.ref[b] = r + 1
+        return OK
 
     # drop one reference; the last one returns the block to the free list and its
-    # region's quota; O(1) (O(block) with clear_on_free), no allocation
+    # region's quota. OK, E_RANGE (no such block), E_STATE (block is free: a double
+    # free); O(1) (O(block) with clear_on_free), no allocation
     def unref(self, b):
-        if b < 0 or b >= self.n_blocks or self.ref[b] <= 0:
-            raise PoolError("free of block %d that is not allocated" % b)
+        if b < 0 or b >= self.n_blocks:
+            return E_RANGE
         r = self.ref[b] - 1
+        if r < 0:
+            return E_STATE
         self.ref[b] = r
         if r:
-            return
+            return OK
         self.region_used[self.owner[b]] -= 1
         self.owner[b] = _NONE
         self.next[b] = self.head
@@ -162,24 +189,25 @@ class Pool:
         self.blocks_used -= 1
         self.blocks_free += 1
         if self.clear_on_free:
-            _zero32(self.arena, b * self.block_words, self.block_words)
+            zero32(self.arena, b * self.block_words, self.block_words)
+        return OK
 
-    # free block b held by region (isolation: a region cannot free another's block); O(1)
+    # unref block b on behalf of region (isolation: a region cannot free another's
+    # block): OK, E_RANGE (no such block, or b belongs to another region), E_STATE
+    # (block is free); O(1), no allocation
     def free(self, region, b):
-        if b < 0 or b >= self.n_blocks or self.ref[b] <= 0:
-            raise PoolError("free of block %d that is not allocated" % b)
+        if b < 0 or b >= self.n_blocks:
+            return E_RANGE
+        if self.ref[b] <= 0:
+            return E_STATE
         if self.owner[b] != region:
-            raise PoolError("block %d belongs to region %d, not %d" % (b, self.owner[b], region))
-        self.unref(b)
+            return E_RANGE
+        return self.unref(b)
 
     # a pool of as many block_bytes blocks as arena_bytes holds (size "given in bytes")
     @staticmethod
     def of_bytes(arena_bytes, block_bytes, clear_on_free=False):
         return Pool(block_bytes, arena_bytes // block_bytes, clear_on_free)
-
-    # byte offset of block b in the arena; O(1)
-    def offset(self, b):
-        return b * self.block_bytes
 
     # counters as a dict (allocates: reporting path only)
     def stats(self):
@@ -194,10 +222,6 @@ class Pool:
             "frees": self.frees,
             "failed": self.failed,
         }
-
-    def _check_region(self, region):
-        if region < 0 or region >= self.n_regions:
-            raise PoolError("no region %d" % region)
 
 
 # array of n elements of typecode, all v, built by doubling (array(tc, bytes) means

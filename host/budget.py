@@ -11,7 +11,7 @@ from firmware_py import kv
 from host import boards, models
 from host.errors import UserError
 
-KV_DTYPES = ("fp32", "fp16", "int8", "int4")
+KV_DTYPES = kv.DTYPES  # one home: firmware_py/kv.py
 # -X heapsize / a port's GC heap spends 1 byte of allocation table per 4 blocks and 1
 # of finaliser table per 8: with the ESP32's 16-byte blocks usable = heap x 128/131
 # (the unix port's 32-byte blocks lose half that); heap_bytes_needed uses the worse
@@ -20,13 +20,6 @@ _GC_TABLES_DEN = 128
 # bytes per weight by storage type; int8/int4 as llama.cpp q8_0 / q4_0 (a 2-byte scale
 # per 32 weights: 8.5 and 4.5 bits)
 WEIGHT_BYTES = {"fp32": 4.0, "fp16": 2.0, "int8": 8.5 / 8, "int4": 4.5 / 8}
-SINKS = 4  # sink tokens kept by the sinks and h2o policies (StreamingLLM's 4)
-
-
-def h2o_split(window):
-    # (sinks, recent) of an h2o budget of `window` tokens: 4 sinks, half recent, the
-    # rest heavy hitters (H2O keeps equal recent and heavy shares)
-    return SINKS, window // 2
 
 
 def compute(board, model, kv_dtype="fp32", policy="full", window=0, batch=1, tokens=0, weights_dtype="", weights_bytes=0):
@@ -49,7 +42,7 @@ def compute(board, model, kv_dtype="fp32", policy="full", window=0, batch=1, tok
         if window:
             raise UserError("--window applies to the window, sinks and h2o policies, not full", 2)
     else:
-        lowest = {"window": 1, "sinks": SINKS + 1, "h2o": SINKS + 2}[policy]
+        lowest = kv.min_budget(policy)  # what KVCache.open accepts with the default sinks and h2o split
         if window < lowest:
             raise UserError("--policy %s needs --window of at least %d tokens, got %d" % (policy, lowest, window), 2)
     if batch < 1 or tokens < 0:

@@ -16,9 +16,7 @@
 import sys
 
 from firmware_py import board, compat, kv, llama2c, pool
-from firmware_py.compat import const
 
-_SINKS = const(4)  # sink tokens for the sinks and h2o policies (as StreamingLLM)
 
 
 # parse key=value arguments into a dict; unknown keys are the caller's mistake
@@ -99,7 +97,7 @@ def main(argv):
     region = p.add_region(n_blocks)
     budget = window if policy != "full" else 0
     try:
-        seq = cache.open(region, policy, budget, _SINKS, window // 10 if h2o else 0)
+        seq = cache.open(region, policy, budget, kv.SINKS)  # h2o: the default recent split
     except kv.KVError as e:
         print("kvprobe: %s" % e)
         return 2
