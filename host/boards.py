@@ -12,9 +12,17 @@ def names():
 
 
 def path_of(name_or_path):
-    # boards/<name>.json for a name, or the path itself when it is a file
-    if os.path.isfile(name_or_path):
-        return name_or_path
+    # boards/<name>.json for a name; a path (it has a "/" or ends in .json) resolves
+    # against the folder the user ran ./kv from
+    if os.sep in name_or_path or "/" in name_or_path or name_or_path.endswith(".json"):
+        p = paths.user_path(name_or_path)
+        if os.path.isdir(p):
+            raise UserError("board profile %s is a folder, not a JSON file" % name_or_path, 2)
+        if not os.path.isfile(p):
+            raise UserError("no board profile file %s (known boards: %s)" % (name_or_path, ", ".join(names())), 2)
+        return p
+    if not name_or_path:
+        raise UserError("--board needs a board name (known: %s)" % ", ".join(names()), 2)
     p = os.path.join(paths.BOARDS, name_or_path + ".json")
     if not os.path.isfile(p):
         raise UserError("unknown board %r (known: %s)" % (name_or_path, ", ".join(names())), 2)

@@ -11,6 +11,10 @@ from firmware_py import kv
 from host import boards, models
 from host.errors import UserError
 
+EXIT_DOES_NOT_FIT = 3  # exit status of `kv budget` when the model does not fit (2: bad input)
+_ABSURD_BYTES = 1 << 50  # 1 PiB: a size past this is a typo or a broken profile, not a board
+_ABSURD_RATIO = 1000  # weights 1000x the board's memory: nothing to budget, refused in one line
+
 KV_DTYPES = kv.DTYPES  # one home: firmware_py/kv.py
 # -X heapsize / a port's GC heap spends 1 byte of allocation table per 4 blocks and 1
 # of finaliser table per 8: with the ESP32's 16-byte blocks usable = heap x 128/131
@@ -59,6 +63,7 @@ def compute(board, model, kv_dtype="fp32", policy="full", window=0, batch=1, tok
         where = "dram"
     # MCU: the profile's firmware reserve, or what this firmware's boot measurably keeps
     reserved = kv.boot_reserve(brd.firmware_bytes) if brd.kind == "mcu" else brd.firmware_bytes
+    _refuse_absurd(brd, m, memory, reserved, batch, tokens, layout)
     avail = memory - reserved - m.weights_bytes - acts
     blocks = kv.blocks_for(avail, layout, batch, h2o)
     cap = (blocks // batch) * layout.tokens_per_block  # tokens per sequence, each with its own blocks
@@ -126,6 +131,28 @@ def compute(board, model, kv_dtype="fp32", policy="full", window=0, batch=1, tok
     return out
 
 
+def _refuse_absurd(brd, m, memory, reserved, batch, tokens, layout):
+    # a one-line UserError (code 2) for sizes no real board or model has, instead of
+    # figures printed as if they were real
+    sizes = (("the weights", m.weights_bytes), ("board %s's memory" % brd.name, memory),
+             ("the KV of --batch x --tokens", batch * tokens * layout.kv_bytes_per_token),
+             ("the activations of --batch", batch * layout.row_bytes))
+    for what, n in sizes:
+        if n > _ABSURD_BYTES:
+            raise UserError("%s would take %s B, more than 1 PiB: not a real board or model (check the numbers)" % (what, _n(n)), 2)
+    if m.weights_bytes < 1:
+        raise UserError("the weights take %d B: give --weights-bytes a positive size" % m.weights_bytes, 2)
+    if reserved >= memory:
+        raise UserError("board %s reserves %s of its %s: its profile leaves nothing to run in" % (brd.name, _mib(reserved), _mib(memory)), 2)
+    if brd.kind == "mcu":
+        ram = brd.total_bytes("sram") + brd.total_bytes("psram")
+        if memory > ram:
+            raise UserError("board %s's micropython_heap_bytes (%s B) exceeds its RAM tiers (%s B): fix the profile" % (brd.name, _n(memory), _n(ram)), 2)
+    if m.weights_bytes > _ABSURD_RATIO * memory:
+        raise UserError("%s's weights (%s) are %sx the %s of %s: it cannot run there at all" % (
+            m.name, _mib(m.weights_bytes), _n(m.weights_bytes // memory), _mib(memory), brd.name), EXIT_DOES_NOT_FIT)
+
+
 def _params_of(m):
     # parameter count of a Model: the catalog's shape (+ biases) or the checkpoint's
     return models.params(m)
@@ -139,7 +166,13 @@ def main(board="esp32s3_n8r8", model="stories260K", kv_dtype="fp32", policy="ful
         window = int(window)
     except ValueError:
         raise UserError("--window must be a whole number of tokens, got %r" % window, 2) from None
-    r = compute(board, model, kv_dtype, policy, window, batch, tokens, weights_dtype, weights_bytes)
+    from firmware_py import board as fw_board
+    from firmware_py import llama2c
+
+    try:
+        r = compute(board, model, kv_dtype, policy, window, batch, tokens, weights_dtype, weights_bytes)
+    except (kv.KVError, llama2c.CheckpointError, fw_board.BoardError) as e:
+        raise UserError(str(e), 2) from None
     if as_json:
         out.write(json.dumps(r, sort_keys=True) + "\n")
         return r

@@ -3,21 +3,39 @@
 # A file is written as NAME.part, verified, then renamed into place, so a flash cut
 # short by a vanishing port never leaves a half-written file under its real name:
 # the next flash sees a missing or different hash and copies it again.
+#
+# Every exchange with the board has a deadline: the board must send a byte within
+# answer_timeout seconds of the last byte either way, or the flash stops with one line
+# (mpremote itself would wait forever on a board that answers the handshake, then
+# falls silent). Before copying, the board's .mpy format is checked against mpy-cross's.
 import ast
+import contextlib
 import hashlib
+import io
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
+import time
 
 import serial
 
-from host import boards, paths, vboard
+from host import boards, monitor, paths, vboard
 from host.errors import UserError
 
 MANIFEST = "kvrtos_manifest.json"  # path -> sha256 of what the last good flash wrote
 CHUNK = 2048  # bytes per write through the raw REPL
+ANSWER_TIMEOUT = 10.0  # s the board may stay silent while an answer is due
+FIRMWARE_SHAPE = ("__init__.py", "app.py", "main.py")  # a --src folder without these is not the firmware
+_POLL_S = 0.05  # s one read of the port waits before the deadline is checked again
+# mpy native architectures by number (sys.implementation._mpy >> 10, .mpy header byte 2 >> 2)
+MPY_ARCHS = ("none", "x86", "x64", "armv6", "armv6m", "armv7m", "armv7em", "armv7emsp", "armv7emdp",
+             "xtensa", "xtensawin", "rv32imc", "rv64imc")
+
+# Runs on the device: its MicroPython version and the .mpy format it loads
+_MPY_PROBE = "import sys\nprint(repr((sys.implementation.version, getattr(sys.implementation, '_mpy', None))))\n"
 
 # Runs on the device: sha256 hex of each path in P (None when absent). Reads in
 # 512-byte chunks so a large file does not need its size in RAM.
@@ -49,6 +67,71 @@ try:
 except OSError:
     pass
 """
+
+
+class BoardSilent(serial.SerialException):
+    # the board sent nothing for the answer timeout while an answer was due
+    pass
+
+
+class _Answering:
+    # a pyserial port whose reads give up after `timeout` s without a byte either way
+    # (mpremote reads with no deadline); OS errors become SerialException (port lost)
+    def __init__(self, ser, timeout):
+        ser.timeout = _POLL_S  # so a read returns to check the deadline
+        self.__dict__["ser"] = ser  # the pyserial port
+        self.__dict__["timeout"] = timeout  # s of silence allowed
+        self.__dict__["last"] = time.monotonic()  # when a byte last went either way
+
+    # forward what is not wrapped (close, rts, dtr, is_open, ...) to the port
+    def __getattr__(self, name):
+        return getattr(self.ser, name)
+
+    def __setattr__(self, name, value):
+        setattr(self.ser, name, value)
+
+    # raise BoardSilent once the board has been silent too long
+    def _due(self):
+        if time.monotonic() - self.last > self.timeout:
+            raise BoardSilent("no answer for %g s" % self.timeout)
+
+    # the port's own call, an OS error turned into SerialException (the port is gone)
+    def _call(self, fn, *args):
+        try:
+            return fn(*args)
+        except serial.SerialException:
+            raise
+        except OSError as e:
+            raise serial.SerialException("port failed: %s" % e) from None
+
+    # write bytes; restarts the answer clock
+    def write(self, data):
+        n = self._call(self.ser.write, data)
+        self.__dict__["last"] = time.monotonic()
+        return n
+
+    # n bytes, waiting at most the answer timeout between bytes
+    def read(self, n=1):
+        got = b""
+        while len(got) < n:
+            chunk = self._call(self.ser.read, n - len(got))
+            if chunk:
+                got += chunk
+                self.__dict__["last"] = time.monotonic()
+            else:
+                self._due()
+        return got
+
+    # bytes waiting; raises BoardSilent when none came for the answer timeout
+    def inWaiting(self):  # noqa: N802 (mpremote's name)
+        n = self._call(lambda: self.ser.in_waiting)
+        if n == 0:
+            self._due()
+        return n
+
+    @property
+    def in_waiting(self):
+        return self.inWaiting()
 
 
 class Artifact:
@@ -107,33 +190,91 @@ def usb_port(board):
     return None
 
 
+def check_firmware_src(src):
+    # src, when it holds the kvrtos firmware; a folder without it would replace the
+    # firmware on the board with something else (and remove the old files): refused
+    if not os.path.isdir(src):
+        raise UserError("firmware source %s is not a directory" % src, 2)
+    missing = [f for f in FIRMWARE_SHAPE if not os.path.isfile(os.path.join(src, f))]
+    if missing:
+        raise UserError("%s is not the kvrtos firmware (no %s); give --src a copy of firmware_py/" % (src, ", ".join(missing)), 2)
+    return src
+
+
+def mpy_format(version, feature):
+    # "v6.3 (xtensawin)" for an mpy version and its feature byte (arch << 2 | sub-version)
+    arch = feature >> 2
+    name = MPY_ARCHS[arch] if arch < len(MPY_ARCHS) else "arch %d" % arch
+    return "v%d.%d (%s)" % (version, feature & 3, name if arch else "no native code")
+
+
+def check_mpy(t, arts, port):
+    # refuse (one line) when the board's MicroPython cannot load the .mpy files built:
+    # same mpy version, and for files with native code the same sub-version and arch
+    out = t.exec(_MPY_PROBE).decode().strip()
+    try:
+        version, mpy = ast.literal_eval(out.splitlines()[-1])
+        ver = ".".join(str(v) for v in version[:3])
+    except (ValueError, SyntaxError, IndexError, TypeError):
+        raise UserError("the board on %s did not say which MicroPython it runs (answer %r)" % (port, out[-80:])) from None
+    if not isinstance(mpy, int):
+        raise UserError("the board on %s runs MicroPython %s, which does not report its .mpy format "
+                        "(sys.implementation._mpy); update it: ./kv flash-firmware --bin FILE" % (port, ver))
+    board_ver, board_feat = mpy & 0xFF, mpy >> 8
+    for a in arts:
+        if not a.dest.endswith(".mpy"):
+            continue
+        ver_a, feat_a = a.data[1], a.data[2]
+        if ver_a != board_ver or (feat_a and feat_a != board_feat):
+            raise UserError(
+                "the board on %s runs MicroPython %s, which loads .mpy %s; this build (%s) is .mpy %s: "
+                "install a MicroPython that matches mpy-cross (./kv flash-firmware --bin FILE)"
+                % (port, ver, mpy_format(board_ver, board_feat), a.dest, mpy_format(ver_a, feat_a)))
+    return ver, mpy
+
+
 def find_port(board):
     # the board on USB, else the running virtual board, else None
     return usb_port(board) or vboard.running_port(board.name)
 
 
-def connect(port):
-    # an mpremote SerialTransport in raw REPL on port; UserError when missing or busy
+def connect(port, answer_timeout=ANSWER_TIMEOUT):
+    # an mpremote SerialTransport in raw REPL on port, every read under the answer
+    # timeout; UserError when the port is missing, busy or has no MicroPython on it
     from mpremote.transport import TransportError
     from mpremote.transport_serial import SerialTransport
 
-    if not os.path.exists(port):
-        raise UserError("no serial port at %s" % port, 2)
+    monitor.check_port(port)
     try:
         t = SerialTransport(port, baudrate=115200)
     except (TransportError, serial.SerialException, OSError) as e:
-        msg = str(e)
-        if "lock" in msg.lower() or "busy" in msg.lower():
-            raise UserError("port %s is busy: another program (a monitor? mpremote?) has it open" % port)
-        raise UserError("cannot open port %s: %s" % (port, msg.strip().splitlines()[-1] if msg.strip() else type(e).__name__))
+        # mpremote says only "failed to access": ask pyserial why (busy: another holds its lock)
+        try:
+            serial.Serial(port, exclusive=True).close()
+        except (serial.SerialException, OSError) as why:
+            raise monitor.port_error(port, why, who="a monitor? mpremote?") from None
+        raise UserError("cannot open port %s: %s" % (port, str(e).strip() or type(e).__name__)) from None
+    t.serial = _Answering(t.serial, answer_timeout)
     try:
         # soft reset on the way in, as mpremote does: a running firmware (and the KV arena
-        # it allocated) is gone, so the copy has the whole heap to work in
-        t.enter_raw_repl(soft_reset=True)
+        # it allocated) is gone, so the copy has the whole heap to work in; mpremote
+        # prints what it got on failure: our one line says it instead
+        with contextlib.redirect_stdout(io.StringIO()):
+            t.enter_raw_repl(soft_reset=True)
     except (TransportError, serial.SerialException, OSError) as e:
-        t.close()
-        raise UserError("no MicroPython raw REPL on %s (%s)" % (port, str(e).strip() or type(e).__name__))
+        _close(t)
+        if not os.path.exists(port):
+            raise UserError("port %s vanished while entering the raw REPL" % port) from None
+        raise UserError("no MicroPython raw REPL on %s (%s)" % (port, str(e).strip() or type(e).__name__)) from None
     return t
+
+
+def _close(t):
+    # close a transport whose port may already be gone
+    try:
+        t.close()
+    except Exception:
+        pass
 
 
 def device_hashes(t, dests):
@@ -158,6 +299,8 @@ def _remove_stale(t, dests, out):
     # delete files the previous flash wrote (per the device's manifest) that this build no longer has
     try:
         old = json.loads(t.fs_readfile(MANIFEST).decode())
+    except serial.SerialException:
+        raise  # the port, not the manifest, failed
     except (OSError, ValueError):
         return []
     stale = sorted(p for p in old if p not in set(dests))
@@ -167,13 +310,15 @@ def _remove_stale(t, dests, out):
     return stale
 
 
-def flash(port=None, board_name=paths.DEFAULT_BOARD, src=paths.FIRMWARE, out=print, reset=True, keep_open=False):
+def flash(port=None, board_name=paths.DEFAULT_BOARD, src=paths.FIRMWARE, out=print, reset=True, keep_open=False,
+          answer_timeout=ANSWER_TIMEOUT):
     # flash the firmware; returns a summary dict (and the open serial port when keep_open)
     from mpremote.transport import TransportError, TransportExecError
 
     board = boards.load(board_name)
     if board.kind != "mcu":
         raise UserError("board %s is a %s: kvrtos flashes microcontrollers only" % (board.name, board.kind), 2)
+    check_firmware_src(src)
     if port is None:
         port = find_port(board)
         if port is None:
@@ -182,12 +327,15 @@ def flash(port=None, board_name=paths.DEFAULT_BOARD, src=paths.FIRMWARE, out=pri
             port = h.port
     virtual = is_virtual(port)
     arts = build(board, src, virtual=virtual)
-    t = connect(port)
+    t = connect(port, answer_timeout)
     copied = skipped = 0
     copied_bytes = skipped_bytes = 0
     current = None
     todo = []
     try:
+        current = "while reading its MicroPython version"
+        check_mpy(t, arts, port)
+        current = "while hashing its files"
         have = device_hashes(t, [a.dest for a in arts])
         todo = [a for a, h in zip(arts, have, strict=True) if h != a.sha256]
         for a, h in zip(arts, have, strict=True):
@@ -195,9 +343,10 @@ def flash(port=None, board_name=paths.DEFAULT_BOARD, src=paths.FIRMWARE, out=pri
                 skipped += 1
                 skipped_bytes += len(a.data)
                 out("  skip  %-34s %7d B  unchanged" % (a.dest, len(a.data)))
+        current = "while making folders"
         _ensure_dirs(t, [a.dest for a in todo])
         for a in todo:
-            current = a.dest
+            current = "while writing %s" % a.dest
             part = a.dest + ".part"
             t.fs_writefile(part, a.data, chunk_size=CHUNK)
             (got,) = device_hashes(t, [part])
@@ -207,13 +356,15 @@ def flash(port=None, board_name=paths.DEFAULT_BOARD, src=paths.FIRMWARE, out=pri
             copied += 1
             copied_bytes += len(a.data)
             out("  copy  %-34s %7d B" % (a.dest, len(a.data)))
-        current = None
+        current = "while verifying"
         final = device_hashes(t, [a.dest for a in arts])
         bad = [a.dest for a, h in zip(arts, final, strict=True) if h != a.sha256]
         if bad:
             raise UserError("verify failed after copying: %s" % ", ".join(bad))
+        current = "while removing old files"
         removed = _remove_stale(t, [a.dest for a in arts], out)
         manifest = json.dumps({a.dest: a.sha256 for a in arts}, sort_keys=True).encode()
+        current = "while writing %s" % MANIFEST
         t.fs_writefile(MANIFEST, manifest, chunk_size=CHUNK)
         out(
             "flash: %s on %s: %d copied (%d B), %d unchanged (%d B), %d verified by sha256"
@@ -221,22 +372,24 @@ def flash(port=None, board_name=paths.DEFAULT_BOARD, src=paths.FIRMWARE, out=pri
         )
         ser = None
         if reset:
+            current = "while soft-resetting it"
             t.exit_raw_repl()
             t.read_until(1, b">>> ", timeout=2)  # the friendly REPL's banner: not firmware output
             t.serial.write(b"\x04")  # ctrl-D at the friendly REPL: soft reset, main.py runs
             out("flash: soft reset")
         if keep_open:
-            ser = t.serial
+            ser = t.serial.ser
         else:
             t.close()
     except (TransportError, serial.SerialException, OSError, UserError) as e:
-        try:
-            t.close()
-        except Exception:
-            pass
+        _close(t)
         if isinstance(e, UserError):
             raise
-        where = "while writing %s" % current if current else "during the flash"
+        where = current or "during the flash"
+        done = " (%d of %d changed files written)" % (copied, len(todo)) if todo else ""
+        if isinstance(e, BoardSilent) and os.path.exists(port):
+            raise UserError("the board on %s stopped answering %s: nothing for %g s%s; reset it and run flash again"
+                            % (port, where, answer_timeout, done)) from None
         if isinstance(e, TransportExecError) or (isinstance(e, OSError) and not isinstance(e, serial.SerialException)):
             # the board answered with an error of its own (a full filesystem, say);
             # mpremote turns filesystem errors into OSError, port failures are SerialException
@@ -244,11 +397,11 @@ def flash(port=None, board_name=paths.DEFAULT_BOARD, src=paths.FIRMWARE, out=pri
                 why = (e.error_output.strip().splitlines() or ["?"])[-1]
             else:
                 why = "%s (%s)" % (type(e).__name__, os.strerror(e.errno) if e.errno else e)
-            raise UserError("the board refused %s: %s (%d of %d changed files written)" % (where, why, copied, len(todo)))
+            raise UserError("the board refused %s: %s%s" % (where, why, done)) from None
         raise UserError(
-            "port %s vanished or stopped answering %s (%d of %d changed files written); run flash again to finish [%s]"
-            % (port, where, copied, len(todo), type(e).__name__)
-        )
+            "port %s vanished or stopped answering %s%s; run flash again to finish [%s]"
+            % (port, where, done, type(e).__name__)
+        ) from None
     summary = {
         "removed": removed,
         "board": board.name, "port": port, "virtual": virtual, "copied": copied, "copied_bytes": copied_bytes,
@@ -258,9 +411,11 @@ def flash(port=None, board_name=paths.DEFAULT_BOARD, src=paths.FIRMWARE, out=pri
 
 
 def esptool_command(bin_path, port, erase=False, baud=460800):
-    # the esptool invocations that write a MicroPython image to an ESP32-S3, as argv lists
+    # the esptool invocations that write a MicroPython image to an ESP32-S3, as argv
+    # lists (port None: esptool looks for the chip on every serial port)
     py = sys.executable
-    base = [py, "-m", "esptool", "--chip", "esp32s3", "--port", port, "--baud", str(baud), "--before", "usb-reset", "--after", "hard-reset"]
+    where = ["--port", port] if port else []
+    base = [py, "-m", "esptool", "--chip", "esp32s3"] + where + ["--baud", str(baud), "--before", "usb-reset", "--after", "hard-reset"]
     cmds = []
     if erase:
         cmds.append(base + ["erase-flash"])
@@ -279,13 +434,15 @@ def flash_firmware(bin_path, port=None, erase=False, board_name=paths.DEFAULT_BO
     board = boards.load(board_name)
     if port is None:
         port = usb_port(board)
-        if port is None:
+        if port is None and not dry_run:
             raise UserError("no ESP32-S3 found on USB (VID 0x%04X); plug one in or pass --port" % (board.usb_vid or 0))
-    elif not os.path.exists(port):
+    elif not dry_run and not os.path.exists(port):
         raise UserError("no serial port at %s" % port, 2)
     cmds = esptool_command(bin_path, port, erase=erase)
+    if dry_run:
+        out("flash-firmware: would run%s:" % ("" if port else " (no ESP32-S3 on USB now: esptool will search every serial port)"))
     for cmd in cmds:
-        out("flash-firmware: " + " ".join(cmd[1:]))
+        out(shlex.join(cmd))  # a whole shell command: pasteable as printed
         if not dry_run:
             r = subprocess.run(cmd)
             if r.returncode != 0:

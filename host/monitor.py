@@ -5,6 +5,7 @@
 # frame decoding sits on top of this transport (a later issue).
 import os
 import re
+import stat
 import sys
 import time
 
@@ -34,17 +35,62 @@ def _open(port, baud):
     return _KeepInput(port, baudrate=baud, timeout=0.1, exclusive=True)
 
 
-def open_port(port, baud=115200):
-    # a pyserial port opened exclusively; UserError naming the problem when it cannot be
+def pattern_of(until):
+    # the compiled --until regex (None when not given); a bad one is a one-line UserError
+    if until is None or until == "":
+        return None
+    try:
+        return re.compile(until)
+    except re.error as e:
+        raise UserError("--until %r is not a valid regular expression: %s" % (until, e), 2) from None
+
+
+def check_log(path):
+    # path, when a log can be appended there; else a one-line UserError saying why not
+    if os.path.isdir(path):
+        raise UserError("--log %s is a folder; give a file to append to" % path, 2)
+    folder = os.path.dirname(path) or "."
+    if not os.path.isdir(folder):
+        raise UserError("--log %s: folder %s does not exist" % (path, folder), 2)
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise UserError("--log %s is not writable" % path, 2)
+    return path
+
+
+def check_port(port):
+    # port, when it names a character device; else a one-line UserError (code 2)
     if not os.path.exists(port):
         raise UserError("no serial port at %s" % port, 2)
+    if not stat.S_ISCHR(os.stat(port).st_mode):
+        raise UserError("%s is not a serial port (it is a %s)" % (port, "folder" if os.path.isdir(port) else "regular file"), 2)
+    return port
+
+
+def port_error(port, e, who="flash? mpremote? a monitor?"):
+    # the UserError for a port pyserial could not open: busy (another program holds its
+    # lock) or the OS's own reason
+    msg = str(e)
+    if "lock" in msg.lower():
+        return UserError("port %s is busy: another program (%s) has it open" % (port, who))
+    why = getattr(e, "strerror", None) or msg.strip().splitlines()[-1] if msg.strip() else type(e).__name__
+    return UserError("cannot open port %s: %s" % (port, why))
+
+
+def open_port(port, baud=115200):
+    # a pyserial port opened exclusively; UserError naming the problem when it cannot be
+    check_port(port)
     try:
         return _open(port, baud)
     except serial.SerialException as e:
-        msg = str(e)
-        if "lock" in msg.lower():
-            raise UserError("port %s is busy: another program (flash? mpremote? a monitor?) has it open" % port)
-        raise UserError("cannot open port %s: %s" % (port, msg))
+        raise port_error(port, e) from None
+
+
+def _open_log(path):
+    # the log file opened for appending; UserError when it cannot be
+    try:
+        return open(check_log(path), "a", encoding="utf-8")
+    except OSError as e:
+        raise UserError("--log %s cannot be opened: %s" % (path, e.strerror or e), 2) from None
 
 
 class Monitor:
@@ -53,7 +99,7 @@ class Monitor:
         self.port = port  # device path (a stable symlink works for the virtual board)
         self.baud = baud  # bits/s; ignored by USB CDC and ptys
         self.out = out if out is not None else sys.stdout  # where lines are echoed
-        self.log = open(log_path, "a", encoding="utf-8") if log_path else None  # log file or None
+        self.log = _open_log(log_path) if log_path else None  # log file or None
         self.reconnect = reconnect  # wait for a lost port to come back instead of exiting
         self.timestamps = timestamps  # prefix lines with wall-clock time
         self.partial = b""  # bytes after the last newline
@@ -110,9 +156,10 @@ class Monitor:
             time.sleep(RETRY_S)
         return False
 
-    # read until `until` (a regex) matches a line or `timeout` s pass; returns the matching line or None
+    # read until `until` (a regex, text or compiled) matches a line or `timeout` s pass;
+    # returns the matching line or None
     def run(self, until=None, timeout=None, ser=None):
-        pattern = re.compile(until) if until else None
+        pattern = pattern_of(until) if isinstance(until, str) else until
         deadline = time.monotonic() + timeout if timeout else None
         self.ser = ser or open_port(self.port, self.baud)
         if ser is None:

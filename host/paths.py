@@ -10,6 +10,14 @@ BOARDS = os.path.join(ROOT, "boards")
 VBOARD_HOME = os.environ.get("KVRTOS_VBOARD_HOME") or os.path.join(ROOT, ".vboard")  # virtual boards' state
 BUILD = os.path.join(ROOT, "build")
 DEFAULT_BOARD = "esp32s3_n8r8"
+CALLER_CWD = "KVRTOS_CALLER_CWD"  # env: the folder the user ran ./kv from (./kv sets it, then cd's to ROOT)
+
+
+def user_path(p):
+    # a path the user typed, made absolute against the folder they ran ./kv from
+    # (./kv runs invoke from the repository root); the one place such paths resolve
+    base = os.environ.get(CALLER_CWD) or os.getcwd()
+    return os.path.normpath(os.path.join(base, os.path.expanduser(p)))
 
 
 def tool(name):

@@ -13,6 +13,7 @@ import fcntl
 import os
 import pty
 import select
+import shlex
 import signal
 import subprocess
 import sys
@@ -39,15 +40,69 @@ def port_link(name):
     return os.path.join(state_dir(name), "port")
 
 
-def running_pid(home):
-    # pid of the live virtual board whose state directory is home, or None
+def _started(pid):
+    # when process pid started (clock ticks after boot, /proc/PID/stat field 22), or None
+    # when it is gone or the system has no /proc
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            stat = f.read()
+        return int(stat[stat.rindex(")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _pid_file(home):
+    # (pid, start time) from home/vboard.pid, or None when absent or unreadable
     try:
         with open(os.path.join(home, "vboard.pid")) as f:
-            pid = int(f.read().strip())
+            parts = f.read().split()
+        return int(parts[0]), int(parts[1]) if len(parts) > 1 else None
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def running_pid(home):
+    # pid of the live virtual board whose state directory is home, or None. The pid file
+    # holds the pid and its process's start time: a pid the OS has since given to
+    # another program (a stale file) has another start time and is not ours.
+    entry = _pid_file(home)
+    if entry is None:
+        return None
+    pid, start = entry
+    try:
         os.kill(pid, 0)
-    except (OSError, ValueError):
+    except OSError:
+        return None
+    if os.path.isdir("/proc") and (start is None or _started(pid) != start):
         return None
     return pid
+
+
+def forget_stale(home):
+    # remove a pid file and port link that no live virtual board owns; the stale pid or None
+    entry = _pid_file(home)
+    if entry is None or running_pid(home) is not None:
+        return None
+    for p in (os.path.join(home, "vboard.pid"), os.path.join(home, "port")):
+        try:
+            os.remove(p)
+        except OSError:
+            pass
+    return entry[0]
+
+
+def stop_hint(board_arg, home=None):
+    # the command that stops the virtual board started with --board board_arg (and --home)
+    if home:
+        return "python -m host.vboard --board %s --home %s --stop" % (shlex.quote(board_arg), shlex.quote(home))
+    return "./kv vboard%s --stop" % ("" if board_arg == paths.DEFAULT_BOARD else " --board " + shlex.quote(board_arg))
+
+
+def check_fs(fs_dir):
+    # fs_dir, when it is a folder or can become one; else a one-line UserError
+    if fs_dir and os.path.exists(fs_dir) and not os.path.isdir(fs_dir):
+        raise UserError("--fs %s is a file; the board's filesystem must be a folder" % fs_dir, 2)
+    return fs_dir
 
 
 def running_port(name):
@@ -98,8 +153,12 @@ class VirtualBoard:
 
     # open the user-facing pty and publish its path; returns the pty path
     def open_port(self):
-        os.makedirs(self.fs_dir, exist_ok=True)
-        os.makedirs(self.home, exist_ok=True)
+        check_fs(self.fs_dir)
+        try:
+            os.makedirs(self.fs_dir, exist_ok=True)
+            os.makedirs(self.home, exist_ok=True)
+        except OSError as e:
+            raise UserError("cannot make the board's folders (%s): %s" % (e.filename, e.strerror), 2) from None
         self.master, slave = pty.openpty()
         tty.setraw(slave)
         self.slave_keep = slave
@@ -112,7 +171,7 @@ class VirtualBoard:
         os.symlink(path, tmp)
         os.replace(tmp, self.link)
         with open(os.path.join(self.home, "vboard.pid"), "w") as f:
-            f.write("%d\n" % os.getpid())
+            f.write("%d %d\n" % (os.getpid(), _started(os.getpid()) or 0))  # pid, start time
         return path
 
     # start the interpreter on a fresh pty; raw=True skips main.py and re-enters raw REPL
@@ -317,14 +376,15 @@ class Handle:
 def start(board_name, fs_dir=None, home=None, vanish_after=None, detach=False, timeout=20.0):
     # start a virtual board in the background; returns a Handle once its port is up
     b = boards.load(board_name)
+    check_fs(fs_dir)
     home = os.path.abspath(home or state_dir(b.name))
     pid = running_pid(home)
     if pid is not None:
-        raise UserError("a virtual %s is already running from %s (pid %d)" % (b.name, home, pid))
+        raise UserError("a virtual %s is already running from %s (pid %d); stop it with: %s" % (b.name, home, pid, stop_hint(board_name)))
     link = os.path.join(home, "port")
     if os.path.lexists(link):
         os.remove(link)
-    cmd = [sys.executable, "-m", "host.vboard", "--board", board_name, "--home", home, "--quiet"]
+    cmd = [sys.executable, "-m", "host.vboard", "--board", boards.path_of(board_name), "--home", home, "--quiet"]
     if fs_dir:
         cmd += ["--fs", os.path.abspath(fs_dir)]
     if vanish_after is not None:
@@ -363,11 +423,15 @@ def main(argv=None):
         home = a.home or state_dir(b.name)
         if a.stop:
             pid = stop_running(home)
-            print("vboard %s: %s" % (b.name, "stopped (pid %d)" % pid if pid else "none was running"))
+            stale = None if pid else forget_stale(home)
+            print("vboard %s: %s" % (b.name, "stopped (pid %d)" % pid if pid else "none was running"
+                                     + (" (removed a stale pid file naming pid %d, not a virtual board now)" % stale if stale else "")))
             return 0
+        check_fs(a.fs)
         pid = running_pid(home)
         if pid is not None:
-            raise UserError("a virtual %s is already running (pid %d, port %s); stop it with: ./kv vboard --stop" % (b.name, pid, os.path.join(home, "port")))
+            raise UserError("a virtual %s is already running (pid %d, port %s); stop it with: %s"
+                            % (b.name, pid, os.path.join(home, "port"), stop_hint(a.board, a.home)))
         VirtualBoard(b, fs_dir=a.fs, home=a.home, vanish_after=a.vanish_after_bytes, quiet=a.quiet).run()
     except UserError as e:
         print("vboard: %s" % e, file=sys.stderr)

@@ -143,7 +143,7 @@ def test_flash_without_port_starts_then_reuses_a_virtual_board(tmp_path, monkeyp
     finally:
         pidfile = tmp_path / "vb" / paths.DEFAULT_BOARD / "vboard.pid"
         if pidfile.exists():
-            os.kill(int(pidfile.read_text()), signal.SIGTERM)
+            os.kill(int(pidfile.read_text().split()[0]), signal.SIGTERM)  # "pid start-time"
 
 
 def test_a_board_error_is_reported_as_the_boards_answer(tmp_path):
