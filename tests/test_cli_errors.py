@@ -6,7 +6,7 @@ import pytest
 import serial
 
 from host import flash
-from vboard_util import kv, one_line_error, start
+from vboard_util import FakeBoard, kv, one_line_error, start
 
 
 def test_unknown_board():
@@ -49,13 +49,14 @@ def test_missing_port():
 
 
 def test_busy_port(tmp_path):
+    # the real message, not the word "busy" that pytest's temp path may hold
     with start(tmp_path) as vb:
         holder = serial.Serial(vb.port, exclusive=True)
         try:
             r = kv("flash", "--port", vb.port)
-            assert one_line_error(r) and "busy" in r.stderr, r.stderr
+            assert one_line_error(r) and "port %s is busy: another program" % vb.port in r.stderr, r.stderr
             r = kv("monitor", "--port", vb.port, "--timeout", "2")
-            assert one_line_error(r) and "busy" in r.stderr, r.stderr
+            assert one_line_error(r) and "port %s is busy: another program" % vb.port in r.stderr, r.stderr
         finally:
             holder.close()
 
@@ -101,3 +102,273 @@ def test_esptool_accepts_the_command_it_is_given(tmp_path):
         r = kv("flash-firmware", "--bin", str(img), "--port", vb.port, timeout=300)
     assert r.returncode == 1 and "esptool failed" in r.stderr.splitlines()[-1], r.stderr[-2000:]
     assert "write-flash" in r.stdout and "Traceback" not in r.stderr
+
+
+
+# --- issue 7, section 4: each item, run as a user runs it -------------------------
+
+
+def line(r):
+    # the one stderr line of a failed command
+    assert one_line_error(r), (r.returncode, r.stdout[-500:], r.stderr[-2000:])
+    return r.stderr.strip()
+
+
+def test_budget_stories15m_int4_on_every_board_answers_with_figures():
+    from host import boards
+
+    for b in boards.names():
+        r = kv("budget", "--board", b, "--model", "stories15M", "--kv-dtype", "int4")
+        assert "Traceback" not in r.stderr and "KV per token" in r.stdout, (b, r.stderr)
+        if r.returncode:  # does not fit (an MCU): exit 3 and why, in one line
+            assert r.returncode == 3 and line(r).startswith("kv budget: does not fit: weights"), (b, r.stderr)
+
+
+def test_budget_turns_any_kv_checkpoint_or_board_error_into_one_line(tmp_path, monkeypatch, capsys):
+    # a KVError from the firmware's own sizing (here: one the layout raises) is one UserError
+    from firmware_py import kv as fw_kv
+    from host import budget
+    from host.errors import UserError
+
+    def refuse(*a, **k):
+        raise fw_kv.KVError("int4 group 32 must divide head_dim 48")
+
+    monkeypatch.setattr(fw_kv, "Layout", refuse)
+    with pytest.raises(UserError) as e:
+        budget.main(model="stories15M", kv_dtype="int4")
+    assert e.value.code == 2 and "must divide head_dim 48" in str(e.value)
+    # a checkpoint that is not one, a board file that is not UTF-8: one line each, exit 2
+    junk = tmp_path / "model.bin"
+    junk.write_bytes(b"\x00" * 10)
+    r = kv("budget", "--model", str(junk))
+    assert r.returncode == 2 and "truncated" in line(r), r.stderr
+    bad = tmp_path / "b.json"
+    bad.write_bytes(b"\xff\xfe{\x00")
+    r = kv("budget", "--board", str(bad))
+    assert r.returncode == 2 and "is not UTF-8 text" in line(r), r.stderr
+
+
+def test_budget_that_does_not_fit_exits_3_with_the_figures():
+    r = kv("budget", "--board", "esp32s3_n4r2", "--model", "stories15M")
+    assert r.returncode == 3 and line(r).startswith("kv budget: does not fit: weights (58.00 MiB)"), r.stderr
+    assert "weights           58.00 MiB" in r.stdout
+    r = kv("budget", "--board", "esp32s3_n4r2", "--model", "stories15M", "--json")
+    assert r.returncode == 3 and json.loads(r.stdout)["fits"] is False
+
+
+@pytest.mark.parametrize(
+    "args, code, says",
+    [
+        (["--weights-bytes", "9" * 23], 2, "the weights would take 99,999"),
+        (["--tokens", "9" * 17], 2, "the KV of --batch x --tokens would take"),
+        (["--board", "rk3588_4gb", "--model", "Llama-3-8B", "--batch", "100000000000"], 2, "the activations of --batch would take"),
+        (["--model", "Llama-3-8B"], 3, "Llama-3-8B's weights (14.96 GiB) are 2,007x the 7.63 MiB of esp32s3_n8r8"),
+        (["--batch", "-2"], 2, "--batch must be a whole number"),
+    ],
+)
+def test_budget_refuses_absurd_sizes_in_one_line(args, code, says):
+    r = kv("budget", *args)
+    assert r.returncode == code and says in line(r) and r.stdout == "", (r.stdout, r.stderr)
+
+
+def test_budget_refuses_a_profile_whose_heap_exceeds_its_ram(tmp_path):
+    from host import paths
+
+    d = json.load(open(paths.BOARDS + "/esp32s3_n8r8.json"))
+    d["micropython_heap_bytes"] = 10**12
+    bad = tmp_path / "big.json"
+    bad.write_text(json.dumps(d))
+    r = kv("budget", "--board", str(bad))
+    assert r.returncode == 2 and "micropython_heap_bytes (1,000,000,000,000 B) exceeds its RAM tiers" in line(r), r.stderr
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--until", "("], "--until '(' is not a valid regular expression: missing )"),
+        (["--log", "/nonexistent-dir/serial.log"], "--log /nonexistent-dir/serial.log: folder /nonexistent-dir does not exist"),
+        (["--log", "/tmp"], "--log /tmp is a folder"),
+        (["--timeout", "abc"], "--timeout must be a positive number of seconds, got 'abc'"),
+        (["--timeout", "-1"], "--timeout must be a positive number of seconds, got '-1'"),
+        (["--timeout", "0"], "--timeout must be a positive number of seconds, got '0'"),
+    ],
+)
+def test_monitor_refuses_bad_options_before_opening_a_port(args, says):
+    # no port is given and none is running: the option is refused first, in one line
+    r = kv("monitor", "--port", "/dev/no-such-port", *args)
+    assert r.returncode == 2 and says in line(r), r.stderr
+
+
+def test_monitor_until_that_never_matches_exits_1_after_the_timeout():
+    with FakeBoard("silent") as fb:
+        r = kv("monitor", "--port", fb.port, "--until", "never", "--timeout", "0.5")
+    assert r.returncode == 1 and "no line matched --until 'never' within 0.5 s" in line(r), r.stderr
+
+
+def test_flash_to_a_board_that_goes_silent_after_the_handshake_stops_in_one_line():
+    import time
+
+    with FakeBoard("silent") as fb:
+        t0 = time.monotonic()
+        r = kv("flash", "--port", fb.port, "--timeout", "1", timeout=60)
+        took = time.monotonic() - t0
+        assert fb.handshakes == 1  # it did answer the raw REPL
+    assert r.returncode == 1 and took < 30, (r.returncode, took)
+    assert "stopped answering while reading its MicroPython version: nothing for 1 s" in line(r), r.stderr
+
+
+def test_flash_to_a_board_whose_port_vanishes_after_the_handshake_is_one_line():
+    with FakeBoard("close") as fb:
+        r = kv("flash", "--port", fb.port, "--timeout", "5", timeout=60)
+        assert fb.handshakes == 1 and fb.closed
+    assert r.returncode == 1 and "port %s vanished or stopped answering" % fb.port in line(r), r.stderr
+
+
+def _board_reporting(version, mpy):
+    # a fake board whose MicroPython says `version` and sys.implementation._mpy == mpy
+    def answer(cmd):
+        if b"_mpy" in cmd:
+            return (b"(%r, %r)\r\n" % (version, mpy), b"")
+        return (b"", b"Traceback: unexpected command\r\n")
+
+    return FakeBoard("answer", answer)
+
+
+@pytest.mark.parametrize(
+    "version, mpy, says",
+    [
+        ((1, 22, 2), 2 << 10 | 2 << 8 | 6, "runs MicroPython 1.22.2, which loads .mpy v6.2 (x64); this build"),
+        ((1, 18, 0), 2 << 10 | 5, "runs MicroPython 1.18.0, which loads .mpy v5.0 (x64)"),
+        ((1, 12, 0), None, "runs MicroPython 1.12.0, which does not report its .mpy format"),
+    ],
+)
+def test_flash_refuses_a_board_whose_micropython_cannot_load_the_build(version, mpy, says):
+    with _board_reporting(version, mpy) as fb:
+        r = kv("flash", "--port", fb.port, "--timeout", "5", timeout=60)
+        assert len(fb.commands) == 1  # the version probe only: nothing was written
+    assert r.returncode == 1 and says in line(r), r.stderr
+
+
+def test_board_mpy_format_matches_what_mpy_cross_writes():
+    # the check's arithmetic: the unix port's _mpy against a host build, an ESP32-S3's
+    # (xtensawin) against a board build
+    import subprocess
+
+    from host import boards, paths
+
+    mpy = int(subprocess.run([paths.tool("micropython"), "-c", "import sys; print(sys.implementation._mpy)"],
+                             capture_output=True, text=True, check=True).stdout)
+    host = [a for a in flash.build(boards.load(paths.DEFAULT_BOARD), virtual=True) if a.dest.endswith(".mpy") and a.data[2]]
+    assert host and all(a.data[1] == mpy & 0xFF and a.data[2] == mpy >> 8 for a in host)
+    board = [a for a in flash.build(boards.load(paths.DEFAULT_BOARD)) if a.dest.endswith(".mpy") and a.data[2]]
+    assert flash.mpy_format(board[0].data[1], board[0].data[2]) == "v6.3 (xtensawin)"
+
+
+def test_flash_refuses_a_src_that_is_not_the_firmware_before_touching_the_board(tmp_path):
+    (tmp_path / "notes.py").write_text("X = 1\n")
+    with FakeBoard("answer") as fb:
+        r = kv("flash", "--port", fb.port, "--src", str(tmp_path))
+        assert fb.handshakes == 0 and fb.commands == []  # never connected
+    assert r.returncode == 2 and "%s is not the kvrtos firmware (no __init__.py, app.py, main.py)" % tmp_path in line(r), r.stderr
+
+
+def test_flash_and_monitor_say_busy_for_a_port_another_program_holds():
+    with FakeBoard("silent") as fb:
+        holder = serial.Serial(fb.port, exclusive=True)
+        try:
+            for cmd in (["flash"], ["monitor", "--timeout", "2"]):
+                r = kv(*cmd, "--port", fb.port)
+                assert r.returncode == 1 and "port %s is busy: another program" % fb.port in line(r), (cmd, r.stderr)
+        finally:
+            holder.close()
+
+
+def _pid_file(home, text):
+    d = home / "esp32s3_n8r8"
+    d.mkdir(parents=True)
+    (d / "vboard.pid").write_text(text)
+    return d / "vboard.pid"
+
+
+def test_vboard_stop_does_not_kill_a_process_that_took_a_stale_pid(tmp_path):
+    import os
+    import subprocess
+
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        for text in ("%d\n" % other.pid, "%d 12345\n" % other.pid):  # old format; wrong start time
+            pidf = _pid_file(tmp_path / text.split()[-1], text)
+            env = dict(os.environ, KVRTOS_VBOARD_HOME=str(pidf.parent.parent))
+            r = kv("vboard", "--stop", env=env)
+            assert r.returncode == 0 and "none was running (removed a stale pid file naming pid %d" % other.pid in r.stdout, r.stdout + r.stderr
+            assert other.poll() is None and not pidf.exists()
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_vboard_already_running_hint_names_the_running_board(tmp_path):
+    # a pid file naming this (live) test process with its real start time reads as a
+    # running board: the hint must name that board, not the default one
+    import os
+
+    from host import vboard
+
+    d = tmp_path / "esp32s3_n4r2"
+    d.mkdir()
+    (d / "vboard.pid").write_text("%d %d\n" % (os.getpid(), vboard._started(os.getpid())))
+    r = kv("vboard", "--board", "esp32s3_n4r2", env=dict(os.environ, KVRTOS_VBOARD_HOME=str(tmp_path)))
+    assert r.returncode == 1 and "stop it with: ./kv vboard --board esp32s3_n4r2 --stop" in line(r), r.stderr
+
+
+def test_vboard_fs_on_a_regular_file_is_one_line(tmp_path):
+    f = tmp_path / "fs.img"
+    f.write_text("x")
+    r = kv("vboard", "--fs", str(f), env=dict(__import__("os").environ, KVRTOS_VBOARD_HOME=str(tmp_path / "vb")))
+    assert r.returncode == 2 and "--fs %s is a file" % f in line(r), r.stderr
+
+
+def test_board_profile_that_is_not_utf8_is_one_line(tmp_path):
+    bad = tmp_path / "latin1.json"
+    bad.write_bytes('{"name": "caf\xe9"}'.encode("latin-1"))
+    for cmd in ("vboard", "flash", "budget"):
+        r = kv(cmd, "--board", str(bad))
+        assert r.returncode == 2 and "%s: <file>: is not UTF-8 text" % bad in line(r), (cmd, r.stderr)
+
+
+@pytest.mark.parametrize("task, says", [("flash-firmware", "--dry-run"), ("bench", "--json"), ("monitor", "--until")])
+def test_task_help_works(task, says):
+    r = kv(task, "--help")
+    assert r.returncode == 0 and "Usage:" in r.stdout and says in r.stdout and r.stderr == "", r.stdout + r.stderr
+
+
+def test_paths_resolve_where_kv_ran_and_esptool_commands_paste_into_a_shell(tmp_path):
+    import shlex
+    import subprocess
+
+    d = tmp_path / "my dir"
+    d.mkdir()
+    (d / "fw 1.bin").write_bytes(b"\xe9" + bytes(64))
+    # --dry-run with no board attached: esptool's own search, the command runnable as printed
+    r = kv("flash-firmware", "--bin", "fw 1.bin", "--dry-run", "--erase", cwd=str(d))
+    assert r.returncode == 0, r.stdout + r.stderr
+    cmds = [ln for ln in r.stdout.splitlines() if "esptool" in ln and not ln.startswith("flash-firmware:")]
+    assert len(cmds) == 2
+    argv = shlex.split(cmds[1])
+    assert argv[-1] == str(d / "fw 1.bin") and argv[-4:-1] == ["write-flash", "-z", "0x0"], argv
+    assert "--port" not in argv and shlex.split(cmds[0])[-1] == "erase-flash"
+    # the printed prefix is a command a shell can run: ask that esptool its version
+    v = subprocess.run(" ".join(cmds[1].split(" ")[:3]) + " version", shell=True, capture_output=True, text=True, timeout=60)
+    assert v.returncode == 0 and "esptool" in v.stdout.lower(), v.stdout + v.stderr
+    # a relative --log and --board resolve in the folder ./kv ran from
+    r = kv("monitor", "--log", "logs/x.log", cwd=str(d))
+    assert r.returncode == 2 and "folder %s does not exist" % (d / "logs") in line(r), r.stderr
+    r = kv("budget", "--board", "nope.json", cwd=str(d))
+    assert r.returncode == 2 and "no board profile file nope.json" in line(r), r.stderr
+
+
+def test_flash_firmware_dry_run_with_a_port_that_is_not_attached():
+    r = kv("flash-firmware", "--bin", __file__, "--dry-run", "--port", "/dev/ttyACM9")
+    assert r.returncode == 2 and "not an ESP32 firmware image" in line(r), r.stderr
+    r = kv("flash-firmware")
+    assert r.returncode == 2 and "--bin FILE is required" in line(r), r.stderr
