@@ -1,21 +1,24 @@
 # KV append micro-benchmark, run on the target interpreter (host/bench/kv.py runs it
 # under MicroPython and CPython). Every design is timed side by side in one loop, the
 # median of _REPEAT runs of _TIMED appends each, at 64, 256 and 512 cached tokens:
-#   ours      KVCache.append: block table lookup, slot header, one copy32 per layer
-#   flat_kv   what a user writes without a pool (llama2.c run.c, esp32-llm): per layer
-#             one K and one V array of max_len x kv_dim preallocated at boot, token pos
-#             written in place at pos * kv_dim (two copy32 per layer, as K and V live apart)
-#   flat_row  the same flat design with K|V of a layer in one row (our row format: one
-#             copy32 per layer), so ours / flat_row is the cost of the block table alone
+#   ours      KVCache.append: handle check, block table, slot header, then one strided
+#             viper copy of every layer's row (kv._copy_rows)
+#   flat_kv   what a user writes without a pool (llama2.c run.c, esp32-llm): one K and
+#             one V array [L][max_len][kv_dim] preallocated at boot, token pos written
+#             in place at l * max_len * kv_dim + pos * kv_dim: two strided copies with
+#             the same primitive, from the model's K and V vectors ([L][kv_dim] each)
+#   flat_row  the same flat design in our row format ([L][max_len][layer_row], one
+#             strided copy), so ours / flat_row is the cost of the block table alone
 #   floor     one copy32 of the whole token row, no bookkeeping at all
 #   concat    the straw man: a new, longer bytes object per layer per token (torch.cat)
-# plus heap bytes (total over a count of appends), a heap-locked append loop, where
-# ours spends its time (reserve alone), eviction at a 512 budget and int8 quantization.
+# plus heap bytes (total over a count of appends), a heap-locked append loop,
+# reserve() alone (bookkeeping and zeroing the reserved rows, no copy), eviction at a 512 budget and int8 quantization.
 # Prints one JSON object. Shape: stories260K (5 layers, 4 KV heads x 8, fp32).
 import json
 
 from firmware_py import compat, kv, pool, quant
 from firmware_py.compat import collect, const, mem_alloc, ticks_diff, ticks_us
+from firmware_py.kv import _copy_rows  # the copy our cache uses: flat designs get the same
 from firmware_py.pool import copy32
 
 _LAYERS = const(5)
@@ -34,54 +37,46 @@ def _median(xs):
 
 
 class FlatKV:
-    # llama2.c's cache: per layer a K and a V bytearray[max_len][kv_dim elements], made at boot
+    # llama2.c's cache: one K and one V bytearray[L][max_len][kv_dim elements], made at boot
     def __init__(self, layout, max_len):
         self.n_layers = layout.n_layers  # L
-        self.k = [bytearray(max_len * layout.data_bytes) for _ in range(layout.n_layers)]  # [L][max_len * kv_dim]
-        self.v = [bytearray(max_len * layout.data_bytes) for _ in range(layout.n_layers)]  # [L][max_len * kv_dim]
+        self.k = bytearray(layout.n_layers * max_len * layout.data_bytes)  # [L][max_len][kv_dim]
+        self.v = bytearray(layout.n_layers * max_len * layout.data_bytes)  # [L][max_len][kv_dim]
         self.dw = layout.data_bytes // 4  # uint32 words of K (or V) per layer per token
-        self.vw = layout.v_off // 4  # word offset of V inside a source layer row
-        self.lw = layout.layer_row // 4  # words per source layer row
-        self.max_len = max_len  # positions each array holds
+        self.step = max_len * self.dw  # words from one layer's plane to the next
+        self.max_len = max_len  # positions each plane holds
         self.n = 0  # positions written (the next position)
 
-    # write token row src at the next position (K and V of every layer); -1 past
-    # max_len, else the position; O(row), no allocation
-    def append(self, src):
+    # write the model's K and V vectors of every layer (ksrc, vsrc: [L][kv_dim]) at the
+    # next position; -1 past max_len, else the position; O(row), no allocation
+    def append(self, ksrc, vsrc):
         n = self.n
         if n >= self.max_len:
             return -1
         dw = self.dw
-        d = n * dw
-        s = 0
-        for layer in range(self.n_layers):
-            copy32(self.k[layer], d, src, s, dw)
-            copy32(self.v[layer], d, src, s + self.vw, dw)
-            s += self.lw
+        _copy_rows(self.k, n * dw, self.step, ksrc, 0, dw, self.n_layers)
+        _copy_rows(self.v, n * dw, self.step, vsrc, 0, dw, self.n_layers)
         self.n = n + 1
         return n
 
 
 class FlatRow:
-    # the flat design in our row format: per layer one bytearray[max_len][layer_row]
+    # the flat design in our row format: one bytearray[L][max_len][layer_row]
     def __init__(self, layout, max_len):
         self.n_layers = layout.n_layers  # L
-        self.rows = [bytearray(max_len * layout.layer_row) for _ in range(layout.n_layers)]  # [L][max_len * layer_row]
+        self.rows = bytearray(layout.n_layers * max_len * layout.layer_row)  # [L][max_len][layer_row]
         self.lw = layout.layer_row // 4  # words per layer row
-        self.max_len = max_len  # positions each array holds
+        self.step = max_len * self.lw  # words from one layer's plane to the next
+        self.max_len = max_len  # positions each plane holds
         self.n = 0  # positions written
 
-    # write token row src at the next position, one copy per layer; -1 past max_len; O(row)
-    def append(self, src):
+    # write token row src at the next position, one strided copy; -1 past max_len; O(row)
+    def append(self, src, _unused=None):
         n = self.n
         if n >= self.max_len:
             return -1
         w = self.lw
-        d = n * w
-        s = 0
-        for layer in range(self.n_layers):
-            copy32(self.rows[layer], d, src, s, w)
-            s += w
+        _copy_rows(self.rows, n * w, self.step, src, 0, w, self.n_layers)
         self.n = n + 1
         return n
 
@@ -129,12 +124,12 @@ def _reserve_once(cache, region, at):
     return dt * 1000 // _TIMED
 
 
-# ns per append of a flat cache (FlatKV or FlatRow) at position `at`
-def _flat_once(flat, row, at):
+# ns per append of a flat cache (FlatKV(ka, va) or FlatRow(row)) at position `at`
+def _flat_once(flat, a, b, at):
     flat.n = at
     t0 = ticks_us()
     for _ in range(_TIMED):
-        flat.append(row)
+        flat.append(a, b)
     return ticks_diff(ticks_us(), t0) * 1000 // _TIMED
 
 
@@ -151,6 +146,8 @@ def append_ns(cache, region, row, layout):
     fk = FlatKV(layout, _MAX_LEN)
     fr = FlatRow(layout, _MAX_LEN)
     words = layout.row_bytes // 4
+    ksrc = bytearray(layout.n_layers * layout.data_bytes)  # the model's K vectors [L][kv_dim]
+    vsrc = bytearray(layout.n_layers * layout.data_bytes)  # and V vectors
     runs = {}
     for at in POINTS:
         for name in ("ours", "reserve", "flat_kv", "flat_row", "floor"):
@@ -158,8 +155,8 @@ def append_ns(cache, region, row, layout):
     for _ in range(_REPEAT):
         for at in POINTS:
             runs[("ours", at)].append(_ours_once(cache, region, row, at))
-            runs[("flat_kv", at)].append(_flat_once(fk, row, at))
-            runs[("flat_row", at)].append(_flat_once(fr, row, at))
+            runs[("flat_kv", at)].append(_flat_once(fk, ksrc, vsrc, at))
+            runs[("flat_row", at)].append(_flat_once(fr, row, None, at))
             runs[("floor", at)].append(_floor_once(cache.arena, row, words))
             runs[("reserve", at)].append(_reserve_once(cache, region, at))
     out = {}
@@ -251,7 +248,8 @@ def main():
     out["ours_alloc_bytes"], out["ours_alloc_appends"] = _alloc(lambda: cache.append(s, row), 2 * _TIMED)
     cache.close(s)
     fk = FlatKV(layout, _MAX_LEN)
-    out["flat_kv_alloc_bytes"], out["flat_kv_alloc_appends"] = _alloc(lambda: fk.append(row), 2 * _TIMED)
+    kv_src = bytearray(layout.n_layers * layout.data_bytes)
+    out["flat_kv_alloc_bytes"], out["flat_kv_alloc_appends"] = _alloc(lambda: fk.append(kv_src, kv_src), 2 * _TIMED)
     out["heap_locked_appends_asked"] = _LOCKED
     out["heap_locked_appends"] = _locked_appends(cache, region, row)
     # ring and h2o eviction cost at a 512-token budget (steady state: every append evicts)

@@ -353,18 +353,19 @@ def render(r):
     w = L.append
     w("Append of one token (%s), median of %d runs of %d appends, every design timed side by side in one loop "
       "(`firmware_py/tools/kvbench.py`; MicroPython with the default board's usable heap of %s B). "
-      "**ours**: `KVCache.append` (block-table lookup, slot header, one `copy32` per layer). "
-      "**flat K,V**: what llama2.c `run.c` and esp32-llm do: per layer one K and one V array of max_len x kv_dim, "
-      "preallocated, token pos written in place at pos x kv_dim by the same viper `copy32` (two per layer). "
-      "**flat row**: the same flat design in our row format (K|V of a layer adjacent: one `copy32` per layer, "
-      "the copies ours makes), so ours / flat row is the block table alone. **floor**: one `copy32` of the whole "
-      "1,280 B row, no bookkeeping. **concat**: a new, longer bytes object per layer per token."
+      "**ours**: `KVCache.append` (handle check, block table, slot header, then one strided viper copy of every "
+      "layer's row, `kv._copy_rows`). **flat K,V**: what llama2.c `run.c` and esp32-llm do: one K and one V array "
+      "[layers][max_len][kv_dim], preallocated, token pos written in place at l x max_len x kv_dim + pos x kv_dim by "
+      "the same copy primitive (two strided copies, from the model's K and V vectors). **flat row**: the same flat "
+      "design in our row format (one strided copy: exactly the copy ours makes), so ours / flat row is the block "
+      "table alone. **floor**: one `copy32` of the whole 1,280 B row, no bookkeeping. **concat**: a new, longer "
+      "bytes object per layer per token."
       % (r["shape"], r["repeats"], r["timed_appends"], _fx(r["micropython_heap_bytes"])))
     w("")
     w("| ns per append | MicroPython at 64 | at 256 | at 512 | CPython at 64 | at 256 | at 512 |")
     w("| --- | --- | --- | --- | --- | --- | --- |")
     for key, label in (("ours", "ours (block table)"), ("flat_kv", "flat K,V (llama2.c)"), ("flat_row", "flat row"),
-                       ("floor", "floor: raw copy"), ("reserve", "ours, reserve() alone (bookkeeping, no copy)"),
+                       ("floor", "floor: raw copy"), ("reserve", "ours, reserve() alone (bookkeeping + zeroing the reserved rows, no copy)"),
                        ("concat", "concat per token")):
         w("| %s | %s |" % (label, " | ".join(_fx(g("%s_ns_at_%d" % (key, at), i)) for i in ("micropython", "cpython")
                                              for at in (64, 256, 512))))
