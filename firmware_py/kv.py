@@ -213,7 +213,7 @@ class KVCache:
 
     # the slot index of handle h, or E_STALE when h is not an open handle; O(1)
     def _idx(self, h):
-        if h < 0:  # (a handle >= handle_limit never equals an s_handle entry)
+        if h < 0 or h >= self.handle_limit:  # before %: a big int would allocate
             return E_STALE
         i = h % self.max_seqs
         if self.s_handle[i] != h:
@@ -283,7 +283,7 @@ class KVCache:
     # self.status) or E_STALE / E_FULL / E_NO_BLOCK with nothing changed but the earlier
     # reservation ended. O(L * row) (+ O(budget) h2o eviction scan); no allocation
     def reserve(self, h):
-        if h < 0:  # (a handle >= handle_limit never equals an s_handle entry)
+        if h < 0 or h >= self.handle_limit:  # before %: a big int would allocate
             return E_STALE
         i = h % self.max_seqs
         if self.s_handle[i] != h:
@@ -301,7 +301,7 @@ class KVCache:
     # E_NO_BLOCK with nothing changed but the earlier reservation ended. The appended
     # token stays reserved for write(). O(row), no allocation
     def append(self, h, src):
-        if h < 0:  # (a handle >= handle_limit never equals an s_handle entry)
+        if h < 0 or h >= self.handle_limit:  # before %: a big int would allocate
             return E_STALE
         i = h % self.max_seqs
         if self.s_handle[i] != h:
@@ -388,7 +388,7 @@ class KVCache:
     # E_RANGE (layer, src_off or len(src)), E_STATE (nothing reserved), E_NO_BLOCK (the
     # copy found no block), with nothing changed; O(layer_row), no allocation
     def write(self, h, layer, src, src_off):
-        if h < 0:  # (a handle >= handle_limit never equals an s_handle entry)
+        if h < 0 or h >= self.handle_limit:  # before %: a big int would allocate
             return E_STALE
         i = h % self.max_seqs
         if self.s_handle[i] != h:
