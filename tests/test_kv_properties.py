@@ -8,7 +8,7 @@ import struct
 from hypothesis import given, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from firmware_py import kv, pool, quant
+from firmware_py import kv, pool, quant, status
 
 T = 4  # tokens per block: small, so rings wrap and blocks fill often
 LAYOUT = kv.Layout(3, 2, 4, "fp32", tokens_per_block=T)
@@ -36,7 +36,7 @@ class KVMachine(RuleBasedStateMachine):
         sinks, recent = (2, 0) if policy == "sinks" else (2, 2) if policy == "h2o" else (0, 0)
         s = self.cache.open(self.regions[region], policy, budget, sinks, recent)
         if s < 0:
-            assert s in (kv.ST_NO_SEQ, kv.ST_NO_BLOCK)
+            assert s in (status.E_NO_SLOT, status.E_NO_BLOCK)
             return
         assert s not in self.seqs
         self.seqs[s] = {"uid": self.next_uid, "policy": policy, "cap": budget, "sinks": sinks, "rows": {}}
@@ -58,7 +58,7 @@ class KVMachine(RuleBasedStateMachine):
             m["rows"][pos] = m["uid"]
             if m["policy"] == "h2o":
                 # score the new slot and one random cached slot (may be in a shared block)
-                self.cache.add_score(s, self.cache.s_slot[s], data.draw(st.integers(0, 1000)))
+                assert self.cache.add_score(s, self.cache.locate(s, pos), data.draw(st.integers(0, 1000))) in (kv.ST_OK, kv.ST_NO_BLOCK)
                 other = data.draw(st.integers(0, self.cache.cached(s) - 1))
                 assert self.cache.add_score(s, other, 1) in (kv.ST_OK, kv.ST_NO_BLOCK)
 
@@ -68,7 +68,7 @@ class KVMachine(RuleBasedStateMachine):
         s = data.draw(st.sampled_from(sorted(self.seqs)))
         f = self.cache.fork(s)
         if f < 0:
-            assert f == kv.ST_NO_SEQ
+            assert f == status.E_NO_SLOT
             return
         src = self.seqs[s]
         self.seqs[f] = {"uid": self.next_uid, "policy": src["policy"], "cap": src["cap"], "sinks": src["sinks"],
@@ -88,7 +88,7 @@ class KVMachine(RuleBasedStateMachine):
         refs = [0] * N_BLOCKS
         for s in self.seqs:
             for i in range(c.max_blocks):
-                b = c.table[s * c.max_blocks + i]
+                b = c.table[(s % c.max_seqs) * c.max_blocks + i]
                 if b >= 0:
                     refs[b] += 1
         for b in range(N_BLOCKS):
@@ -135,7 +135,7 @@ class KVMachine(RuleBasedStateMachine):
             for pos in kept:
                 want_row = row_for(m["rows"][pos], pos)
                 for layer in range(LAYOUT.n_layers):
-                    assert c.read(s, pos, layer, out, 0)
+                    assert c.read(s, pos, layer, out, 0) == status.OK
                     lo = layer * LAYOUT.layer_row
                     assert out == want_row[lo:lo + LAYOUT.layer_row], "seq %d pos %d layer %d" % (s, pos, layer)
 
@@ -166,7 +166,7 @@ def test_quantized_rows_read_back_within_the_bound(dtype, data):
         assert c.append(s, row) >= 0
     out = bytearray(layout.layer_row)
     for layer in range(2):
-        assert c.read(s, c.length(s) - 1, layer, out, 0)
+        assert c.read(s, c.length(s) - 1, layer, out, 0) == status.OK
         for which, src in ((0, ks[layer]), (1, vs[layer])):
             got = quant.unpack_layer(layout, out, 0, which)
             for j in range(0, 16, 8):  # per KV head
@@ -186,6 +186,6 @@ def test_fp32_rows_read_back_exactly(xs):
     quant.pack_token(layout, [xs], [xs[::-1]], row)
     assert c.append(s, row) >= 0
     out = bytearray(layout.layer_row)
-    assert c.read(s, 0, 0, out, 0)
+    assert c.read(s, 0, 0, out, 0) == status.OK
     assert quant.unpack_layer(layout, out, 0, 0) == xs and quant.unpack_layer(layout, out, 0, 1) == xs[::-1]
     assert struct.unpack_from("<8f", out, 0) == tuple(xs)

@@ -2,7 +2,7 @@
 # (or stops with ST_FULL) without allocating, watermark fires once at 80 %, forked
 # prefixes are shared and copied on write, regions isolate sequences.
 from fwtest import check, eq, raises, no_alloc, done
-from firmware_py import kv, pool, quant
+from firmware_py import kv, pool, quant, status
 from firmware_py.compat import collect, mem_alloc
 
 # stories260K's shape: 5 layers, 4 KV heads x 8; tiny blocks so rings wrap quickly
@@ -28,7 +28,7 @@ out = bytearray(L.layer_row)
 
 def token_at(seq, pos, layer):
     # token number stored at pos (or -1 when not cached), checking the layer tag
-    if not c.read(seq, pos, layer, out, 0):
+    if c.read(seq, pos, layer, out, 0) != status.OK:
         return -1
     assert pool.get32(out, 1) == layer
     return pool.get32(out, 0) - 1
@@ -59,7 +59,7 @@ for _ in range(7):
 eq(st[0], 0, "7 of 10: below the watermark")
 no_alloc("full: append token 8 (crosses the 80 % watermark)", append_next)
 eq(st[0], kv.ST_WATERMARK, "watermark fires at 8 of 10")
-eq(wm_seen[0], s + 1, "the watermark hook ran for this sequence")
+eq(wm_seen[0], s + 1, "the watermark hook ran for this sequence (its handle)")
 eq(c.events, 1, "one watermark event counted")
 append_next()
 eq(st[0], 0, "watermark fires once")
@@ -103,7 +103,7 @@ def run(policy, budget, sinks=4, recent=0):
             c.append(sq, rows[i])
             if policy == "h2o":
                 # tokens divisible by 5 attract attention: they must survive as heavy hitters
-                c.add_score(sq, c.s_slot[sq], 1000 if i % 5 == 0 else 1)
+                c.add_score(sq, c.locate(sq, i), 1000 if i % 5 == 0 else 1)
 
     no_alloc("%s: %d appends with eviction" % (policy, N), go)
     kept = [pos for pos in range(N) if token_at(seq, pos, 0) == pos]
@@ -112,8 +112,8 @@ def run(policy, budget, sinks=4, recent=0):
 
 s, kept = run("window", 10)
 eq(kept, list(range(30, 40)), "window keeps the newest 10")
-eq(c.locate(s, 29), -1, "evicted position is not found")
-eq(c.s_evictions[s], 30, "30 evictions")
+eq(c.locate(s, 29), status.E_EMPTY, "evicted position is not found")
+eq(c.evictions(s), 30, "30 evictions")
 c.close(s)
 
 s, kept = run("sinks", 10, 4)
@@ -173,6 +173,94 @@ c.close(s)
 raises(kv.KVError, c.open, r0, "lru", 8)
 raises(kv.KVError, c.open, r0, "sinks", 8, 8)
 raises(kv.KVError, kv.Layout, 5, 4, 8, "bf16")
+eq(kv.Layout(6, 6, 48, "int4").group, 24, "int4: group 32 does not divide head_dim 48, so 24 (largest divisor <= 32)")
+eq(kv.Layout(1, 1, 8, "int4", group=3).group, 2, "int4: group 3 on head_dim 8 becomes 2")
+
+# --- section 1 findings, one check each (all under the heap lock where they are hot paths)
+fa = c.open(r0, "full", 4)
+for i in range(4):
+    c.append(fa, rows[i])
+res = [0, 0, 0]
+
+
+def write_after_refusal():
+    res[0] = c.reserve(fa)  # E_FULL: budget reached
+    res[1] = c.write(fa, 0, rows[30], 0)  # must not overwrite token 3
+
+
+no_alloc("refused reserve then write", write_after_refusal)
+eq(res[0], status.E_FULL, "reserve at the budget is refused")
+eq(res[1], status.E_STATE, "write after a refused reserve finds no reservation")
+eq(token_at(fa, 3, 0), 3, "the previous token is untouched")
+c.close(fa)
+
+fb = c.open(r0, "full", 16)
+for i in range(2):
+    c.append(fb, rows[i])
+c.reserve(fb)  # position 2 reserved, then forked
+fc = c.fork(fb)
+eq(c.write(fb, 0, rows[25], 0), status.OK, "write into the reserved slot after a fork")
+eq(token_at(fb, 2, 0), 25, "the writer sees its row")
+eq(pool.get32(out, 0) if c.read(fc, 2, 0, out, 0) == status.OK else -9, 0, "the fork's reserved position still reads zeros: copy on write at write time")
+eq(c.write(fc, 0, rows[26], 0), status.E_STATE, "a fork has no reservation")
+big_h = [0]
+
+
+def misuse_kv():
+    big_h[0] = (c.write(fb, 5, rows[0], 0) + c.write(fb, -1, rows[0], 0) + c.write(fb, 0, rows[0], L.row_bytes)
+                + c.write(fb, 0, rows[0], 2) + c.add_score(fb, 16, 1) + c.add_score(fb, -1, 1)
+                + c.add_score(fb, 3, 1) + c.score(fb, 9) + c.slot_pos(fb, 99) + c.read(fb, 7, 0, out, 0)
+                + c.row_offset(fb, 0, 5))
+
+
+no_alloc("out-of-range slot, layer, length and empty slots are refused", misuse_kv)
+eq(big_h[0], 5 * status.E_RANGE + status.E_RANGE + status.E_EMPTY + status.E_EMPTY + status.E_RANGE + status.E_RANGE + status.E_RANGE,
+   "layer 5, layer -1, src too short, odd offset, slot 16 (budget), slot -1, empty slot 3, empty slot 9, slot 99, pos 7, layer 5")
+used = p.blocks_used
+c.close(fb)
+stale = [0]
+
+
+def closed_calls():
+    stale[0] = (c.write(fb, 0, rows[0], 0) + c.add_score(fb, 0, 1) + c.score(fb, 0) + c.slot_pos(fb, 0)
+                + c.read(fb, 0, 0, out, 0) + c.locate(fb, 0) + c.row_offset(fb, 0, 0) + c.reserve(fb)
+                + c.append(fb, rows[0]) + c.fork(fb) + c.close(fb) + c.length(fb))
+
+
+no_alloc("calls on a closed sequence", closed_calls)
+eq(stale[0], 12 * status.E_STALE, "every call on a closed handle is E_STALE")
+check(p.blocks_used < used, "close returned the blocks (no leak from add_score)")
+fd = c.open(r0, "full", 8)
+eq(fd % c.max_seqs, fb % c.max_seqs, "the new sequence reuses the closed slot")
+check(fd != fb, "with a new generation: a different handle")
+eq(c.length(fb), status.E_STALE, "the old handle does not alias the new sequence")
+eq(c.slot_pos(fd, 0), status.E_EMPTY, "an empty slot reads E_EMPTY, not a previous owner's position")
+eq(c.score(fd, 0), status.E_EMPTY, "nor its score")
+c.append(fd, rows[0])
+eq(c.score(fd, 0), 0, "a new token starts at score 0")
+fe = [0]
+
+
+def fork_locked():
+    fe[0] = c.fork(fd)
+
+
+no_alloc("fork", fork_locked)
+check(fe[0] >= 0, "fork under the heap lock")
+c.close(fe[0])
+c.close(fd)
+c.close(fc)
+
+# pos_map holds slots above 32,767 (array('i'))
+lb = kv.Layout(1, 1, 1, "int8", tokens_per_block=64)
+pb = pool.Pool(lb.block_bytes, 520, views=False)
+cb = kv.KVCache(pb, lb, max_seqs=1, h2o=True)
+hb = cb.open(pb.add_region(520), "h2o", 33000, 4, 100)
+one = bytearray(lb.row_bytes)
+for _ in range(33100):
+    cb.append(hb, one)
+eq(cb.slot_pos(hb, 32999), 32999, "slot 32,999 holds position 32,999")
+check(cb.locate(hb, 33099) >= 0 and cb.locate(hb, 32999) == 32999, "positions above 32,767 are found")
 
 # --- int8 / int4 rows: packed by the model side, copied by the cache
 for dt in ("int8", "int4"):
@@ -196,7 +284,7 @@ for dt in ("int8", "int4"):
 
     no_alloc("%s: 9 appends into a ring of 6" % dt, app)
     row = bytearray(lq.layer_row)
-    check(cq.read(sq, 8, 3, row, 0), "%s newest cached" % dt)
+    eq(cq.read(sq, 8, 3, row, 0), status.OK, "%s newest cached" % dt)
     kk = quant.unpack_layer(lq, row, 0, 0)
     vv = quant.unpack_layer(lq, row, 0, 1)
     err = max(max(abs(kk[i] - ks[3][i]) for i in range(32)), max(abs(vv[i] - vs[3][i]) for i in range(32)))

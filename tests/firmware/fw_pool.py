@@ -1,7 +1,8 @@
 # Static heap pool: O(1) alloc/free without touching the heap, regions hold their
-# quotas, counters follow HeapStats_t, clear-on-free zeroes, misuse is a PoolError.
+# quotas, counters follow HeapStats_t, clear-on-free zeroes; hot-path misuse returns
+# E_RANGE / E_STATE without allocating, configuration mistakes raise PoolError.
 from fwtest import check, eq, raises, no_alloc, done
-from firmware_py import pool
+from firmware_py import pool, status
 from firmware_py.compat import collect, mem_alloc
 
 # bookkeeping beyond the arena: what host/budget.py charges per block and per pool
@@ -22,25 +23,29 @@ ra = p.add_region(4)
 rb = p.add_region(10)
 
 got = [p.alloc(ra) for _ in range(5)]
-eq(got[4], -1, "region a cannot take a 5th block past its quota of 4")
+eq(got[4], status.E_NO_BLOCK, "region a cannot take a 5th block past its quota of 4")
 eq(p.failed, 1, "the refused allocation is counted")
 eq(p.region_used[ra], 4, "region a holds its quota")
 eq(len(set(got[:4])), 4, "distinct blocks")
 more = [p.alloc(rb) for _ in range(7)]
-eq(more[6], -1, "pool empty after 10 blocks")
+eq(more[6], status.E_NO_BLOCK, "pool empty after 10 blocks")
 eq(p.blocks_free, 0, "no block free")
 eq(p.min_free, 0, "minimum-ever free reached 0")
 eq(p.high_water, 10, "high water 10")
-e = raises(pool.PoolError, p.free, rb, got[0])
-check("belongs to region" in str(e), "a region cannot free another region's block: " + str(e))
+eq(p.free(rb, got[0]), status.E_RANGE, "a region cannot free another region's block")
+eq(p.ref[got[0]], 1, "the refused free changed nothing")
+eq(p.alloc(7), status.E_RANGE, "alloc from a region never added")
 
 # clear-on-free: a freed block comes back zeroed
 b = got[0]
 p.views[b][0] = 7
-p.free(ra, b)
+eq(p.free(ra, b), status.OK, "free of an owned block")
 eq(p.views[b][0], 0, "clear_on_free zeroed the block")
-raises(pool.PoolError, p.free, ra, b)  # double free
-raises(pool.PoolError, p.unref, 99)
+eq(p.free(ra, b), status.E_STATE, "double free refused")
+eq(p.unref(b), status.E_STATE, "unref of a free block refused")
+eq(p.unref(99), status.E_RANGE, "unref of a block outside the pool")
+eq(p.share(b), status.E_STATE, "share of a free block refused")
+eq(p.share(-1), status.E_RANGE, "share of block -1 refused")
 eq(p.frees, 1, "one free counted")
 eq(p.allocs, 10, "ten allocations counted")
 
@@ -90,5 +95,29 @@ no_alloc("free with clear_on_free (viper zeroing)", free_cleared)
 eq(cz.views[zb][100], 0, "zeroed under the heap lock")
 eq(pool.Pool.of_bytes(1000, 64).n_blocks, 15, "a pool sized in bytes takes whole blocks")
 raises(pool.PoolError, pool.Pool, 6, 4)
+raises(pool.PoolError, p.set_quota, 9, 1)
+raises(pool.PoolError, pool.Pool, 64, 4, False, True, bytearray(100))  # arena too small
+
+# misuse under the heap lock: statuses, no exception objects, and a caller-given arena
+# window (guard bytes around it) is never written outside
+big = bytearray(64 * 4 + 128)
+for i in range(len(big)):
+    big[i] = 0xA5
+g = pool.Pool(64, 4, True, False, memoryview(big)[64:64 + 256])
+rg = g.add_region(2)
+box = [0]
+
+
+def misuse():
+    k = g.alloc(rg)
+    g.alloc(rg)
+    box[0] = g.alloc(rg) + g.alloc(5) + g.unref(-3) + g.unref(4) + g.share(3) + g.free(rg, 3)
+    g.unref(k)
+    box[0] += g.unref(k) + g.free(rg, k)
+
+
+no_alloc("pool misuse returns statuses", misuse)
+eq(box[0], status.E_NO_BLOCK + 3 * status.E_RANGE + status.E_STATE * 4, "each misuse gave its status")
+check(all(big[i] == 0xA5 for i in list(range(64)) + list(range(320, 384))), "guard bytes around the arena intact")
 raises(pool.PoolError, pool.Pool, 64, 0)
 done()
