@@ -425,6 +425,8 @@ def esptool_command(bin_path, port, erase=False, baud=460800):
 
 def flash_firmware(bin_path, port=None, erase=False, board_name=paths.DEFAULT_BOARD, dry_run=False, out=print):
     # write a MicroPython firmware image to an ESP32-S3 with esptool; returns the commands
+    if os.path.isdir(bin_path):
+        raise UserError("firmware image %s is a folder; give the .bin file" % bin_path, 2)
     if not os.path.isfile(bin_path):
         raise UserError("firmware image %s does not exist" % bin_path, 2)
     with open(bin_path, "rb") as f:

@@ -407,8 +407,9 @@ def start(board_name, fs_dir=None, home=None, vanish_after=None, detach=False, t
     return Handle(proc, link, home)
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(prog="vboard", description="MicroPython unix port behind a pty, as a virtual board")
+def main(argv=None, prog="vboard"):
+    # the vboard command (python -m host.vboard, or `kv vboard` with prog="kv vboard"); its exit status
+    ap = argparse.ArgumentParser(prog=prog, description="MicroPython unix port behind a pty, as a virtual board")
     ap.add_argument("--board", default=paths.DEFAULT_BOARD)
     ap.add_argument("--fs", default=None, help="filesystem directory (default .vboard/NAME/fs)")
     ap.add_argument("--home", default=None, help="state directory for port link and pid (default .vboard/NAME)")
@@ -434,7 +435,7 @@ def main(argv=None):
                             % (b.name, pid, os.path.join(home, "port"), stop_hint(a.board, a.home)))
         VirtualBoard(b, fs_dir=a.fs, home=a.home, vanish_after=a.vanish_after_bytes, quiet=a.quiet).run()
     except UserError as e:
-        print("vboard: %s" % e, file=sys.stderr)
+        print("%s: %s" % (prog, e), file=sys.stderr)
         return e.code
     return 0
 
