@@ -147,7 +147,7 @@ def vboard(c, board="esp32s3_n8r8", fs=None, stop=False):
     """Run a virtual board (MicroPython unix port on a pty) until Ctrl-C; prints its port."""
     from host import vboard as vb
 
-    code = vb.main(["--board", board] + (["--fs", paths_user(fs)] if fs else []) + (["--stop"] if stop else []))
+    code = vb.main(["--board", board] + (["--fs", paths_user(fs)] if fs else []) + (["--stop"] if stop else []), prog="kv vboard")
     if code:
         raise Exit(code=code)
 
