@@ -226,10 +226,13 @@ def _cli(argv=None):
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     try:
-        main(a.board, a.model, a.kv_dtype, a.policy, a.window, a.json, a.batch, a.tokens, None, a.weights_dtype, a.weights_bytes)
+        r = main(a.board, a.model, a.kv_dtype, a.policy, a.window, a.json, a.batch, a.tokens, None, a.weights_dtype, a.weights_bytes)
     except UserError as e:
         sys.stderr.write("budget: %s\n" % e)
         return e.code
+    if not r["fits"]:
+        sys.stderr.write("budget: does not fit: %s\n" % r["note"])
+        return EXIT_DOES_NOT_FIT
     return 0
 
 
