@@ -279,8 +279,14 @@ def _close(t):
 
 def device_hashes(t, dests):
     # sha256 hex (or None) of each device path, computed on the device
-    out = t.exec(_HASH_SCRIPT % (list(dests),))
-    return ast.literal_eval(out.decode().strip())
+    out = t.exec(_HASH_SCRIPT % (list(dests),)).decode("utf-8", "replace").strip()
+    try:
+        got = ast.literal_eval(out.splitlines()[-1])
+    except (ValueError, SyntaxError, IndexError):
+        got = None
+    if not isinstance(got, list) or len(got) != len(dests):
+        raise UserError("the board's answer to the sha256 query was not understood: %r" % out[-80:])
+    return got
 
 
 def _ensure_dirs(t, dests):
