@@ -51,7 +51,7 @@ class Tokenizer:
         if vocab_size and len(vocab) < vocab_size:
             raise TokenizerError("%s: holds %d tokens, the model's vocabulary is %d (wrong tokenizer for this model?)" % (where, len(vocab), vocab_size))
         if pos < n:
-            raise TokenizerError("%s: %d B after the model's %d tokens (a tokenizer for a larger vocabulary?)" % (where, n - pos, vocab_size))
+            raise TokenizerError("%s: %d B after the model's %d tokens: a larger vocabulary (wrong tokenizer for this model?)" % (where, n - pos, vocab_size))
         if len(vocab) <= EOS:
             raise TokenizerError("%s: %d tokens, too few for <unk>, <s>, </s>" % (where, len(vocab)))
         ids = {}
