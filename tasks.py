@@ -110,6 +110,20 @@ def budget(c, board="esp32s3_n8r8", model="stories260K", kv_dtype="fp32", policy
         raise UserError("does not fit: %s" % r["note"], budget_mod.EXIT_DOES_NOT_FIT)
 
 
+@task(help={"model": "fp32 llama2.c checkpoint to read", "out": "int8 checkpoint to write",
+            "format": "v2 (llama2.c ak42, one group size) or q8row (kvq8, a group size per matrix)",
+            "group": "v2: the group size (default: the largest dividing every row, up to 64); q8row: each matrix takes the divisor of its row nearest this (default 64)"})
+@one_line_errors
+def convert(c, model="", out="", format="q8row", group="0"):
+    """Write an int8 checkpoint from an fp32 one and print its size, bytes per weight and worst dequantization error."""
+    from host import convert as convert_mod
+
+    if not model or not out:
+        raise UserError("--model IN.bin and --out OUT.bin are required", 2)
+    r = convert_mod.convert(paths_user(model), paths_user(out), format, _whole(group, "--group"))
+    print(convert_mod.report(r))
+
+
 def paths_user(p):
     # a path the user typed, resolved against the folder they ran ./kv from
     from host import paths
