@@ -12,7 +12,7 @@
 from firmware_py.compat import const, micropython, ptr8
 from firmware_py.status import OK, E_FULL, E_RANGE, E_STATE
 from firmware_py.sched.notify import OP_PUT, OP_GIVE, OP_SET
-from firmware_py.sched.task import BLOCK, W_QGET, W_QPUT, W_SEM, W_EVENT, W_MUTEX, FOREVER, TIMEOUT, \
+from firmware_py.sched.task import W_QGET, W_QPUT, W_SEM, W_EVENT, W_MUTEX, FOREVER, TIMEOUT, \
     SchedError, TaskList
 
 _EVENT_BITS = const(24)  # event flag bits usable (FreeRTOS: 24 on 32-bit ticks)

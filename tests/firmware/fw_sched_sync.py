@@ -1,6 +1,6 @@
 # Queues, semaphores, event flags and direct notifications: values, blocking both ways,
 # wait order by priority, timeouts, and the caller mistakes that get a SchedError.
-from fwtest import check, eq, raises, done
+from fwtest import eq, raises, done
 from firmware_py.clock import VirtualClock
 from firmware_py.sched import Kernel, Queue, Semaphore, EventFlags, SchedError, TIMEOUT, OK, E_FULL, E_RANGE
 
