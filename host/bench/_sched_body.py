@@ -51,6 +51,29 @@ def kernel_switches(n, locked=False):
     return ticks_diff(t1, t0) * 1000 / sw, (a1 - a0) if MPY else -1, sw, faults
 
 
+def floor_switches(n):
+    # the floor: a bare round-robin of two generators (list pop(0)/append, send), nothing
+    # else: what any generator-based scheduler costs at least; ns per switch
+    def spin():
+        for _ in range(n):
+            yield
+
+    ring = [spin(), spin()]
+    compat.collect()
+    t0 = ticks_us()
+    sw = 0
+    try:
+        while True:
+            g = ring.pop(0)
+            g.send(None)
+            ring.append(g)
+            sw += 1
+    except StopIteration:
+        pass
+    t1 = ticks_us()
+    return ticks_diff(t1, t0) * 1000 / sw
+
+
 def asyncio_switches(n):
     # the interpreter's asyncio: two tasks ping-ponging with sleep(0) n times each
     sleep0 = asyncio.sleep_ms if MPY else asyncio.sleep  # pyright: ignore
@@ -148,8 +171,8 @@ def asyncio_latency(ms):
 
 def main():
     n, reps, lat_ms = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-    ours, theirs, allocs, aallocs, sws = [], [], [], [], []
-    for _ in range(reps):  # interleaved, so drift on a shared machine hits both alike
+    ours, theirs, floors, allocs, aallocs, sws = [], [], [], [], [], []
+    for _ in range(reps):  # interleaved, so drift on a shared machine hits all alike
         ns, al, sw, _ = kernel_switches(n)
         ours.append(ns)
         allocs.append(al)
@@ -157,6 +180,7 @@ def main():
         ns, al = asyncio_switches(n)
         theirs.append(ns)
         aallocs.append(al)
+        floors.append(floor_switches(n))
     # proof on MicroPython: the same run with the heap locked completes without a fault
     locked_ok = None
     if MPY:
@@ -170,8 +194,11 @@ def main():
         "switch_ns": round(median(ours)),
         "switch_ns_asyncio": round(median(theirs)),
         "switch_ratio_vs_asyncio": round(median(ours) / median(theirs), 3),
-        # heap bytes allocated per switch: a run's total (setup included) over its switches
-        "alloc_bytes_per_switch": (max(allocs) // min(sws)) if MPY else None,
+        "switch_ns_floor": round(median(floors)),
+        "switch_ratio_vs_floor": round(median(ours) / median(floors), 3),
+        # heap bytes allocated per switch: a run's total (setup included) over its
+        # switches, in bytes (a fraction, not integer-divided)
+        "alloc_bytes_per_switch": round(max(allocs) / min(sws), 4) if MPY else None,
         "alloc_bytes_per_kernel_run": max(allocs) if MPY else None,
         "heap_locked_switches_ok": locked_ok,
         "alloc_bytes_per_switch_asyncio": round(median(aallocs), 1) if MPY else None,
@@ -183,6 +210,8 @@ def main():
         "latency_asyncio_late_sleeps": alat[1],
         "latency_asyncio_sleeps": alat[2],
         "latency_stats_line": line,
+        "interpreter": "%s %s" % (sys.implementation.name, sys.version.split()[0]),
+        "interpreter_version": ".".join(str(v) for v in sys.implementation.version[:3]),
     }
     print(json.dumps(out))
 
