@@ -2,7 +2,13 @@
 # heap bytes per switch, and wake-up latency of a 1 ms periodic task beside 100 busy
 # low-priority tasks, on MicroPython (the unix port with the default board's heap) and
 # CPython, measured in one run. The body is _sched_body.py, run once per interpreter.
-#
+import json
+import os
+
+from host import boards, paths
+from host import interp as interp_mod
+from host.errors import UserError
+
 # JSON keys (stable; docs/benchmarks.md is generated from them), each with a suffix
 # _micropython or _cpython:
 #   switch_ns                 our kernel, ns per switch (two tasks yielding), median of reps
@@ -20,12 +26,6 @@
 #   interpreter, interpreter_version  what ran it
 # and without suffix: switches_per_task, reps, latency_periods_requested, board,
 # micropython_heap_bytes, asyncio_poll_note.
-import json
-import os
-
-from host import boards, paths
-from host import interp as interp_mod
-from host.errors import UserError
 
 BODY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sched_body.py")
 SWITCHES = 100000  # yields per task per repetition (two tasks)
