@@ -210,8 +210,9 @@ def main():
         "latency_asyncio_late_sleeps": alat[1],
         "latency_asyncio_sleeps": alat[2],
         "latency_stats_line": line,
-        "interpreter": "%s %s" % (sys.implementation.name, sys.version.split()[0]),
+        "interpreter": "%s %s" % (sys.implementation.name, ".".join(str(v) for v in sys.implementation.version[:3])),
         "interpreter_version": ".".join(str(v) for v in sys.implementation.version[:3]),
+        "python_language_version": sys.version.split(";")[0].split()[0],
     }
     print(json.dumps(out))
 
