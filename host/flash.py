@@ -87,6 +87,7 @@ class _Answering:
     def __getattr__(self, name):
         return getattr(self.ser, name)
 
+    # set attributes (rts, dtr, timeout) on the port itself, as mpremote expects
     def __setattr__(self, name, value):
         setattr(self.ser, name, value)
 
@@ -129,6 +130,7 @@ class _Answering:
             self._due()
         return n
 
+    # pyserial's modern name for inWaiting(), under the same deadline
     @property
     def in_waiting(self):
         return self.inWaiting()

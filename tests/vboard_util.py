@@ -91,6 +91,7 @@ class FakeBoard:
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
 
+    # bytes to the host, as the board's UART would send them
     def _send(self, data):
         os.write(self.master, data)
 
@@ -150,6 +151,7 @@ class FakeBoard:
                 except OSError:
                     pass
 
+    # end the serving thread and remove the port
     def stop(self):
         self.stop_flag = True
         self.thread.join(timeout=2)
