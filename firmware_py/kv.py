@@ -24,6 +24,15 @@
 #     V scales [H][groups]
 # A token row handed to append() is [L] layer_rows back to back (row_bytes).
 # Keys are stored after RoPE at their absolute position (see docs/memory.md: why).
+#
+# Speed: append and write are viper methods (reserve is append with the private _ZEROS
+# source): one call reads the cache's shape and the sequence's state from one
+# array('i') (meta) through ptr32, checks the handle and the arguments, and writes the
+# header and the rows. What is unusual for a token (a block to take or copy, h2o, the
+# watermark firing) goes to plain Python (_put_slow, _take, _own) with nothing changed
+# yet. The handle and the integer arguments are compared as objects before int() (which
+# truncates a big int). Every meta word viper reads is kept >= 0 (ptr32 loads are
+# unsigned on 64-bit and on CPython): "none" is stored as 0, a value as value + 1.
 from array import array
 
 from firmware_py.compat import const, micropython, ptr16, ptr32
@@ -35,13 +44,53 @@ from firmware_py.pool import copy32, filled, get32, set32, zero32
 from firmware_py.status import E_EMPTY, E_FULL, E_NO_BLOCK, E_NO_SLOT, E_RANGE, E_STALE, E_STATE, OK
 
 _SCORE_MAX = const(0x1FFFFFFF)  # scores saturate here (stay a small int on the ESP32)
-_NONE = const(-1)  # table entry / reservation / map entry: nothing
-_HANDLE_LIMIT = const(0x40000000)  # handles stay below 2**30: small ints on the ESP32
+_NONE = const(-1)  # table entry / map entry: nothing
+_HMAX = const(0x3FFFFFFF)  # largest small int on the ESP32: handles + 1 stay at or below it
 _MAX_SEQS = const(0x7FFF)  # a block is shared by at most max_seqs tables (array('h') refcounts)
+_NO_BLOCK16 = const(0xFFFF)  # a table entry of -1 as ptr16 reads it
 _FULL = const(0)  # stop at the budget with E_FULL (policy numbers: POLICIES.index(name))
 _WINDOW = const(1)  # ring over the most recent `budget` tokens
 _SINKS = const(2)  # first `sinks` tokens + a ring of the most recent ones
 _H2O = const(3)  # sinks + `recent` ring + heavy hitters by accumulated score
+
+# the status codes again as local constants: viper inlines only this module's consts
+_E_FULL = const(-1)
+_E_NO_BLOCK = const(-2)
+_E_STALE = const(-3)
+_E_RANGE = const(-5)
+_E_STATE = const(-6)
+if (_E_FULL, _E_NO_BLOCK, _E_STALE, _E_RANGE, _E_STATE) != (E_FULL, E_NO_BLOCK, E_STALE, E_RANGE, E_STATE):
+    raise ImportError("kv: status codes differ from firmware_py/status.py")
+_ZERO_OBJ = 0  # 0 and _HMAX as objects: viper compares an argument with these before int()
+_HMAX_OBJ = _HMAX
+_ZEROS = bytearray(0)  # reserve() = append(h, _ZEROS): zero the rows instead of copying
+
+# meta, array('i'): the cache's shape (words 0 .. _CFG - 1), then one row of _NF words per
+# sequence slot i at _CFG + i * _NF. Written by Python at open/fork/close, by viper per token.
+_C_ST = const(0)  # status of the last reserve/append + _ST_BIAS (kept >= 0, see above)
+_C_T = const(1)  # T, tokens per block
+_C_BW = const(2)  # uint32 words per block
+_C_RW = const(3)  # uint32 words per (layer, token) row
+_C_L = const(4)  # L, layers
+_C_MB = const(5)  # block-table entries per sequence
+_C_RB = const(6)  # bytes of a token row (append's src)
+_C_LR = const(7)  # bytes of a layer row (write's src)
+_C_MS = const(8)  # sequence slots
+_CFG = const(9)  # words of shape before the first sequence row
+_F_H = const(0)  # open handle + 1; 0 = closed
+_F_N = const(1)  # positions appended so far (the next position)
+_F_CAP = const(2)  # budget: slots the sequence may fill
+_F_POL = const(3)  # _FULL / _WINDOW / _SINKS / _H2O
+_F_SLOT = const(4)  # slot reserved for write() + 1; 0 = none
+_F_SINKS = const(5)  # sink slots (sinks, h2o)
+_F_RECENT = const(6)  # protected recent tokens (h2o)
+_F_REGION = const(7)  # pool region charged for new blocks
+_F_WM = const(8)  # filled-slot count that fires the watermark
+_F_WMF = const(9)  # 1 once the watermark has fired
+_F_EV = const(10)  # tokens evicted so far
+_F_GEN = const(11)  # generation of the slot's next handle (+1 per close)
+_NF = const(12)  # words per sequence row
+_ST_BIAS = const(16)  # meta[_C_ST] = status + _ST_BIAS (status codes are >= -16)
 
 # reserve()/append() success: >= 0, a sum of these flags (refusals: status.E_*)
 ST_OK = OK
@@ -53,16 +102,31 @@ ST_NO_BLOCK = E_NO_BLOCK
 
 @micropython.viper
 def _copy_rows(dst, dword: int, step: int, src, sword: int, w: int, rows: int):
-    # rows runs of w words: dst words [dword + k * step, + w) = src words [sword + k * w, + w);
-    # O(rows * w), no allocation
+    # rows runs of w words: dst words [dword + k * step, + w) = src words [sword + k * w, + w),
+    # 8 words per turn (the same loop as append's); O(rows * w), no allocation
     d = ptr32(dst)
     s = ptr32(src)
     k = 0
     while k < rows:
-        i = 0
-        while i < w:
-            d[dword + i] = s[sword + i]
+        i = dword
+        j = sword
+        e8 = i + w - 7
+        end = i + w
+        while i < e8:
+            d[i] = s[j]
+            d[i + 1] = s[j + 1]
+            d[i + 2] = s[j + 2]
+            d[i + 3] = s[j + 3]
+            d[i + 4] = s[j + 4]
+            d[i + 5] = s[j + 5]
+            d[i + 6] = s[j + 6]
+            d[i + 7] = s[j + 7]
+            i += 8
+            j += 8
+        while i < end:
+            d[i] = s[j]
             i += 1
+            j += 1
         dword += step
         sword += w
         k += 1
@@ -70,13 +134,25 @@ def _copy_rows(dst, dword: int, step: int, src, sword: int, w: int, rows: int):
 
 @micropython.viper
 def _zero_rows(buf, word: int, step: int, w: int, rows: int):
-    # rows runs of w zero words at buf words word + k * step; O(rows * w), no allocation
+    # rows runs of w zero words at buf words word + k * step, 8 per turn; O(rows * w), no allocation
     p = ptr32(buf)
     k = 0
     while k < rows:
-        i = 0
-        while i < w:
-            p[word + i] = 0
+        i = word
+        e8 = i + w - 7
+        end = i + w
+        while i < e8:
+            p[i] = 0
+            p[i + 1] = 0
+            p[i + 2] = 0
+            p[i + 3] = 0
+            p[i + 4] = 0
+            p[i + 5] = 0
+            p[i + 6] = 0
+            p[i + 7] = 0
+            i += 8
+        while i < end:
+            p[i] = 0
             i += 1
         word += step
         k += 1
@@ -136,21 +212,21 @@ class KVCache:
         self.max_seqs = max_seqs  # sequence slots
         self.max_blocks = mb  # block-table entries per sequence
         self.max_slots = mb * t  # most cached tokens one sequence can hold
-        self.gen_limit = _HANDLE_LIMIT // max_seqs  # generations wrap here
+        self.gen_limit = _HMAX // max_seqs  # generations wrap here
         self.handle_limit = self.gen_limit * max_seqs  # every handle is 0 .. handle_limit - 1
         self.table = filled("h", max_seqs * mb, _NONE)  # [seq][block] pool block or -1
-        self.s_handle = filled("i", max_seqs, _NONE)  # the open handle of each slot, -1 when closed
-        self.s_gen = filled("i", max_seqs, 0)  # generation of the slot's next handle (+1 per close)
-        self.s_policy = filled("b", max_seqs, 0)  # _FULL / _WINDOW / _SINKS / _H2O
-        self.s_region = filled("b", max_seqs, 0)  # pool region charged for new blocks
-        self.s_cap = filled("i", max_seqs, 0)  # budget: slots the sequence may fill
-        self.s_sinks = filled("i", max_seqs, 0)  # sink slots (sinks, h2o)
-        self.s_recent = filled("i", max_seqs, 0)  # protected recent tokens (h2o)
-        self.s_n = filled("i", max_seqs, 0)  # positions appended so far (next position)
-        self.s_wm = filled("i", max_seqs, 0)  # filled-slot count that fires the watermark
-        self.s_wm_fired = filled("b", max_seqs, 0)  # 1 once the watermark has fired
-        self.s_slot = filled("i", max_seqs, _NONE)  # slot reserved for write(), -1 when none
-        self.s_evictions = filled("i", max_seqs, 0)  # tokens evicted so far
+        # the shape, then per sequence slot the row of _F_* words (see _C_* / _F_* above)
+        self.meta = filled("i", _CFG + max_seqs * _NF, 0)
+        m = self.meta
+        m[_C_ST] = OK + _ST_BIAS
+        m[_C_T] = t
+        m[_C_BW] = self.block_words
+        m[_C_RW] = self.row_words
+        m[_C_L] = layout.n_layers
+        m[_C_MB] = mb
+        m[_C_RB] = layout.row_bytes
+        m[_C_LR] = layout.layer_row
+        m[_C_MS] = max_seqs
         # h2o: [seq][M] slot of position p at p % M (M = 2 * max_slots > any budget, so
         # two cached positions collide only when M apart; the older one is then evicted).
         # array('i'): slots above 32,767 are valid
@@ -158,7 +234,11 @@ class KVCache:
         self.pos_map = filled("i", max_seqs * self.map_size, _NONE) if h2o else array("i")  # see above
         self.events = 0  # watermark events emitted so far (all sequences)
         self.on_watermark = None  # callable(handle) run when a sequence crosses its watermark, or None
-        self.status = OK  # result of the last reserve()/append(): flags (>= 0) or its refusal
+
+    # result of the last reserve()/append(): its flags (>= 0) or its refusal; O(1)
+    @property
+    def status(self):
+        return self.meta[_C_ST] - _ST_BIAS
 
     # open a sequence in region with a policy and a budget of `budget` cached tokens
     # (0: max_slots); ring policies reserve all their blocks now so decode never waits
@@ -190,24 +270,27 @@ class KVCache:
                     return E_NO_BLOCK
                 zero32(self.arena, b * self.block_words, 2 * t)  # every slot empty
                 self.table[base + k] = b
-        self.s_policy[i] = pol
-        self.s_region[i] = region
-        self.s_cap[i] = cap
-        self.s_sinks[i] = sinks
-        self.s_recent[i] = recent
-        self.s_n[i] = 0
-        self.s_wm[i] = (cap * watermark_pct + 99) // 100
-        self.s_wm_fired[i] = 0
-        self.s_slot[i] = _NONE
-        self.s_evictions[i] = 0
-        h = self.s_gen[i] * self.max_seqs + i
-        self.s_handle[i] = h
+        m = self.meta
+        o = _CFG + i * _NF
+        m[o + _F_POL] = pol
+        m[o + _F_REGION] = region
+        m[o + _F_CAP] = cap
+        m[o + _F_SINKS] = sinks
+        m[o + _F_RECENT] = recent
+        m[o + _F_N] = 0
+        m[o + _F_WM] = (cap * watermark_pct + 99) // 100
+        m[o + _F_WMF] = 0
+        m[o + _F_SLOT] = 0
+        m[o + _F_EV] = 0
+        h = m[o + _F_GEN] * self.max_seqs + i
+        m[o + _F_H] = h + 1
         return h
 
     # the lowest closed sequence slot, or -1 when all are open; O(max_seqs)
     def _free_seq(self):
+        m = self.meta
         for i in range(self.max_seqs):
-            if self.s_handle[i] < 0:
+            if m[_CFG + i * _NF + _F_H] == 0:
                 return i
         return _NONE
 
@@ -216,7 +299,7 @@ class KVCache:
         if h < 0 or h >= self.handle_limit:  # before %: a big int would allocate
             return E_STALE
         i = h % self.max_seqs
-        if self.s_handle[i] != h:
+        if self.meta[_CFG + i * _NF + _F_H] - 1 != h:
             return E_STALE
         return i
 
@@ -237,23 +320,19 @@ class KVCache:
             if b >= 0:
                 self.pool.share(b)  # refs <= max_seqs <= 32,767: cannot refuse
             table[i * mb + k] = b
-        # one array at a time: a tuple of the arrays would allocate
-        self.s_policy[i] = self.s_policy[src]
-        self.s_region[i] = self.s_region[src]
-        self.s_cap[i] = self.s_cap[src]
-        self.s_sinks[i] = self.s_sinks[src]
-        self.s_recent[i] = self.s_recent[src]
-        self.s_n[i] = self.s_n[src]
-        self.s_wm[i] = self.s_wm[src]
-        self.s_wm_fired[i] = self.s_wm_fired[src]
-        self.s_evictions[i] = self.s_evictions[src]
-        self.s_slot[i] = _NONE
-        m = self.map_size
+        m = self.meta
+        o = _CFG + i * _NF
+        so = _CFG + src * _NF
+        for f in range(_NF):  # the whole row, then what is the new slot's own
+            if f != _F_GEN:
+                m[o + f] = m[so + f]
+        m[o + _F_SLOT] = 0
+        mm = self.map_size
         pm = self.pos_map
-        for k in range(m):
-            pm[i * m + k] = pm[src * m + k]
-        nh = self.s_gen[i] * self.max_seqs + i
-        self.s_handle[i] = nh
+        for k in range(mm):
+            pm[i * mm + k] = pm[src * mm + k]
+        nh = m[o + _F_GEN] * self.max_seqs + i
+        m[o + _F_H] = nh + 1
         return nh
 
     # close h: drop its references to blocks, end its reservation, bump the slot's
@@ -269,13 +348,15 @@ class KVCache:
             if b >= 0:
                 self.pool.unref(b)
                 self.table[k] = _NONE
-        m = self.map_size
-        for k in range(i * m, i * m + m):
+        mm = self.map_size
+        for k in range(i * mm, i * mm + mm):
             self.pos_map[k] = _NONE
-        self.s_slot[i] = _NONE
-        self.s_handle[i] = _NONE
-        g = self.s_gen[i] + 1
-        self.s_gen[i] = g if g < self.gen_limit else 0
+        m = self.meta
+        o = _CFG + i * _NF
+        m[o + _F_SLOT] = 0
+        m[o + _F_H] = 0
+        g = m[o + _F_GEN] + 1
+        m[o + _F_GEN] = g if g < self.gen_limit else 0
         return OK
 
     # reserve the slot for the next position of h, evicting per its policy, and zero its
@@ -283,62 +364,155 @@ class KVCache:
     # self.status) or E_STALE / E_FULL / E_NO_BLOCK with nothing changed but the earlier
     # reservation ended. O(L * row) (+ O(budget) h2o eviction scan); no allocation
     def reserve(self, h):
-        if h < 0 or h >= self.handle_limit:  # before %: a big int would allocate
-            return E_STALE
-        i = h % self.max_seqs
-        if self.s_handle[i] != h:
-            return E_STALE
-        slot = self._take(i)
-        if slot >= 0:
-            t = self.t
-            w = self.row_words
-            b = self.table[i * self.max_blocks + slot // t]
-            _zero_rows(self.arena, b * self.block_words + 2 * t + (slot % t) * w, t * w, w, self.n_layers)
-        return slot
+        return self.append(h, _ZEROS)
 
     # reserve + write every layer from one token row (row_bytes of src from byte 0);
     # returns the flags (>= 0) or E_STALE / E_RANGE (src too short) / E_FULL /
     # E_NO_BLOCK with nothing changed but the earlier reservation ended. The appended
-    # token stays reserved for write(). O(row), no allocation
-    def append(self, h, src):
-        if h < 0 or h >= self.handle_limit:  # before %: a big int would allocate
-            return E_STALE
-        i = h % self.max_seqs
-        if self.s_handle[i] != h:
-            return E_STALE
-        if len(src) < self.row_bytes:
-            self.s_slot[i] = _NONE
-            self.status = E_RANGE
-            return E_RANGE
+    # token stays reserved for write(). O(row), no allocation. Written as one viper
+    # method (the hot half of _take inlined); anything unusual goes to _put_slow
+    @micropython.viper
+    def append(self, h, src) -> int:
+        if h < _ZERO_OBJ or h > _HMAX_OBJ:  # as objects: int() would truncate a big int
+            return _E_STALE
+        m = ptr32(self.meta)
+        hi = int(h)
+        i = hi % int(m[_C_MS])
+        o = _CFG + i * _NF
+        if int(m[o + _F_H]) != hi + 1:
+            return _E_STALE
+        zero = src is _ZEROS  # reserve(): zero the rows
+        if not zero and int(len(src)) < int(m[_C_RB]):
+            m[o + _F_SLOT] = 0  # a refusal ends the earlier reservation
+            m[_C_ST] = _E_RANGE + _ST_BIAS
+            return _E_RANGE
+        pol = int(m[o + _F_POL])
+        if pol == _H2O:
+            return int(self._put_slow(i, src))  # the position map and the victim scan
+        n = int(m[o + _F_N])
+        cap = int(m[o + _F_CAP])
+        st = 0
+        if n < cap:
+            slot = n
+            filled = n + 1
+        else:
+            if pol == _FULL:
+                m[o + _F_SLOT] = 0
+                m[_C_ST] = _E_FULL + _ST_BIAS
+                return _E_FULL
+            if pol == _WINDOW:
+                slot = n % cap
+            else:
+                s = int(m[o + _F_SINKS])
+                slot = s + (n - s) % (cap - s)
+            st = ST_EVICTED
+            filled = cap
+        if int(m[o + _F_WMF]) == 0 and filled >= int(m[o + _F_WM]):
+            return int(self._put_slow(i, src))  # the watermark fires: its counter and hook
+        t = int(m[_C_T])
+        q = slot // t
+        r = slot - q * t
+        tb = ptr16(self.table)
+        b = int(tb[i * int(m[_C_MB]) + q])
+        if b == _NO_BLOCK16 or int(ptr16(self.ref)[b]) > 1:
+            return int(self._put_slow(i, src))  # a fresh block, or copy on write
+        a = ptr32(self.arena)
+        w = int(m[_C_RW])
+        hw = b * int(m[_C_BW]) + 2 * r  # header words of slot: position + 1, score
+        a[hw] = n + 1
+        a[hw + 1] = 0
+        if st:
+            m[o + _F_EV] = int(m[o + _F_EV]) + 1
+        m[o + _F_N] = n + 1
+        m[o + _F_SLOT] = slot + 1
+        m[_C_ST] = st + _ST_BIAS
+        d = hw - 2 * r + 2 * t + r * w  # word of layer 0's row of slot
+        step = t * w - w  # words from the end of one layer's row of slot to the next one
+        rows = int(m[_C_L])
+        k = 0
+        if zero:
+            while k < rows:  # layer k's row of slot = 0, 8 words per turn
+                e8 = d + w - 7
+                end = d + w
+                while d < e8:
+                    a[d] = 0
+                    a[d + 1] = 0
+                    a[d + 2] = 0
+                    a[d + 3] = 0
+                    a[d + 4] = 0
+                    a[d + 5] = 0
+                    a[d + 6] = 0
+                    a[d + 7] = 0
+                    d += 8
+                while d < end:
+                    a[d] = 0
+                    d += 1
+                d += step
+                k += 1
+            return slot
+        s32 = ptr32(src)
+        sw = 0
+        while k < rows:  # row k of src to layer k's row, 8 words per turn
+            e8 = d + w - 7
+            end = d + w
+            while d < e8:
+                a[d] = s32[sw]
+                a[d + 1] = s32[sw + 1]
+                a[d + 2] = s32[sw + 2]
+                a[d + 3] = s32[sw + 3]
+                a[d + 4] = s32[sw + 4]
+                a[d + 5] = s32[sw + 5]
+                a[d + 6] = s32[sw + 6]
+                a[d + 7] = s32[sw + 7]
+                d += 8
+                sw += 8
+            while d < end:
+                a[d] = s32[sw]
+                d += 1
+                sw += 1
+            d += step
+            k += 1
+        return st
+
+    # reserve (src is _ZEROS) or append for slot index i when the viper path could not:
+    # _take, then zero or copy the rows. The slot (reserve) or the flags (append), or
+    # E_FULL / E_NO_BLOCK
+    def _put_slow(self, i, src):
         slot = self._take(i)
         if slot < 0:
             return slot
         t = self.t
         w = self.row_words
         b = self.table[i * self.max_blocks + slot // t]
-        _copy_rows(self.arena, b * self.block_words + 2 * t + (slot % t) * w, t * w, src, 0, w, self.n_layers)
-        return self.status
+        d = b * self.block_words + 2 * t + (slot % t) * w
+        if src is _ZEROS:
+            _zero_rows(self.arena, d, t * w, w, self.n_layers)
+            return slot
+        _copy_rows(self.arena, d, t * w, src, 0, w, self.n_layers)
+        return self.meta[_C_ST] - _ST_BIAS
 
     # the common half of reserve/append for slot index i: end the reservation, pick the
     # slot by policy, make its block private (new, or a copy of a shared one), write its
     # header, count the position. The slot, or E_FULL / E_NO_BLOCK; O(1) + h2o scan
     def _take(self, i):
-        self.s_slot[i] = _NONE  # every reserve/append ends the earlier reservation
-        n = self.s_n[i]
-        cap = self.s_cap[i]
-        pol = self.s_policy[i]
+        m = self.meta
+        o = _CFG + i * _NF
+        m[o + _F_SLOT] = 0  # every reserve/append ends the earlier reservation
+        n = m[o + _F_N]
+        cap = m[o + _F_CAP]
+        pol = m[o + _F_POL]
         st = OK
         if n < cap:
             slot = n
         elif pol == _FULL:
-            self.status = E_FULL
+            m[_C_ST] = E_FULL + _ST_BIAS
             return E_FULL
         else:
             st = ST_EVICTED
             if pol == _WINDOW:
                 slot = n % cap
             elif pol == _SINKS:
-                s = self.s_sinks[i]
+                s = m[o + _F_SINKS]
                 slot = s + (n - s) % (cap - s)
             else:
                 slot = self._h2o_victim(i, n)
@@ -347,67 +521,101 @@ class KVCache:
         b = self.table[ti]
         bw = self.block_words
         if b < 0:
-            b = self.pool.alloc(self.s_region[i])
+            b = self.pool.alloc(m[o + _F_REGION])
             if b < 0:
-                self.status = E_NO_BLOCK
+                m[_C_ST] = E_NO_BLOCK + _ST_BIAS
                 return E_NO_BLOCK
             zero32(self.arena, b * bw, 2 * t)  # headers of a fresh block: every slot empty
             self.table[ti] = b
         elif self.ref[b] > 1:
             b = self._own(i, ti, b)
             if b < 0:
-                self.status = E_NO_BLOCK
+                m[_C_ST] = E_NO_BLOCK + _ST_BIAS
                 return E_NO_BLOCK
         hw = b * bw + (slot % t) * 2  # header word of slot
         if pol == _H2O:
-            m = self.map_size
+            mm = self.map_size
+            sinks = m[o + _F_SINKS]
             if st:
                 old = get32(self.arena, hw) - 1
-                j = i * m + old % m
-                if old >= self.s_sinks[i] and self.pos_map[j] == slot:
+                j = i * mm + old % mm
+                if old >= sinks and self.pos_map[j] == slot:
                     self.pos_map[j] = _NONE
-            if n >= self.s_sinks[i]:
-                self.pos_map[i * m + n % m] = slot
+            if n >= sinks:
+                self.pos_map[i * mm + n % mm] = slot
         if st:
-            self.s_evictions[i] += 1
+            m[o + _F_EV] += 1
         set32(self.arena, hw, n + 1)
         set32(self.arena, hw + 1, 0)
-        self.s_n[i] = n + 1
-        self.s_slot[i] = slot
-        if not self.s_wm_fired[i] and (n + 1 if n < cap else cap) >= self.s_wm[i]:
-            self.s_wm_fired[i] = 1
+        m[o + _F_N] = n + 1
+        m[o + _F_SLOT] = slot + 1
+        if not m[o + _F_WMF] and (n + 1 if n < cap else cap) >= m[o + _F_WM]:
+            m[o + _F_WMF] = 1
             self.events += 1
             st |= ST_WATERMARK
             if self.on_watermark is not None:
-                self.on_watermark(self.s_handle[i])
-        self.status = st
+                self.on_watermark(m[o + _F_H] - 1)
+        m[_C_ST] = st + _ST_BIAS
         return slot
 
     # write one layer's row (layer_row bytes of src from byte src_off, a multiple of 4)
     # into the token reserved last for h, copying a shared block first. OK, or E_STALE,
     # E_RANGE (layer, src_off or len(src)), E_STATE (nothing reserved), E_NO_BLOCK (the
-    # copy found no block), with nothing changed; O(layer_row), no allocation
-    def write(self, h, layer, src, src_off):
-        if h < 0 or h >= self.handle_limit:  # before %: a big int would allocate
-            return E_STALE
-        i = h % self.max_seqs
-        if self.s_handle[i] != h:
-            return E_STALE
-        if layer < 0 or layer >= self.n_layers or src_off < 0 or src_off & 3 or src_off + self.layer_row > len(src):
-            return E_RANGE
-        slot = self.s_slot[i]
+    # copy found no block), with nothing changed; O(layer_row), no allocation. One viper
+    # method (called L times per token): only a shared block leaves it (_own)
+    @micropython.viper
+    def write(self, h, layer, src, src_off) -> int:
+        if h < _ZERO_OBJ or h > _HMAX_OBJ:  # as objects: int() would truncate a big int
+            return _E_STALE
+        m = ptr32(self.meta)
+        hi = int(h)
+        i = hi % int(m[_C_MS])
+        o = _CFG + i * _NF
+        if int(m[o + _F_H]) != hi + 1:
+            return _E_STALE
+        if layer < _ZERO_OBJ or layer > _HMAX_OBJ or src_off < _ZERO_OBJ or src_off > _HMAX_OBJ:
+            return _E_RANGE
+        ly = int(layer)
+        off = int(src_off)
+        if ly >= int(m[_C_L]) or (off & 3) != 0 or off + int(m[_C_LR]) > int(len(src)):
+            return _E_RANGE
+        slot = int(m[o + _F_SLOT]) - 1
         if slot < 0:
-            return E_STATE
-        t = self.t
-        ti = i * self.max_blocks + slot // t
-        b = self.table[ti]
-        if self.ref[b] > 1:
-            b = self._own(i, ti, b)
+            return _E_STATE
+        t = int(m[_C_T])
+        q = slot // t
+        ti = i * int(m[_C_MB]) + q
+        tb = ptr16(self.table)
+        b = int(tb[ti])
+        if b == _NO_BLOCK16:
+            return _E_STATE  # cannot happen (a reservation has its block): never index with -1
+        if int(ptr16(self.ref)[b]) > 1:
+            b = int(self._own(i, ti, b))  # copy on write
             if b < 0:
-                return E_NO_BLOCK
-        w = self.row_words
-        copy32(self.arena, b * self.block_words + 2 * t + (layer * t + slot % t) * w, src, src_off >> 2, w)
-        return OK
+                return _E_NO_BLOCK
+        w = int(m[_C_RW])
+        a = ptr32(self.arena)
+        s32 = ptr32(src)
+        d = b * int(m[_C_BW]) + 2 * t + (ly * t + slot - q * t) * w
+        sw = off >> 2
+        e8 = d + w - 7
+        end = d + w
+        while d < e8:  # 8 words per turn
+            a[d] = s32[sw]
+            a[d + 1] = s32[sw + 1]
+            a[d + 2] = s32[sw + 2]
+            a[d + 3] = s32[sw + 3]
+            a[d + 4] = s32[sw + 4]
+            a[d + 5] = s32[sw + 5]
+            a[d + 6] = s32[sw + 6]
+            a[d + 7] = s32[sw + 7]
+            d += 8
+            sw += 8
+        while d < end:
+            a[d] = s32[sw]
+            d += 1
+            sw += 1
+        return 0
 
     # copy the layer row of position pos of h into dst at byte dst_off (a multiple of 4).
     # OK, or E_STALE, E_RANGE (layer, dst_off, len(dst), pos outside 0 .. length - 1),
@@ -437,16 +645,16 @@ class KVCache:
 
     # locate() for slot index i
     def _locate(self, i, pos):
-        n = self.s_n[i]
+        n = self.meta[_CFG + i * _NF + _F_N]
         if pos < 0 or pos >= n:
             return E_RANGE
-        cap = self.s_cap[i]
-        pol = self.s_policy[i]
+        cap = self.meta[_CFG + i * _NF + _F_CAP]
+        pol = self.meta[_CFG + i * _NF + _F_POL]
         if pol == _FULL:
             return pos
         if pol == _WINDOW:
             return pos % cap if pos >= n - cap else E_EMPTY
-        s = self.s_sinks[i]
+        s = self.meta[_CFG + i * _NF + _F_SINKS]
         if pos < s:
             return pos
         if pol == _SINKS:
@@ -463,7 +671,7 @@ class KVCache:
     # header word of slot of slot index i, E_RANGE (slot outside 0 .. budget - 1) or
     # E_EMPTY (the slot holds no position); O(1)
     def _hdr(self, i, slot):
-        if slot < 0 or slot >= self.s_cap[i]:
+        if slot < 0 or slot >= self.meta[_CFG + i * _NF + _F_CAP]:
             return E_RANGE
         t = self.t
         b = self.table[i * self.max_blocks + slot // t]
@@ -537,7 +745,7 @@ class KVCache:
     # ti; the new block, or E_NO_BLOCK when i's region has none; O(block), no allocation
     def _own(self, i, ti, b):
         pool = self.pool
-        nb = pool.alloc(self.s_region[i])
+        nb = pool.alloc(self.meta[_CFG + i * _NF + _F_REGION])
         if nb < 0:
             return E_NO_BLOCK
         w = self.block_words
@@ -551,15 +759,15 @@ class KVCache:
         i = self._idx(h)
         if i < 0:
             return i
-        return self.s_n[i]
+        return self.meta[_CFG + i * _NF + _F_N]
 
     # tokens of h in the cache now (min(length, budget)), or E_STALE; O(1)
     def cached(self, h):
         i = self._idx(h)
         if i < 0:
             return i
-        n = self.s_n[i]
-        cap = self.s_cap[i]
+        n = self.meta[_CFG + i * _NF + _F_N]
+        cap = self.meta[_CFG + i * _NF + _F_CAP]
         return n if n < cap else cap
 
     # tokens of h evicted so far, or E_STALE; O(1)
@@ -567,7 +775,7 @@ class KVCache:
         i = self._idx(h)
         if i < 0:
             return i
-        return self.s_evictions[i]
+        return self.meta[_CFG + i * _NF + _F_EV]
 
     # pool blocks in h's block table (shared ones included), or E_STALE; O(blocks)
     def blocks_of(self, h):
@@ -581,6 +789,18 @@ class KVCache:
                 k += 1
         return k
 
+    # pool block at block-table index k of h (slots k*T .. k*T + T - 1; layer l's T rows
+    # are contiguous in it), for attention kernels to read: never write through it
+    # (it may be shared). E_STALE, E_RANGE (k outside 0 .. max_blocks - 1), E_EMPTY; O(1)
+    def block_at(self, h, k):
+        i = self._idx(h)
+        if i < 0:
+            return i
+        if k < 0 or k >= self.max_blocks:
+            return E_RANGE
+        b = self.table[i * self.max_blocks + k]
+        return b if b >= 0 else E_EMPTY
+
     # h2o: the slot to reuse at position n of slot index i: position n - M if still
     # cached (its map entry), else the lowest-score slot that is neither a sink nor
     # among the `recent` newest, ties to the oldest position; O(budget)
@@ -589,7 +809,7 @@ class KVCache:
         s = self.pos_map[i * m + n % m]
         if s >= 0:
             return s
-        best = _h2o_min(self.arena, self.table, i * self.max_blocks, self.t, self.block_words, self.s_cap[i],
-                        self.s_sinks[i], n - self.s_recent[i])
+        best = _h2o_min(self.arena, self.table, i * self.max_blocks, self.t, self.block_words, self.meta[_CFG + i * _NF + _F_CAP],
+                        self.meta[_CFG + i * _NF + _F_SINKS], n - self.meta[_CFG + i * _NF + _F_RECENT])
         assert best >= 0, "h2o: no evictable slot"
         return best
