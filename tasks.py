@@ -124,6 +124,22 @@ def convert(c, model="", out="", format="q8row", group="0"):
     print(convert_mod.report(r))
 
 
+@task(help={"model": "llama2.c checkpoint path, or stories260K (../shared/models); default models/kvrtos-tiny",
+            "prompt": "text to continue", "tokens": "new tokens to generate", "tokenizer": "tokenizer.bin (default: beside the model)",
+            "temperature": "0 = greedy", "top_p": "nucleus mass kept, (0, 1]", "seed": "sampling seed (same seed, same tokens)",
+            "kv_dtype": "fp32, fp16, int8 or int4", "policy": "full, window, sinks or h2o", "window": "tokens kept by window/sinks/h2o",
+            "backend": "auto, numpy, plain or q8", "runtime": "cpython, micropython (the unix port, default board heap) or board",
+            "rope": "absolute (keys at their own position) or cache (StreamingLLM: rank in the cache)"})
+@one_line_errors
+def generate(c, model="", prompt="", tokens="64", tokenizer="", temperature="0", top_p="1", seed="0", kv_dtype="fp32",
+             policy="full", window="0", backend="auto", runtime="cpython", rope="absolute"):
+    """Generate text with a llama2.c model as a kernel task: the text token by token, then one summary line."""
+    from host import generate as gen
+
+    gen.main(model=model, prompt=prompt, tokens=tokens, tokenizer_path=tokenizer, temperature=temperature, top_p=top_p,
+             seed=seed, kv_dtype=kv_dtype, policy=policy, window=window, backend=backend, runtime=runtime, rope=rope)
+
+
 def paths_user(p):
     # a path the user typed, resolved against the folder they ran ./kv from
     from host import paths

@@ -1,0 +1,559 @@
+# The float kernels of the forward pass behind one interface, two backends:
+#   Plain  pure Python over array('f') (both interpreters; on MicroPython every float
+#          is boxed, so it allocates: the fp32 reference on the board, not the fast path)
+#   Numpy  numpy float32 arrays over the same weights and the same KV arena (CPython)
+# Both read the weights where llama2c.load put them (fp32 or int8 with group scales,
+# dequantized on the fly: never expanded) and the K/V rows where kv.KVCache keeps
+# them (fp32, int8, int4), and both compute exactly run.c's transformer.
+# The integer path (int8 weights, fixed point, viper) is firmware_py/qmodel.py.
+#
+# Interface (model.py calls only these; `v` is a run-state vector from vec()):
+#   vec(n)                         zeroed vector of n floats (boot only)
+#   embed(x, token)                x = token_embedding[token]
+#   matvec(out, m, x)              out[r] = sum_c W[r, c] x[c] (llama2c.Matrix m)
+#   rmsnorm(out, x, off)           out = x / rms(x) * f32[off ..]  (eps 1e-5)
+#   silu_mul(a, b)                 a = silu(a) * b
+#   add(x, y)                      x += y
+#   rope_at(pos)                   cos/sin of position pos for the next rope() calls
+#   rope(v, heads)                 rotate each head's pairs (2i, 2i+1) of v
+#   store(h, layer, k, v)          pack K and V into one layer row, cache.write it
+#   begin(h, n)                    per token: where the n cached slots of h live
+#   attention(out, q, h, layer)    out = softmax(q K^T / sqrt(D)) V over the slots, GQA
+#   end(h)                         feed this token's attention to h2o (cache.add_score)
+#   logits_of(logits, x)           logits = wcls x
+# rope_mode "cache" (StreamingLLM): keys are stored before RoPE and each is rotated at
+# attention time by its rank among the cached positions (slot order by position); the
+# query by the newest rank. "absolute": keys stored rotated at their own position.
+import math
+
+from firmware_py import quant
+from firmware_py.compat import const, new_array
+from firmware_py.kv import HDR_BYTES
+from firmware_py.pool import copy32
+
+SCORE_ONE = const(4096)  # h2o: a token's score grows by 4096 x (sum over layers of its mean attention over heads)
+_EPS = 1e-5  # rmsnorm epsilon (run.c)
+
+
+# inverse frequencies of RoPE's head_dim / 2 pairs: 10000^(-2i / head_dim); boot only
+def inv_freqs(head_dim):
+    return [math.pow(10000.0, -2.0 * i / head_dim) for i in range(head_dim // 2)]
+
+
+# array of n zeros of typecode tc in one allocation (no temporary list); boot only
+def _zeros(tc, n):
+    a = new_array(tc, n)
+    for i in range(n):
+        a[i] = 0
+    return a
+
+
+class Plain:
+    # pure-Python kernels over array('f'); every call allocates floats on MicroPython
+    def __init__(self, weights, cache, rope_mode):
+        cfg = weights.cfg
+        lay = cache.layout
+        self.w = weights  # llama2c.Weights (read-only)
+        self.f32 = weights.f32  # array('f'): norms, fp32 matrices, int8 scales
+        self.q8 = weights.q8  # array('b'): int8 matrix values, or None
+        self.cache = cache  # kv.KVCache holding this model's K/V
+        self.lay = lay  # kv.Layout of the rows
+        self.dim = cfg.dim  # model width
+        self.n_heads = cfg.n_heads  # query heads
+        self.n_kv = cfg.n_kv_heads  # K/V heads
+        self.hd = cfg.head_dim  # D
+        self.kv_dim = cfg.kv_dim  # H x D
+        self.rep = cfg.n_heads // cfg.n_kv_heads  # query heads per K/V head (GQA)
+        self.inv_freq = inv_freqs(cfg.head_dim)  # D/2 floats
+        self.rope_cache = rope_mode == "cache"  # keys pre-RoPE, rotated by cache rank
+        self.h2o = cache.map_size > 0  # a cache booted for h2o: feed the scores
+        self.t = lay.tokens_per_block  # T
+        self.lr = lay.layer_row  # bytes per (layer, token) row
+        self.cs = _zeros("f", (cfg.head_dim // 2))  # cos at the current position (D/2)
+        self.sn = _zeros("f", (cfg.head_dim // 2))  # sin at the current position (D/2)
+        self.row = bytearray(lay.layer_row)  # one packed layer row (K, V[, scales]) for cache.write
+        self.rowf = _zeros("f", (lay.layer_row // 4))  # a cached row read back as floats
+        self.rowb = bytearray(lay.layer_row)  # the same row as bytes (int8/int4 data)
+        self.kf = _zeros("f", cfg.kv_dim)  # a cached key, dequantized (kv_dim)
+        ms = cache.max_slots
+        self.off0 = _zeros("i", ms)  # [slot] arena byte offset of its layer-0 row
+        self.step = lay.tokens_per_block * lay.layer_row  # bytes from layer l's row to layer l+1's
+        self.ms = ms  # slots per head row of att
+        self.att = _zeros("f", (cfg.n_heads * ms))  # [head][slot] attention (n_heads x max_slots)
+        h2 = cfg.head_dim // 2
+        self.kcos = _zeros("f", (ms * h2 if self.rope_cache else 0))  # [slot][D/2] cos of its rank (rope "cache")
+        self.ksin = _zeros("f", (ms * h2 if self.rope_cache else 0))  # [slot][D/2] sin of its rank
+        self.acc = _zeros("f", ms)  # [slot] this token's summed mean attention (h2o)
+        self.n = 0  # cached slots of the current token
+
+    # zeroed array('f') of n floats; boot only
+    def vec(self, n):
+        return _zeros("f", n)
+
+    # x = embedding row of token (dequantized for int8); O(dim)
+    def embed(self, x, token):
+        m = self.w.token_embedding
+        d = self.dim
+        o = m.off + token * d
+        if not m.group:
+            f = self.f32
+            for i in range(d):
+                x[i] = f[o + i]
+            return
+        q = self.q8
+        f = self.f32
+        g = m.group
+        s = m.soff + token * d // g
+        for i in range(d):
+            x[i] = q[o + i] * f[s + i // g]
+
+    # out = W x for Matrix m (fp32, or int8 values times their group scale); O(rows x cols)
+    def matvec(self, out, m, x):
+        rows = m.rows
+        cols = m.cols
+        f = self.f32
+        i = m.off
+        if not m.group:
+            for r in range(rows):
+                s = 0.0
+                for c in range(cols):
+                    s += f[i + c] * x[c]
+                out[r] = s
+                i += cols
+            return
+        q = self.q8
+        g = m.group
+        si = m.soff
+        for r in range(rows):
+            s = 0.0
+            c = 0
+            while c < cols:
+                a = 0.0
+                for j in range(c, c + g):
+                    a += q[i + j] * x[j]
+                s += a * f[si]
+                si += 1
+                c += g
+            out[r] = s
+            i += cols
+
+    # out = x / sqrt(mean(x^2) + eps) * f32[off ..]; O(dim)
+    def rmsnorm(self, out, x, off):
+        n = len(x)
+        ss = 0.0
+        for i in range(n):
+            ss += x[i] * x[i]
+        sc = 1.0 / math.sqrt(ss / n + _EPS)
+        f = self.f32
+        for i in range(n):
+            out[i] = f[off + i] * (sc * x[i])
+
+    # a = silu(a) * b elementwise (silu(z) = z / (1 + e^-z)); O(n)
+    def silu_mul(self, a, b):
+        for i in range(len(a)):
+            z = a[i]
+            a[i] = z / (1.0 + math.exp(-z)) * b[i]
+
+    # x += y; O(n)
+    def add(self, x, y):
+        for i in range(len(x)):
+            x[i] += y[i]
+
+    # cos/sin of position pos for each pair, for the next rope() calls; O(D)
+    def rope_at(self, pos):
+        for i in range(len(self.cs)):
+            a = pos * self.inv_freq[i]
+            self.cs[i] = math.cos(a)
+            self.sn[i] = math.sin(a)
+
+    # rotate the pairs (2i, 2i+1) of each of `heads` heads of v by rope_at's angles; O(heads x D)
+    def rope(self, v, heads):
+        cs = self.cs
+        sn = self.sn
+        hd = self.hd
+        for h in range(heads):
+            b = h * hd
+            for i in range(hd // 2):
+                a = v[b + 2 * i]
+                c = v[b + 2 * i + 1]
+                v[b + 2 * i] = a * cs[i] - c * sn[i]
+                v[b + 2 * i + 1] = a * sn[i] + c * cs[i]
+
+    # pack k, v (kv_dim floats each) into the cache's layer-row format and write it to
+    # the token reserved for h; the cache's status (OK or negative); O(kv_dim)
+    def store(self, h, layer, k, v):
+        if self.lay.dtype == "fp32":
+            rf = self.rowf
+            kd = self.kv_dim
+            for i in range(kd):
+                rf[i] = k[i]
+                rf[kd + i] = v[i]
+            copy32(self.row, 0, rf, 0, self.lr >> 2)  # write() measures src in bytes
+            return self.cache.write(h, layer, self.row, 0)
+        quant.pack_layer(self.lay, k, v, self.row, 0)
+        return self.cache.write(h, layer, self.row, 0)
+
+    # per token, after the first layer's write (a copy on write has happened by then):
+    # the arena offset of every cached slot's layer-0 row and, for rope "cache", each
+    # slot's rank by position; O(n)
+    def begin(self, h, n):
+        c = self.cache
+        t = self.t
+        bb = c.block_bytes
+        lr = self.lr
+        nb = (n + t - 1) // t
+        s = 0
+        for k in range(nb):
+            base = c.block_at(h, k) * bb + t * HDR_BYTES
+            for r in range(t if s + t <= n else n - s):
+                self.off0[s] = base + r * lr
+                s += 1
+        self.n = n
+        if self.h2o:
+            for s in range(n):
+                self.acc[s] = 0.0
+        if self.rope_cache:
+            order = sorted([(c.slot_pos(h, s), s) for s in range(n)])
+            h2 = self.hd // 2
+            for r in range(n):
+                s = order[r][1]
+                for i in range(h2):
+                    a = r * self.inv_freq[i]
+                    self.kcos[s * h2 + i] = math.cos(a)
+                    self.ksin[s * h2 + i] = math.sin(a)
+
+    # slot s's cached row of `layer` read into rowf (and rowb for quantized rows); O(row)
+    def _row(self, s, layer):
+        w = (self.off0[s] + layer * self.step) >> 2
+        copy32(self.rowf, 0, self.cache.arena, w, self.lr >> 2)
+        if self.lay.dtype != "fp32":
+            copy32(self.rowb, 0, self.cache.arena, w, self.lr >> 2)
+
+    # which = 0: the key, 1: the value of the row just read, as kv_dim floats in kf; O(kv_dim)
+    def _vec(self, which):
+        lay = self.lay
+        kd = self.kv_dim
+        out = self.kf
+        if lay.dtype == "fp32":
+            rf = self.rowf
+            o = kd if which else 0
+            for i in range(kd):
+                out[i] = rf[o + i]
+            return out
+        rb = self.rowb
+        rf = self.rowf
+        d = lay.v_off if which else 0
+        so = (lay.vs_off if which else lay.ks_off) >> 2
+        g = lay.group
+        if lay.dtype == "int8":
+            for i in range(kd):
+                b = rb[d + i]
+                out[i] = (b - 256 if b > 127 else b) * rf[so + i // g]
+        else:
+            for i in range(kd):
+                b = (rb[d + (i >> 1)] >> ((i & 1) << 2)) & 15
+                out[i] = (b - 16 if b > 7 else b) * rf[so + i // g]
+        return out
+
+    # rotate key kf (all heads) by the angle of slot s's rank (rope "cache"); O(kv_dim)
+    def _rot(self, kf, s):
+        hd = self.hd
+        h2 = hd // 2
+        kc = self.kcos
+        ks = self.ksin
+        for i in range(h2):
+            cs = kc[s * h2 + i]
+            sn = ks[s * h2 + i]
+            for b in range(0, self.kv_dim, hd):
+                x = kf[b + 2 * i]
+                y = kf[b + 2 * i + 1]
+                kf[b + 2 * i] = x * cs - y * sn
+                kf[b + 2 * i + 1] = x * sn + y * cs
+
+    # out (n_heads x D) = attention of q over the n cached slots of h in `layer`:
+    # per query head, softmax over slots of q.K / sqrt(D), then the weighted sum of V
+    # (query head j reads K/V head j // rep). Each row is read twice (K pass, V pass).
+    # O(n x (dim + kv_dim)); the slot order does not matter
+    def attention(self, out, q, h, layer):
+        n = self.n
+        hd = self.hd
+        rep = self.rep
+        nh = self.n_heads
+        ms = self.ms
+        inv = 1.0 / math.sqrt(hd)
+        att = self.att
+        for s in range(n):
+            self._row(s, layer)
+            kf = self._vec(0)
+            if self.rope_cache:
+                self._rot(kf, s)
+            for j in range(nh):
+                kb = (j // rep) * hd
+                qb = j * hd
+                a = 0.0
+                for i in range(hd):
+                    a += q[qb + i] * kf[kb + i]
+                att[j * ms + s] = a * inv
+        for j in range(nh):
+            b = j * ms
+            best = att[b]
+            for s in range(1, n):
+                if att[b + s] > best:
+                    best = att[b + s]
+            tot = 0.0
+            for s in range(n):
+                e = math.exp(att[b + s] - best)
+                att[b + s] = e
+                tot += e
+            for s in range(n):
+                att[b + s] /= tot
+        for i in range(self.dim):
+            out[i] = 0.0
+        for s in range(n):
+            self._row(s, layer)
+            vf = self._vec(1)
+            for j in range(nh):
+                p = att[j * ms + s]
+                if self.h2o:
+                    self.acc[s] += p / nh
+                kb = (j // rep) * hd
+                qb = j * hd
+                for i in range(hd):
+                    out[qb + i] += p * vf[kb + i]
+
+    # feed the token's attention to the cache's h2o scores: slot s gets
+    # round(SCORE_ONE x acc[s]); O(n)
+    def end(self, h):
+        if not self.h2o:
+            return
+        c = self.cache
+        for s in range(self.n):
+            v = int(self.acc[s] * SCORE_ONE + 0.5)
+            if v > 0:
+                c.add_score(h, s, v)
+
+    # logits = wcls x; O(vocab x dim)
+    def logits_of(self, logits, x):
+        self.matvec(logits, self.w.wcls, x)
+
+
+class Numpy:
+    # numpy float32 kernels: the same math, vectorized; CPython only
+    def __init__(self, weights, cache, rope_mode, np):
+        cfg = weights.cfg
+        lay = cache.layout
+        self.np = np  # the numpy module
+        self.w = weights  # llama2c.Weights (read-only)
+        self.cache = cache  # kv.KVCache holding this model's K/V
+        self.lay = lay  # kv.Layout of the rows
+        self.dim = cfg.dim
+        self.n_heads = cfg.n_heads
+        self.n_kv = cfg.n_kv_heads
+        self.hd = cfg.head_dim
+        self.kv_dim = cfg.kv_dim
+        self.rep = cfg.n_heads // cfg.n_kv_heads
+        self.rope_cache = rope_mode == "cache"
+        self.h2o = cache.map_size > 0
+        self.t = lay.tokens_per_block
+        self.inv_freq = np.array(inv_freqs(cfg.head_dim), np.float64)  # (D/2,)
+        self.cs = np.ones(cfg.head_dim // 2, np.float32)  # cos at the current position (D/2,)
+        self.sn = np.zeros(cfg.head_dim // 2, np.float32)  # sin at the current position (D/2,)
+        self.mats = {}  # id(Matrix) -> (values (rows, cols), scales (rows, cols/g, 1) or None), views
+        self.row = bytearray(lay.layer_row)  # one packed layer row for cache.write
+        self.row_f = np.frombuffer(self.row, np.float32)  # the row as float32 words (layer_row / 4,)
+        self.row_b = np.frombuffer(self.row, np.uint8)  # the row as bytes (layer_row,)
+        self.arena_b = np.frombuffer(cache.arena, np.uint8)  # the whole KV arena as bytes
+        self.arena_w = np.frombuffer(cache.arena, np.float32)  # ... as float32 words
+        self.arena_u = np.frombuffer(cache.arena, np.uint32)  # ... as uint32 words (slot headers)
+        self.step = lay.tokens_per_block * lay.layer_row  # bytes from layer l's rows to l+1's
+        self.idx = None  # (n, row words or bytes) arena indices of layer 0's cached rows, per token
+        self.n = 0  # cached slots of the current token
+        self.kcos = self.ksin = None  # (n, 1, D/2) key rotation by rank (rope "cache")
+        self.acc = None  # (n,) float64: this token's summed mean attention per slot (h2o)
+        for lw in weights.layers:
+            for m in (lw.wq, lw.wk, lw.wv, lw.wo, lw.w1, lw.w2, lw.w3):
+                self._views(m)
+        self._views(weights.wcls)
+        self._views(weights.token_embedding)
+
+    # remember the numpy views of Matrix m; boot only
+    def _views(self, m):
+        q, s = self.w.np_matrix(m)
+        if s is not None:
+            s = s.reshape(m.rows, m.cols // m.group, 1)
+            q = q.reshape(m.rows, m.cols // m.group, m.group)
+        self.mats[id(m)] = (q, s)
+
+    # zeroed float32 vector; boot only
+    def vec(self, n):
+        return self.np.zeros(n, self.np.float32)
+
+    # x = embedding row of token; O(dim)
+    def embed(self, x, token):
+        q, s = self.mats[id(self.w.token_embedding)]
+        if s is None:
+            x[:] = q[token]
+        else:
+            x[:] = (q[token] * s[token]).reshape(-1)
+
+    # out = W x; int8: per group sums of q * x, times the group's scale; O(rows x cols)
+    def matvec(self, out, m, x):
+        q, s = self.mats[id(m)]
+        if s is None:
+            self.np.dot(q, x, out=out)
+        else:
+            xg = x.reshape(1, q.shape[1], q.shape[2])
+            out[:] = ((q * xg).sum(axis=2, keepdims=True) * s).sum(axis=(1, 2))
+
+    # out = x / sqrt(mean(x^2) + eps) * f32[off ..]; O(dim)
+    def rmsnorm(self, out, x, off):
+        np = self.np
+        g = self.w.np_f32[off:off + x.shape[0]]
+        out[:] = g * (x / np.sqrt(np.dot(x, x) / np.float32(x.shape[0]) + np.float32(_EPS)))
+
+    # a = silu(a) * b; O(n)
+    def silu_mul(self, a, b):
+        a *= b / (1.0 + self.np.exp(-a))
+
+    # x += y; O(n)
+    def add(self, x, y):
+        x += y
+
+    # cos/sin of position pos for the next rope() calls; O(D)
+    def rope_at(self, pos):
+        a = pos * self.inv_freq
+        self.cs[:] = self.np.cos(a)
+        self.sn[:] = self.np.sin(a)
+
+    # rotate pairs (2i, 2i+1) of each head of v in place; O(heads x D)
+    def rope(self, v, heads):
+        p = v.reshape(heads, -1, 2)
+        a = p[:, :, 0].copy()
+        b = p[:, :, 1]
+        p[:, :, 0] = a * self.cs - b * self.sn
+        p[:, :, 1] = a * self.sn + b * self.cs
+
+    # pack k, v into one layer row (fp32 words, or int8/int4 exactly as quant.py does:
+    # scale = max|x| / qmax stored as fp32, q = round-half-even(x / stored scale)) and
+    # write it to the token reserved for h; the cache's status; O(kv_dim)
+    def store(self, h, layer, k, v):
+        lay = self.lay
+        kd = self.kv_dim
+        if lay.dtype == "fp32":
+            self.row_f[:kd] = k
+            self.row_f[kd:2 * kd] = v
+        else:
+            self._quant(k, 0, lay.ks_off)
+            self._quant(v, lay.v_off, lay.vs_off)
+        return self.cache.write(h, layer, self.row, 0)
+
+    # quantize x (kv_dim) into the row: data at byte d, scales at byte s; O(kv_dim)
+    def _quant(self, x, d, s):
+        np = self.np
+        lay = self.lay
+        g = lay.group
+        qmax = 127 if lay.dtype == "int8" else 7
+        xg = x.astype(np.float64).reshape(-1, g)
+        sc = (np.abs(xg).max(axis=1) / qmax).astype(np.float32)
+        ng = sc.shape[0]
+        self.row_f[s // 4:s // 4 + ng] = sc
+        scd = sc.astype(np.float64)[:, None]
+        safe = np.where(scd > 0, scd, 1.0)
+        q = np.clip(np.rint(xg / safe), -qmax, qmax).astype(np.int64) * (scd > 0)
+        q = q.reshape(-1)
+        if lay.dtype == "int8":
+            self.row_b[d:d + q.shape[0]] = (q & 255).astype(np.uint8)
+        else:
+            u = (q & 15).astype(np.uint8)
+            self.row_b[d:d + q.shape[0] // 2] = u[0::2] | (u[1::2] << 4)
+
+    # per token: arena indices of the n cached slots' layer-0 rows and, for rope
+    # "cache", the rotation of each slot by its rank; O(n)
+    def begin(self, h, n):
+        np = self.np
+        c = self.cache
+        t = self.t
+        lay = self.lay
+        nb = (n + t - 1) // t
+        blocks = np.array([c.block_at(h, k) for k in range(nb)], np.int64)
+        slots = np.arange(n)
+        bs = blocks[slots // t]
+        off = bs * c.block_bytes + t * HDR_BYTES + (slots % t) * lay.layer_row  # bytes
+        if lay.dtype == "fp32":
+            self.idx = (off // 4)[:, None] + np.arange(2 * self.kv_dim)[None, :]
+        else:
+            self.idx = off[:, None] + np.arange(lay.layer_row)[None, :]
+        self.n = n
+        if self.h2o:
+            self.acc = np.zeros(n, np.float64)
+        if self.rope_cache:
+            pos = self.arena_u[bs * (c.block_bytes // 4) + (slots % t) * 2].astype(np.int64) - 1
+            ranks = np.empty(n, np.int64)
+            ranks[np.argsort(pos, kind="stable")] = slots
+            a = ranks[:, None] * self.inv_freq[None, :]
+            self.kcos = np.cos(a).astype(np.float32)[:, None, :]
+            self.ksin = np.sin(a).astype(np.float32)[:, None, :]
+
+    # (K, V) of the cached slots of layer as (n, H, D) float32 arrays; O(n x kv_dim)
+    def _kv(self, layer):
+        np = self.np
+        lay = self.lay
+        n = self.n
+        kd = self.kv_dim
+        H = self.n_kv
+        D = self.hd
+        if lay.dtype == "fp32":
+            r = self.arena_w[self.idx + layer * (self.step // 4)]
+            return r[:, :kd].reshape(n, H, D), r[:, kd:].reshape(n, H, D)
+        r = self.arena_b[self.idx + layer * self.step]
+        gph = lay.groups_per_head
+        ks = r[:, lay.ks_off:lay.ks_off + 4 * H * gph].copy().view(np.float32).reshape(n, H, gph, 1)
+        vs = r[:, lay.vs_off:lay.vs_off + 4 * H * gph].copy().view(np.float32).reshape(n, H, gph, 1)
+        if lay.dtype == "int8":
+            kq = r[:, :kd].view(np.int8)
+            vq = r[:, lay.v_off:lay.v_off + kd].view(np.int8)
+        else:
+            kq = self._nibbles(r[:, :kd // 2])
+            vq = self._nibbles(r[:, lay.v_off:lay.v_off + kd // 2])
+        k = (kq.reshape(n, H, gph, -1).astype(np.float32) * ks).reshape(n, H, D)
+        v = (vq.reshape(n, H, gph, -1).astype(np.float32) * vs).reshape(n, H, D)
+        return k, v
+
+    # signed int4 values (low nibble first) of packed bytes b (n, m) -> (n, 2m) int8
+    def _nibbles(self, b):
+        np = self.np
+        lo = (b & 15).astype(np.int8)
+        hi = (b >> 4).astype(np.int8)
+        out = np.stack([lo, hi], axis=-1).reshape(b.shape[0], -1)
+        return np.where(out > 7, out - 16, out).astype(np.int8)
+
+    # out = attention of q over the cached slots of h in layer (GQA); O(n x dim)
+    def attention(self, out, q, h, layer):
+        np = self.np
+        k, v = self._kv(layer)
+        if self.rope_cache:
+            p = k.reshape(self.n, self.n_kv, -1, 2)
+            a = p[..., 0] * self.kcos - p[..., 1] * self.ksin
+            b = p[..., 0] * self.ksin + p[..., 1] * self.kcos
+            k = np.stack([a, b], axis=-1).reshape(k.shape)
+        qg = q.reshape(self.n_kv, self.rep, self.hd)
+        sc = np.einsum("grd,ngd->grn", qg, k) * np.float32(1.0 / math.sqrt(self.hd))
+        sc = np.exp(sc - sc.max(axis=2, keepdims=True))
+        sc /= sc.sum(axis=2, keepdims=True)
+        if self.h2o:
+            self.acc += sc.sum(axis=(0, 1)) / self.n_heads
+        out[:] = np.einsum("grn,ngd->grd", sc, v).reshape(-1)
+
+    # feed h2o: slot s gets round(SCORE_ONE x acc[s]); O(n)
+    def end(self, h):
+        if not self.h2o:
+            return
+        add = self.cache.add_score
+        vals = (self.acc * SCORE_ONE + 0.5).astype(self.np.int64).tolist()
+        for s in range(self.n):
+            if vals[s] > 0:
+                add(h, s, vals[s])
+
+    # logits = wcls x; O(vocab x dim)
+    def logits_of(self, logits, x):
+        self.matvec(logits, self.w.wcls, x)

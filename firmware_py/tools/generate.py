@@ -1,0 +1,102 @@
+# The unix port's (and a board's) command line for decode.run: generate text from a
+# llama2.c model as a kernel task, printing it token by token, then one summary line.
+#   micropython -X heapsize=N firmware_py/tools/generate.py --model M --tokenizer T \
+#       --prompt TEXT --tokens N [--temperature T --top-p P --seed S --kv-dtype D
+#       --policy P --window W --backend B --rope R --heap BYTES --trace-heap]
+# host/generate.py runs this for `./kv generate --runtime micropython`. A mistake is one
+# line "generate: ..." on stderr and exit status 2. --trace-heap collects the heap after every
+# new token and prints "heap: ..." (free heap and pool use, min and max) at the end.
+import sys
+
+from firmware_py import compat, decode
+
+_OPTS = {"--model": "", "--tokenizer": "", "--prompt": "", "--tokens": "32", "--temperature": "0",
+         "--top-p": "1", "--seed": "0", "--kv-dtype": "fp32", "--policy": "full", "--window": "0",
+         "--backend": "auto", "--rope": "absolute", "--heap": "0"}
+
+
+# the options as a dict (flag -> text) plus the --trace-heap switch; ValueError on a bad one
+def parse(argv):
+    o = dict(_OPTS)
+    o["--trace-heap"] = False
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--trace-heap":
+            o[a] = True
+            i += 1
+            continue
+        if a not in _OPTS or i + 1 >= len(argv):
+            raise ValueError("unknown option or missing value: %r (options: %s)" % (a, " ".join(sorted(_OPTS))))
+        o[a] = argv[i + 1]
+        i += 2
+    if not o["--model"] or not o["--tokenizer"]:
+        raise ValueError("--model and --tokenizer are required")
+    return o
+
+
+# a number from an option's text, or ValueError naming the option
+def _num(o, flag, kind):
+    try:
+        return kind(o[flag])
+    except ValueError:
+        raise ValueError("%s must be a number, got %r" % (flag, o[flag]))
+
+
+class HeapTrace:
+    # free heap (after a collection) and pool blocks in use, sampled after every token
+    def __init__(self, n):
+        self.free = compat.new_array("i", n + 1)  # [token] free heap bytes
+        self.used = compat.new_array("i", n + 1)  # [token] pool blocks in use
+        self.n = 0  # samples taken
+
+    # sample now (called by the decode task after each new token)
+    def __call__(self, s):
+        if self.n < len(self.free):
+            compat.collect()
+            self.free[self.n] = compat.mem_free() or 0
+            self.used[self.n] = s.pool.blocks_used
+            self.n += 1
+
+    # "heap: ..." line: samples, free min/max, pool used min/max
+    def line(self):
+        f = self.free[:self.n]
+        u = self.used[:self.n]
+        if not self.n:
+            return "heap: no samples"
+        return "heap: %d samples, free min %d max %d B, pool used min %d max %d blocks" % (
+            self.n, min(f), max(f), min(u), max(u))
+
+
+# one line on stderr (the host reads the reason there; the text stays on stdout)
+def _err(line):
+    sys.stderr.write(line + "\n")
+
+
+# run from argv; returns the exit status
+def main(argv):
+    try:
+        o = parse(argv)
+        n = _num(o, "--tokens", int)
+        if n < 1:
+            raise ValueError("--tokens must be >= 1, got %d" % n)
+        opts = {"kv_dtype": o["--kv-dtype"], "policy": o["--policy"], "window": _num(o, "--window", int),
+                "backend": o["--backend"], "rope": o["--rope"], "heap": _num(o, "--heap", int),
+                "temperature": _num(o, "--temperature", float), "top_p": _num(o, "--top-p", float),
+                "seed": _num(o, "--seed", int)}
+    except ValueError as e:
+        _err("generate: %s" % e)
+        return 2
+    trace = HeapTrace(n) if o["--trace-heap"] else None
+    try:
+        decode.run(o["--model"], o["--tokenizer"], o["--prompt"], n, on_token=trace, **opts)
+    except decode.DecodeError as e:
+        _err("generate: %s" % e)
+        return 2
+    if trace is not None:
+        print(trace.line())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

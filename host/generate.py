@@ -1,0 +1,139 @@
+# `./kv generate`: decode text from a llama2.c model as a kernel task, on CPython (this
+# process, numpy or plain kernels) or on the MicroPython unix port with the default
+# board's heap (firmware_py/tools/generate.py, output streamed as it comes). Both run
+# firmware_py/decode.py: the same boot, budget rule, model and sampler as the board.
+# Inputs are checked here first, so a mistake is one line and exit status 2 whatever
+# the runtime.
+import math
+import os
+import subprocess
+import sys
+
+from firmware_py import decode, kv, llama2c, tokenizer
+from firmware_py import model as fw_model
+from host import boards, interp, paths
+from host.errors import UserError
+
+TINY = os.path.join(paths.ROOT, "models", "kvrtos-tiny")  # the committed default model
+RUNTIMES = ("cpython", "micropython", "board")
+ENTRY = os.path.join("firmware_py", "tools", "generate.py")  # the board-side entry (unix port)
+
+
+# (model path, tokenizer path) for what the user typed: "" is kvrtos-tiny, "stories260K"
+# is ../shared/models, anything else a path (its tokenizer.bin or tok512.bin beside it)
+def resolve(model_arg, tok_arg):
+    if not model_arg:
+        mp, tp = os.path.join(TINY, "model.bin"), os.path.join(TINY, "tokenizer.bin")
+    elif model_arg.lower() == "stories260k":
+        shared = paths.shared_models()
+        if shared is None or not os.path.isfile(os.path.join(shared, "stories260K.bin")):
+            raise UserError("stories260K is not in ../shared/models: download stories260K.bin and tok512.bin there (docs/models.md)", 2)
+        mp, tp = os.path.join(shared, "stories260K.bin"), os.path.join(shared, "tok512.bin")
+    else:
+        mp = paths.user_path(model_arg)
+        tp = ""
+        for name in ("tokenizer.bin", "tok512.bin"):
+            cand = os.path.join(os.path.dirname(mp), name)
+            if os.path.isfile(cand):
+                tp = cand
+                break
+    if tok_arg:
+        tp = paths.user_path(tok_arg)
+    if not os.path.isfile(mp):
+        raise UserError("no model file %s" % mp, 2)
+    if not tp:
+        raise UserError("no tokenizer.bin or tok512.bin beside %s: give --tokenizer PATH" % mp, 2)
+    if not os.path.isfile(tp):
+        raise UserError("no tokenizer file %s" % tp, 2)
+    return mp, tp
+
+
+# a whole number from text in lo..hi, or a one-line UserError naming the flag
+def _int(text, flag, lo, hi):
+    try:
+        v = int(text)
+    except (TypeError, ValueError):
+        raise UserError("%s must be a whole number, got %r" % (flag, text), 2)
+    if not lo <= v <= hi:
+        raise UserError("%s must be %d..%d, got %d" % (flag, lo, hi, v), 2)
+    return v
+
+
+# a finite number from text in [lo, hi] (lo excluded when open_lo), or a one-line UserError
+def _float(text, flag, lo, hi, open_lo=False):
+    try:
+        v = float(text)
+    except (TypeError, ValueError):
+        v = float("nan")
+    if not math.isfinite(v) or v < lo or v > hi or (open_lo and v == lo):
+        raise UserError("%s must be a number in %s%g, %g], got %r" % (flag, "(" if open_lo else "[", lo, hi, text), 2)
+    return v
+
+
+# check everything, then generate on the chosen runtime; the Session (cpython) or None
+def main(model="", prompt="", tokens="64", tokenizer_path="", temperature="0", top_p="1", seed="0", kv_dtype="fp32",
+         policy="full", window="0", backend="auto", runtime="cpython", rope="absolute", out=None):
+    if runtime not in RUNTIMES:
+        raise UserError("--runtime must be one of %s, got %r" % (", ".join(RUNTIMES), runtime), 2)
+    n = _int(tokens, "--tokens", 1, 1 << 20)
+    t = _float(temperature, "--temperature", 0.0, 1e6)
+    p = _float(top_p, "--top-p", 0.0, 1.0, open_lo=True)
+    s = _int(seed, "--seed", 0, 0xFFFFFFFF)
+    w = _int(window, "--window", 0, 1 << 24)
+    if kv_dtype not in kv.DTYPES:
+        raise UserError("--kv-dtype must be one of %s, got %r" % (", ".join(kv.DTYPES), kv_dtype), 2)
+    if policy not in kv.POLICIES:
+        raise UserError("--policy must be one of %s, got %r" % (", ".join(kv.POLICIES), policy), 2)
+    if backend not in fw_model.BACKENDS:
+        raise UserError("--backend must be one of %s, got %r" % (", ".join(fw_model.BACKENDS), backend), 2)
+    if rope not in fw_model.ROPE_MODES:
+        raise UserError("--rope must be one of %s, got %r" % (", ".join(fw_model.ROPE_MODES), rope), 2)
+    mp, tp = resolve(model, tokenizer_path)
+    try:
+        cfg = llama2c.plan(mp)[0]
+        tokenizer.load(tp, cfg.vocab_size)
+    except (llama2c.CheckpointError, tokenizer.TokenizerError) as e:
+        raise UserError(str(e), 2)
+    if runtime == "board":
+        raise UserError("--runtime board is not built yet: flash, then call firmware_py.decode.run(...) over the raw REPL (docs/model.md)", 2)
+    if backend == "numpy" and runtime == "micropython":
+        raise UserError("--backend numpy needs CPython: use --runtime cpython, or plain/q8/auto on micropython", 2)
+    opts = {"kv_dtype": kv_dtype, "policy": policy, "window": w, "backend": backend, "rope": rope,
+            "temperature": t, "top_p": p, "seed": s}
+    heap = boards.load(paths.DEFAULT_BOARD).mpy_heap
+    if runtime == "cpython":
+        try:
+            return decode.run(mp, tp, prompt, n, heap=heap, **opts)
+        except decode.DecodeError as e:
+            raise UserError(str(e), 2)
+    args = ["--model", mp, "--tokenizer", tp, "--prompt", prompt, "--tokens", str(n), "--temperature", repr(t),
+            "--top-p", repr(p), "--seed", str(s), "--kv-dtype", kv_dtype, "--policy", policy, "--window", str(w),
+            "--backend", backend, "--rope", rope]
+    stream(ENTRY, args, heap, out)
+    return None
+
+
+# run the entry under the unix port with the board's usable heap, copying its stdout
+# here as it arrives; a failure is a UserError with the entry's own one line
+def stream(script, args, heap, out=None):
+    cmd, env = interp.command(script, "micropython", usable_heap=heap, args=args)
+    dst = out or sys.stdout.buffer
+    proc = subprocess.Popen(cmd, cwd=paths.ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        while True:
+            chunk = os.read(proc.stdout.fileno(), 4096)
+            if not chunk:
+                break
+            dst.write(chunk)
+            dst.flush()
+        err = proc.stderr.read().decode("utf-8", "replace").strip().splitlines()
+        rc = proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if rc:
+        last = err[-1] if err else "exited %d" % rc
+        if last.startswith("generate: "):
+            last = last[len("generate: "):]
+        raise UserError("micropython: %s" % last, 2 if rc == 2 else 1)
