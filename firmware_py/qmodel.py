@@ -1,0 +1,324 @@
+# The integer forward pass of an int8 llama2.c model (backend "q8" of model.Model):
+# QForward.forward(h, token, pos) is a generator that runs one layer per step and
+# yields between layers; every step's math is in firmware_py/kernels_q.py (viper on
+# MicroPython, their plain-Python twins on CPython), in int32 fixed point, so a decode
+# step allocates nothing on MicroPython (tests/firmware/fw_qmodel.py runs it with the
+# heap locked on the 64- and the 32-bit build). As run.c: the config (cfg), the
+# read-only weights (llama2c.Weights: int8 values and fp32 scales, whose scales become
+# fixed-point multipliers once, here) and the run state (below, allocated once).
+#
+# K and V go through the sequence's KV cache (kv.KVCache: reserve, then write per
+# layer, int8 rows with fp32 scale bits as kv.Layout stores them); attention reads the
+# cached rows in place from the pool's arena (row offsets from cache.row_offset, slot
+# headers as docs/memory.md gives them), so every cached slot of h takes part, in slot
+# order (attention does not depend on the order), and the probabilities feed h2o's
+# scores (cache.add_score) when the cache keeps them.
+# RoPE: "absolute" stores keys after RoPE at their own position (kv.py's convention);
+# "cache" stores them before RoPE and turns each by its rank among the cached
+# positions at attention time, the query at the newest rank (StreamingLLM).
+from array import array
+
+from firmware_py import kernels_q as K
+from firmware_py.compat import const
+from firmware_py.status import E_EMPTY, E_RANGE, OK
+
+LOGIT_FRAC = const(16)  # fractional bits of QForward.logits
+ROPE_HI = const(64)  # RoPE tables reach positions below ROPE_HI x seq_len
+_EPS = 1e-5  # rmsnorm epsilon (llama2.c)
+
+
+class QModelError(ValueError):
+    # a configuration mistake: not an int8 model, a KV layout that does not fit; one line
+    pass
+
+
+class QMat:
+    # one int8 matrix: where its values and its fixed-point group multipliers are
+    def __init__(self, m, goff, emin):
+        self.off = m.off  # element offset of W[0, 0] in Weights.q8
+        self.rows = m.rows  # outputs
+        self.cols = m.cols  # inputs
+        self.group = m.group  # int8 values per scale along a row
+        self.goff = goff  # offset of its first group in QForward.gp
+        self.emin = emin  # W = q * m * 2**-(emin + d) (kernels_q: weights)
+
+
+# zero-filled array('i') of n ints (boot only)
+def _zeros(n):
+    return array("i", bytes(4 * n))
+
+
+# bits of a non-negative int; O(bits)
+def _bitlen(v):
+    n = 0
+    while v:
+        v >>= 1
+        n += 1
+    return n
+
+
+class QForward:
+    # the integer forward pass over int8 weights and an int8 KV cache; all state made here
+    def __init__(self, weights, cache, rope="absolute"):
+        cfg = weights.cfg
+        lay = cache.layout
+        if weights.dtype != "int8" or weights.q8 is None:
+            raise QModelError("%s: the integer path needs an int8 model (./kv convert --format q8row)" % weights.path)
+        if rope not in ("absolute", "cache"):
+            raise QModelError("rope must be absolute or cache, got %r" % (rope,))
+        if (lay.n_layers, lay.n_kv_heads, lay.head_dim) != (cfg.n_layers, cfg.n_kv_heads, cfg.head_dim):
+            raise QModelError("the KV layout (%d layers, %d kv heads, head_dim %d) does not match the model (%d, %d, %d)"
+                              % (lay.n_layers, lay.n_kv_heads, lay.head_dim, cfg.n_layers, cfg.n_kv_heads, cfg.head_dim))
+        if lay.dtype != "int8":
+            raise QModelError("the integer path reads int8 KV rows, this cache holds %s" % lay.dtype)
+        d, hid, kvd, hd = cfg.dim, cfg.hidden_dim, cfg.kv_dim, cfg.head_dim
+        self.cfg = cfg  # llama2c.Config (static)
+        self.weights = weights  # llama2c.Weights (read-only)
+        self.cache = cache  # kv.KVCache written and read
+        self.rope = rope  # "absolute" or "cache"
+        self.status = OK  # last forward: reserve's flags (>= 0) or the refusal that stopped it
+        self.logit_frac_bits = LOGIT_FRAC  # fractional bits of logits
+        # fixed-point weights, converted once: per group m | d << 16 (kernels_q: weights)
+        groups = 0
+        mats = [weights.token_embedding] + ([] if cfg.shared_classifier else [weights.wcls])
+        for ly in weights.layers:
+            mats += [ly.wq, ly.wk, ly.wv, ly.wo, ly.w1, ly.w2, ly.w3]
+        for m in mats:
+            groups += m.rows * m.cols // m.group
+        self.gp = _zeros(groups)  # (total groups,) packed multipliers of every matrix
+        self._goff = 0
+        self.emb = self._qmat(weights.token_embedding)  # QMat (vocab, dim)
+        self.wcls = self.emb if cfg.shared_classifier else self._qmat(weights.wcls)  # QMat (vocab, dim)
+        self.layers = []  # per layer: (wq, wk, wv, wo, w1, w2, w3) QMat
+        for ly in weights.layers:
+            self.layers.append(tuple(self._qmat(m) for m in (ly.wq, ly.wk, ly.wv, ly.wo, ly.w1, ly.w2, ly.w3)))
+        # norm gains as Q(eg) ints: one exponent for all, max |g| * 2**eg < 2**15
+        offs = [ly.rms_att for ly in weights.layers] + [ly.rms_ffn for ly in weights.layers] + [weights.rms_final]
+        f32 = weights.f32
+        gmax = max(abs(f32[o + i]) for o in offs for i in range(d)) or 1.0
+        eg = 0
+        while gmax * (1 << (eg + 1)) < 32767 and eg < 24:
+            eg += 1
+        self.eg = eg  # exponent of the gains
+        self.gains = _zeros(len(offs) * d)  # (2 L + 1, dim) rms_att[l], rms_ffn[l], rms_final
+        for j, o in enumerate(offs):
+            for i in range(d):
+                self.gains[j * d + i] = int(round(f32[o + i] * (1 << eg)))
+        L = cfg.n_layers
+        self.n_layers = L  # transformer blocks
+        self.g_att = [j * d for j in range(L)]  # gains offset of rms_att[l]
+        self.g_ffn = [(L + j) * d for j in range(L)]  # gains offset of rms_ffn[l]
+        self.g_fin = 2 * L * d  # gains offset of rms_final
+        self.nb = min(15, (30 - _bitlen(d - 1)) // 2)  # bits per element in rmsnorm's sum of squares
+        self.eps0 = int(d * _EPS * 4294967296.0 + 0.5)  # n * eps * 2**32
+        self.sn = int(d ** 0.5 * 4096.0 + 0.5)  # sqrt(dim) * 2**12
+        # tables (Q14 cos/sin, exp2, sigmoid)
+        self.rope_lo = K.rope_table(cfg.seq_len, hd)  # (seq_len, hd/2, 2) cos, sin Q14
+        self.rope_hi = K.rope_table(ROPE_HI, hd, cfg.seq_len)  # (ROPE_HI, hd/2, 2) at multiples of seq_len
+        self.e2t = K.exp2_table()  # (65,) 2**(i/64) Q15
+        self.sig = K.sigmoid_table()  # (1025,) sigmoid Q15 over -16..16
+        self.q_scale = int(32768.0 / hd ** 0.5 + 0.5)  # 1/sqrt(head_dim) Q15, folded into the query's RoPE
+        # run state (run.c's RunState), int32 unless said
+        self.x = _zeros(d)  # (dim,) residual stream, Q16
+        self.xq = _zeros(d)  # (dim,) normed x, q14
+        self.q = _zeros(d)  # (dim,) query, q14 (after RoPE: <= 2**13)
+        self.k = _zeros(kvd)  # (kv_dim,) key, q14
+        self.v = _zeros(kvd)  # (kv_dim,) value, q14
+        self.att = _zeros(d)  # (dim,) attention output, then q14
+        self.o = _zeros(d)  # (dim,) wo / w2 output, before the residual add
+        self.h1 = _zeros(hid)  # (hidden,) w1 x, then silu(w1 x) * w3 x
+        self.h3 = _zeros(hid)  # (hidden,) w3 x
+        self.l32 = _zeros(cfg.vocab_size)  # (vocab,) classifier output before rescaling
+        self.logits = _zeros(cfg.vocab_size)  # (vocab,) next-token logits, Q(LOGIT_FRAC)
+        self.cs_q = _zeros(hd)  # (hd/2, 2) the query's cos/sin, times 1/sqrt(hd)
+        self.cs_k = _zeros(hd)  # (hd/2, 2) the key's cos/sin
+        self.row = bytearray(lay.layer_row)  # one packed int8 K/V layer row for cache.write
+        t = lay.tokens_per_block
+        self.t = t  # tokens per block
+        slots = cache.max_slots
+        self.sc = _zeros(slots)  # (max_slots,) scores, then exp; positions for ranks
+        self.hacc = _zeros(slots)  # (max_slots,) probabilities summed over heads and layers (h2o)
+        self.ranks = _zeros(slots)  # (max_slots,) rope "cache": rank of each slot's position
+        self.bases = _zeros(cache.max_blocks)  # (max_blocks,) arena byte offset of each block of h
+        self.hexp = _zeros(cfg.n_heads)  # (n_heads,) V scale exponent per head (attend scratch)
+        self.h2o = cache.map_size > 0  # the cache keeps h2o scores: feed them
+        self.rot = K.rope_table(slots, hd) if rope == "cache" else array("h", [0, 0])  # (max_slots, hd/2, 2) rank cos/sin
+        self.prm = _zeros(K.PRM_LEN)  # attend() parameters (kernels_q: P_*)
+        p = self.prm
+        p[K.P_T] = t
+        p[K.P_LROW] = lay.layer_row
+        p[K.P_VOFF] = lay.v_off
+        p[K.P_KSOFF] = lay.ks_off
+        p[K.P_VSOFF] = lay.vs_off
+        p[K.P_HEADS] = cfg.n_heads
+        p[K.P_REP] = cfg.n_heads // cfg.n_kv_heads
+        p[K.P_HD] = hd
+        p[K.P_H2O] = 1 if self.h2o else 0
+        p[K.P_ROT] = 1 if rope == "cache" else 0
+        p[K.P_KSH] = _bitlen(hd) + 5  # keeps hd * 2**13 * |rotated key| below 2**30
+        p[K.P_RLEN] = slots
+        self.layer_off = [t * 8 + layer * t * lay.layer_row for layer in range(L)]  # row of (layer, slot 0) in a block
+        self.h = -1  # sequence of the step under way
+        self.slot = -1  # its reserved slot
+        self.nslot = 0  # slots attention scans this step
+
+    # the QMat of matrix m, its group multipliers written into self.gp (boot; floats)
+    def _qmat(self, m):
+        f32 = self.weights.f32
+        n = m.rows * m.cols // m.group
+        me = [K.float_me(abs(f32[m.soff + g])) for g in range(n)]
+        emin = min([e for mm, e in me if mm] or [0])
+        goff = self._goff
+        for g in range(n):
+            mm, e = me[g]
+            dd = e - emin
+            self.gp[goff + g] = (mm | dd << 16) if mm and dd <= K.D_MAX else 0
+        self._goff += n
+        return QMat(m, goff, emin)
+
+    # start a step: check, reserve the slot, the embedding, the RoPE rows, the block
+    # offsets. The status (>= 0), or a refusal with self.status set. O(dim + blocks)
+    def begin(self, h, token, pos):
+        c = self.cache
+        n = c.length(h)
+        if n < 0:
+            self.status = n
+            return n
+        if pos != n or token < 0 or token >= self.cfg.vocab_size:
+            self.status = E_RANGE
+            return E_RANGE
+        slot = c.reserve(h)
+        if slot < 0:
+            self.status = slot
+            return slot
+        self.status = c.status
+        self.h = h
+        self.slot = slot
+        cfg = self.cfg
+        e = self.emb
+        K.embed(self.x, self.weights.q8, e.off + token * e.cols, e.cols, e.group, self.gp,
+                e.goff + token * e.cols // e.group, e.emin)
+        nslot = c.cached(h)
+        t = self.t
+        nblk = (nslot + t - 1) // t
+        self.nslot = nslot
+        self.prm[K.P_NSLOT] = nslot
+        self.prm[K.P_NBLK] = nblk
+        for b in range(nblk):
+            if self._base(b) < 0:
+                self.status = E_EMPTY
+                return E_EMPTY
+        qpos = pos
+        if self.rope == "cache":
+            qpos = K.ranks(self.ranks, self.sc, c.arena, self.bases, nblk, t, nslot) - 1
+        hd2 = cfg.head_dim // 2
+        if K.rope_row(self.cs_q, self.rope_lo, self.rope_hi, ROPE_HI, qpos, cfg.seq_len, hd2, self.q_scale) < 0 or \
+                K.rope_row(self.cs_k, self.rope_lo, self.rope_hi, ROPE_HI, pos, cfg.seq_len, hd2, 32768) < 0:
+            self.status = E_RANGE
+            return E_RANGE
+        if self.h2o:
+            hacc = self.hacc
+            for j in range(nslot):
+                hacc[j] = 0
+        return self.status
+
+    # bases[b] = arena byte offset of block b of the step's sequence, from the first
+    # filled slot in it; 0, or E_EMPTY when none is filled. O(T)
+    def _base(self, b):
+        c = self.cache
+        t = self.t
+        s = b * t
+        while s < (b + 1) * t and s < self.nslot:
+            ro = c.row_offset(self.h, s, 0)
+            if ro >= 0:
+                self.bases[b] = ro - t * 8 - (s - b * t) * c.layer_row
+                return OK
+            s += 1
+        return E_EMPTY
+
+    # one transformer block of the step begun; OK or a refusal (self.status set).
+    # O(layer params + n_cached x dim), no allocation
+    def layer(self, layer):
+        cfg = self.cfg
+        q8 = self.weights.q8
+        gp = self.gp
+        x, xq, q, k, v, o = self.x, self.xq, self.q, self.k, self.v, self.o
+        d, kvd, hd, hid = cfg.dim, cfg.kv_dim, cfg.head_dim, cfg.hidden_dim
+        wq, wk, wv, wo, w1, w2, w3 = self.layers[layer]
+        ex = K.rmsnorm(xq, x, d, self.gains, self.g_att[layer], self.nb, self.eps0, self.sn, self.eg)
+        K.matvec(q, q8, wq.off, wq.rows, wq.cols, wq.group, gp, wq.goff, xq)
+        eq = ex + wq.emin - 16 - K.quant(q, q, d)
+        K.matvec(k, q8, wk.off, wk.rows, wk.cols, wk.group, gp, wk.goff, xq)
+        ek = ex + wk.emin - 16 - K.quant(k, k, kvd)
+        K.matvec(v, q8, wv.off, wv.rows, wv.cols, wv.group, gp, wv.goff, xq)
+        ev = ex + wv.emin - 16 - K.quant(v, v, kvd)
+        K.rope(q, d, hd, self.cs_q)
+        if self.rope == "absolute":
+            K.rope(k, kvd, hd, self.cs_k)
+        lay = self.cache.layout
+        row = self.row
+        K.pack(row, 0, lay.ks_off, k, kvd, hd, ek, 127)
+        K.pack(row, lay.v_off, lay.vs_off, v, kvd, hd, ev, 127)
+        st = self.cache.write(self.h, layer, row, 0)
+        if st < 0:
+            self.status = st
+            return st
+        self._base(self.slot // self.t)  # a copy on write may have moved this block
+        p = self.prm
+        p[K.P_LAYER] = self.layer_off[layer]
+        p[K.P_EQ] = eq
+        att = self.att
+        ea = K.attend(att, q, self.cache.arena, self.bases, p, self.sc, self.hacc, self.e2t, self.hexp, self.ranks, self.rot)
+        ea -= K.quant(att, att, d)
+        K.matvec(o, q8, wo.off, wo.rows, wo.cols, wo.group, gp, wo.goff, att)
+        K.add(x, o, d, ea + wo.emin - 32)
+        ex = K.rmsnorm(xq, x, d, self.gains, self.g_ffn[layer], self.nb, self.eps0, self.sn, self.eg)
+        h1, h3 = self.h1, self.h3
+        K.matvec(h1, q8, w1.off, w1.rows, w1.cols, w1.group, gp, w1.goff, xq)
+        e1 = ex + w1.emin - 16 - K.quant(h1, h1, hid)
+        K.matvec(h3, q8, w3.off, w3.rows, w3.cols, w3.group, gp, w3.goff, xq)
+        e3 = ex + w3.emin - 16 - K.quant(h3, h3, hid)
+        K.silu(h1, h1, h3, hid, e1 - 10, self.sig)
+        eh = e1 + e3 - K.quant(h1, h1, hid)
+        K.matvec(o, q8, w2.off, w2.rows, w2.cols, w2.group, gp, w2.goff, h1)
+        K.add(x, o, d, eh + w2.emin - 32)
+        return OK
+
+    # end the step: final norm, classifier, logits (Q16); feeds h2o scores. O(vocab x dim)
+    def finish(self):
+        cfg = self.cfg
+        w = self.wcls
+        ex = K.rmsnorm(self.xq, self.x, cfg.dim, self.gains, self.g_fin, self.nb, self.eps0, self.sn, self.eg)
+        K.matvec(self.l32, self.weights.q8, w.off, w.rows, w.cols, w.group, self.gp, w.goff, self.xq)
+        K.rescale(self.logits, self.l32, cfg.vocab_size, ex + w.emin - 16 - LOGIT_FRAC)
+        if self.h2o:
+            c = self.cache
+            h = self.h
+            hacc = self.hacc
+            div = cfg.n_heads * self.n_layers
+            for j in range(self.nslot):
+                s = hacc[j] // div  # the mean probability per head and layer, Q15
+                if s > 0:
+                    c.add_score(h, j, s)
+        return self.status
+
+    # the whole step without yielding: begin, every layer, finish; the status. No allocation
+    def step(self, h, token, pos):
+        if self.begin(h, token, pos) < 0:
+            return self.status
+        for layer in range(self.n_layers):
+            if self.layer(layer) < 0:
+                return self.status
+        return self.finish()
+
+    # one token through the model as a cooperative step: a generator yielding after each
+    # layer; then self.logits holds the next-token logits (Q16), or self.status < 0
+    # says what refused. The generator object itself is the only allocation per call
+    def forward(self, h, token, pos):
+        if self.begin(h, token, pos) < 0:
+            return
+        for layer in range(self.n_layers):
+            if self.layer(layer) < 0:
+                return
+            yield
+        self.finish()
