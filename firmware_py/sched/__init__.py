@@ -16,7 +16,10 @@
 #
 # One idea per file, as MicroPython's extmod/asyncio:
 #   task.py    Task, TaskList (intrusive lists), states, BLOCK/TIMEOUT, SchedError
-#   core.py    Kernel: spawn, run loop, timers, kill/join, priorities, watchdog
+#   core.py    Kernel: spawn, the run loop, kill/join, sleep
+#   timers.py  the timer list (sorted, intrusive) and its expiry
+#   prio.py    priority inheritance for Mutex
+#   watchdog.py hang detection: the clock's charge(), a board timer, slice ends
 #   sync.py    Queue, Semaphore, Mutex (priority inheritance), EventFlags
 #   notify.py  task notifications (bits and counting) and the deferred interrupt ring
 #   stats.py   stats rows, totals, snapshot, the Zephyr-style lines

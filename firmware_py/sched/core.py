@@ -1,5 +1,7 @@
-# The kernel proper: task slots, ready lists per priority, the timer list, the run loop
-# (switch, idle, timer expiry), kill/join, priority changes, and the watchdog.
+# The kernel proper: task slots, ready lists per priority, the run loop (switch, idle,
+# timer expiry, the interrupt ring), kill/join. Its other parts are base classes, one
+# idea per file: the timer list (timers.py), priority inheritance (prio.py), the
+# watchdog (watchdog.py), notifications and the interrupt ring (notify.py), stats (stats.py).
 # Semantics are FreeRTOS cooperative mode (configUSE_PREEMPTION=0) on a tick that never
 # lags: a timer that falls due joins its ready list at its due time, in due-time order,
 # ahead of anything made ready later (the yielder requeued at a slice's end included).
@@ -7,17 +9,20 @@
 # passed is served as a timeout even if nothing switched since.
 from array import array
 
-from firmware_py.compat import const, micropython, ticks_add, ticks_diff, print_exception, periodic_timer
+from firmware_py.compat import const, micropython, ticks_add, ticks_diff, print_exception
 from firmware_py.clock import RealClock
 from firmware_py.status import OK, E_RANGE, E_STALE, E_STATE
 from firmware_py.sched.task import (
-    READY, RUNNING, RESUME, BLOCKED, DONE, FAILED, KILLED, W_NONE, W_SLEEP, W_JOIN, W_MUTEX,
+    READY, RUNNING, RESUME, BLOCKED, DONE, FAILED, KILLED, W_NONE, W_SLEEP, W_JOIN,
     NO_BUDGET, FOREVER, TIMEOUT, BLOCK, SchedError, WatchdogError, TaskList, Task,
 )
 from firmware_py.sched.stats import NSTAT, NTOT, S_PRIO, S_FAULTS, S_MAX_LAT, S_MISSES, S_RUNS, S_RUNS_G, \
-    S_RUN_US, S_RUN_S, T_IDLE_US, T_IDLE_S, T_FAULTS, T_OVERRUNS, T_MISSES, T_TASKS, T_BITES, CARRY_N, \
+    S_RUN_US, S_RUN_S, T_IDLE_US, T_IDLE_S, T_FAULTS, T_OVERRUNS, T_MISSES, T_TASKS, CARRY_N, \
     US_PER_S, Stats, account
 from firmware_py.sched.notify import Notify, Deferred
+from firmware_py.sched.prio import Priorities
+from firmware_py.sched.timers import Timers
+from firmware_py.sched.watchdog import Watchdog
 
 _DEFAULT_TASKS = const(16)  # task slots when Kernel(max_tasks=) is not given
 _DEFAULT_PRIOS = const(8)  # priorities 0 (lowest) .. 7 when Kernel(priorities=) is not given
@@ -25,7 +30,7 @@ _DEFAULT_ISR_SLOTS = const(16)  # deferred interrupt-side operations held before
 _ISR_POLL_US = const(1000)  # idle step while interrupt sources are attached and nothing is timed
 
 
-class Kernel(Notify, Stats):
+class Kernel(Timers, Priorities, Watchdog, Notify, Stats):
     # the scheduler: task slots, ready lists per priority, one timer list, stats arrays
     def __init__(self, clock=None, max_tasks=_DEFAULT_TASKS, priorities=_DEFAULT_PRIOS, budget_us=0, verbose=True,
                  watchdog_us=0, isr_slots=_DEFAULT_ISR_SLOTS):
@@ -48,6 +53,7 @@ class Kernel(Notify, Stats):
         self.current = None  # the task whose slice is running, else None
         self.t0 = 0  # ticks at which the current slice began
         self.stopping = False  # stop() was called: run() returns after the current slice
+        self.alert = 0  # non-zero: stop() was called or the interrupt ring was posted to (the loop reads one word)
         self.limited = False  # this run() has a time limit
         self.end = 0  # ticks at which a limited run() returns
         self.on_switch = None  # optional fn(ticks, task) called before each slice (tracing)
@@ -120,73 +126,6 @@ class Kernel(Notify, Stats):
         t.woke = True
         self._ready(t)
 
-    # insert t into the timer list at `wake` ticks (after equal times: FIFO); O(timers)
-    def _time(self, t, wake):
-        t.wake = wake
-        t.timed = True
-        p = self.ttail
-        while p is not None and ticks_diff(p.wake, wake) > 0:
-            p = p.tprev
-        t.tprev = p
-        if p is None:
-            t.tnext = self.thead
-            self.thead = t
-        else:
-            t.tnext = p.tnext
-            p.tnext = t
-        if t.tnext is None:
-            self.ttail = t
-        else:
-            t.tnext.tprev = t
-
-    # take t off the timer list; O(1)
-    def _untime(self, t):
-        if t.tprev is None:
-            self.thead = t.tnext
-        else:
-            t.tprev.tnext = t.tnext
-        if t.tnext is None:
-            self.ttail = t.tprev
-        else:
-            t.tnext.tprev = t.tprev
-        t.tnext = t.tprev = None
-        t.timed = False
-
-    # serve the timers due by now (the tick that never lags); O(1) when none is due
-    def _tick(self):
-        h = self.thead
-        if h is not None:
-            now = self.clock.now()
-            if ticks_diff(h.wake, now) <= 0:
-                self._expire(now)
-
-    # move every task whose timer expired by `t` to its ready list, in due-time order:
-    # timed-out waits resume with TIMEOUT, sleeps with OK; the due time is the timer's
-    def _expire(self, t):
-        h = self.thead
-        while h is not None and ticks_diff(h.wake, t) <= 0:
-            self._untime(h)
-            if h.wkind == W_SLEEP:
-                h.rv = OK
-            else:
-                h.rv = TIMEOUT
-            self._unwait(h)
-            h.due = h.wake
-            h.woke = True
-            self._ready(h)
-            h = self.thead
-
-    # take a waiting task off its wait list (a mutex's owner may lose inherited priority); O(1)
-    def _unwait(self, t):
-        if t.owner is not None:
-            t.owner.remove(t)
-        if t.wkind == W_MUTEX:
-            t.wkind = W_NONE
-            self._reprio(t.wobj.owner)
-        t.wkind = W_NONE
-        t.wobj = None
-        t.wval = None
-
     # the running task; a blocking call outside a task, or after an earlier blocking call
     # of the same slice that was not yielded, is a misuse of the kernel: SchedError
     def _cur(self):
@@ -227,45 +166,6 @@ class Kernel(Notify, Stats):
         t.rv = rv
         t.state = RESUME
         return BLOCK
-
-    # --- priorities (Mutex priority inheritance) -----------------------------------
-
-    # set task t's effective priority to p, moving it within its ready or wait list (to the
-    # tail of its new priority, as FreeRTOS does) and passing a raise on along a chain of
-    # mutexes. O(list length)
-    def _set_prio(self, t, p):
-        while t is not None and t.prio != p:
-            lst = t.owner
-            if lst is not None:
-                lst.remove(t)
-            t.prio = p
-            t.st[S_PRIO] = p
-            if lst is None:
-                return
-            if t.state == READY:
-                self._ready(t)
-                return
-            lst.push_prio(t)
-            if t.wkind != W_MUTEX:
-                return
-            t = t.wobj.owner  # t waits for a mutex: its owner's priority follows
-            p = self._inherited(t)
-
-    # the priority task t should run at: its base, or the highest waiter of a mutex it holds
-    def _inherited(self, t):
-        p = t.base
-        m = t.held
-        while m is not None:
-            w = m.waiters.head
-            if w is not None and w.prio > p:
-                p = w.prio
-            m = m.hnext
-        return p
-
-    # recompute task t's inherited priority after a change of its mutexes or their waiters
-    def _reprio(self, t):
-        if t is not None and t.state < DONE:
-            self._set_prio(t, self._inherited(t))
 
     # --- services called by the running task: `yield` what they return ----------------
 
@@ -351,6 +251,7 @@ class Kernel(Notify, Stats):
     # ask run() to return after the current slice
     def stop(self):
         self.stopping = True
+        self.alert = 1
 
     # end task u in state st: off every list, close the generator, wake joiners, count it
     def _finish(self, u, st):
@@ -366,58 +267,6 @@ class Kernel(Notify, Stats):
                     u.exc = e
         while u.joiners.head is not None:
             self._wake(u.joiners.head, st)
-
-    # --- watchdog ------------------------------------------------------------------
-
-    # hang check of the running slice: raises the watchdog's exception into the running
-    # task once its slice is past watchdog_us (the clock calls this from charge(); the
-    # board's timer callback uses _wd_check). O(1), no allocation while nothing hangs
-    def watch(self):
-        t = self.current
-        if t is None:
-            return
-        if self.bitten is t or ticks_diff(self.clock.now(), self.t0) > self.wd_limit:
-            self._bite(t)
-            raise self.wd_exc
-
-    # name the culprit once: count it, record it, say so (allocates: the fault path)
-    def _bite(self, t):
-        if self.bitten is t:
-            return
-        self.bitten = t
-        self.totals[T_BITES] += 1
-        if self.verbose:
-            print("watchdog: task %s ran %d us without yielding (watchdog_us %d); stopping it" % (
-                t.name, ticks_diff(self.clock.now(), self.t0), self.watchdog_us))
-
-    # timer callback (board: machine.Timer, or anything calling it periodically): if the
-    # running slice is past watchdog_us, name the task; the kernel stops it at its next
-    # kernel call or at the slice's end. Allocation only when it bites
-    def _wd_check(self, _arg=None):
-        t = self.current
-        if t is not None and self.bitten is not t and ticks_diff(self.clock.now(), self.t0) > self.wd_limit:
-            self._bite(t)
-
-    # on a board: check for a hung task every period_ms with a machine.Timer (compat);
-    # SchedError where the runtime has none (the unix port, CPython). Not a hot path
-    def start_watchdog_timer(self, period_ms=100):
-        if self.watchdog_us <= 0:
-            raise SchedError("watchdog timer: the kernel has no watchdog_us")
-        tm = periodic_timer(period_ms, self._wd_check)
-        if tm is None:
-            raise SchedError("watchdog timer: this runtime has no machine.Timer")
-        self.wd_timer = tm
-        return tm
-
-    # a slice that ended past the watchdog, or whose task the timer named: report and stop
-    # it (FAILED with the watchdog's exception); not a hot path
-    def _stop_bitten(self, task):
-        self._bite(task)
-        self.bitten = None
-        if task.exc is None:
-            task.exc = self.wd_exc
-        self._fail(task)
-
     # --- the run loop ------------------------------------------------------------------
 
     # run tasks until none can ever run again, stop() is called, or for_us µs have passed
@@ -434,33 +283,55 @@ class Kernel(Notify, Stats):
 
     # the scheduler loop proper. The try is set up once, outside the loop (a native try
     # costs a setjmp per entry): when a task's send raises, its slice is accounted here
-    # and _loop returns True so run() re-enters. Every name the loop touches is a local,
-    # the ready-list pop/push is inlined. Returns False when run() should return.
+    # and _loop returns True so run() re-enters. Every name the loop touches is a local
+    # (the state constants too: another module's names are global lookups here), the
+    # ready-list pop/push is inlined. What the common switch does not need costs one
+    # compare each: stop() and the interrupt ring share one word (Kernel.alert), the
+    # watchdog is a local flag, the timer check is done once per switch (before the
+    # yielder is requeued, or at the top for every other path). Returns False when run()
+    # should return.
     @micropython.native
     def _loop(self):
         clock = self.clock
         now = clock.now  # the clock keeps this reader as an attribute: no bound method made here
         td = ticks_diff
+        acct = account
         tot = self.totals
         ready = self.ready
         hook = self.on_switch
         limited = self.limited
         end = self.end
         isr = self.isr
+        seen = isr.head  # ring slots up to here are applied; isr.tail != seen: posts to apply
+        self.alert = 1  # look at the ring (and stopping) before the first pick
         wd = self.wd_limit
+        wdon = self.watchdog_us > 0  # False: no slice can be bitten, t0 is not needed
+        running = RUNNING
+        resume = RESUME
+        ready_st = READY
+        blocked = BLOCKED
+        block = BLOCK
         t = now()
         task = None
+        timed = False  # True when the timers due by t were just served (the yield path)
         in_send = False  # True only around gen.send: an exception there is the task's
         try:
-            while not self.stopping:
-                if isr.head != isr.tail:
-                    isr.drain()  # what interrupt handlers posted since the last switch
+            while True:
+                if self.alert:  # stop() was called or an interrupt handler posted: one read per switch
+                    self.alert = 0  # cleared before the ring is read: a later post sets it again
+                    if self.stopping:
+                        break
+                    if isr.tail != seen:
+                        isr.drain()  # what interrupt handlers posted since the last switch
+                        seen = isr.head
                 if limited and td(t, end) >= 0:
                     break
-                h = self.thead
-                if h is not None and td(h.wake, t) <= 0:
-                    self._expire(t)
+                if timed:
+                    timed = False  # served before the yielder was requeued, at this same t
+                else:
                     h = self.thead
+                    if h is not None and td(h.wake, t) <= 0:
+                        self._expire(t)
                 # pick the head of the highest non-empty ready list
                 p = self.top
                 task = None
@@ -473,6 +344,7 @@ class Kernel(Notify, Stats):
                     p -= 1
                 self.top = p
                 if task is None:
+                    h = self.thead
                     if h is None:
                         if isr.sources <= 0:
                             break  # nothing ready, nothing timed: every remaining task waits forever
@@ -516,9 +388,10 @@ class Kernel(Notify, Stats):
                         ho.settle()
                 if hook is not None:
                     hook(t, task)
-                task.state = RUNNING
+                task.state = running
                 self.current = task
-                self.t0 = t
+                if wdon:
+                    self.t0 = t
                 gen = task.gen
                 rv = task.rv
                 if rv is not None:
@@ -527,9 +400,9 @@ class Kernel(Notify, Stats):
                 while True:
                     y = gen.send(rv)
                     state = task.state
-                    if state != RESUME or y is not BLOCK:
+                    if state != resume or y is not block:
                         break
-                    task.state = RUNNING  # the blocking call completed at once: go on
+                    task.state = running  # the blocking call completed at once: go on
                     rv = task.rv
                     task.rv = None
                 in_send = False
@@ -537,20 +410,24 @@ class Kernel(Notify, Stats):
                 t1 = now()
                 d = td(t1, t)
                 t = t1
-                if account(st, d, task.budget):  # stats row update, one viper call
+                if acct(st, d, task.budget):  # stats row update, one viper call
                     tot[T_OVERRUNS] += 1
-                if d > wd or self.bitten is task:
+                if wdon and (d > wd or self.bitten is task):
                     self._stop_bitten(task)  # hung past the watchdog: reported by name, stopped
-                elif state == RUNNING:
+                elif state == running:
                     # it yielded. Timers that fell due during its slice join the ready lists
                     # first (the tick came before the yield), then it goes to the tail of its
                     # priority (inlined TaskList.push)
                     h = self.thead
                     if h is not None and td(h.wake, t) <= 0:
                         self._expire(t)
-                    p = task.prio
-                    lst = ready[p]
-                    task.state = READY
+                    timed = True
+                    q = task.prio
+                    if q != p:  # its priority changed in its slice (inheritance)
+                        lst = ready[q]
+                        if q > self.top:
+                            self.top = q
+                    task.state = ready_st
                     task.owner = lst
                     tl = lst.tail
                     task.prev = tl
@@ -559,11 +436,9 @@ class Kernel(Notify, Stats):
                     else:
                         tl.next = task
                     lst.tail = task
-                    if p > self.top:
-                        self.top = p
                 elif state == KILLED:
                     self._finish(task, KILLED)  # killed itself (or by a task it woke) during the slice
-                elif y is not BLOCK or state != BLOCKED:
+                elif y is not block or state != blocked:
                     self._misused(task)  # registered a wait but went on running: see _misused
                 # else BLOCKED: already on its timer / wait list
             return False

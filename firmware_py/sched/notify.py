@@ -122,7 +122,8 @@ class Deferred:
         self.ops[tl] = op
         self.objs[tl] = obj
         self.vals[tl] = val
-        self.tail = nx  # published last: the loop never sees a half-written slot
+        self.tail = nx  # published after the slot: the loop never sees a half-written one
+        self.k.alert = 1  # after tail: the loop clears alert before it reads tail
         return OK
 
     # an interrupt source (a timer, a pin) is attached: run() keeps idling for its posts
