@@ -1063,3 +1063,33 @@ if compat.IS_MICROPYTHON:
 else:
     matvec, quant, rmsnorm, add, rescale, embed = matvec_py, quant_py, rmsnorm_py, add_py, rescale_py, embed_py
     rope_row, rope, pack, silu, ranks, attend = rope_row_py, rope_py, pack_py, silu_py, ranks_py, attend_py
+
+
+@micropython.viper
+def argmax_v(v, n: int) -> int:
+    # index of the largest of n int32 values (the first of equals); O(n), no allocation
+    p = ptr32(v)
+    one = 1
+    m31 = one << 31
+    best = 0
+    bv = (int(p[0]) ^ m31) - m31
+    i = 1
+    while i < n:
+        x = (int(p[i]) ^ m31) - m31
+        if x > bv:
+            bv = x
+            best = i
+        i += 1
+    return best
+
+
+# twin of argmax_v; O(n)
+def argmax_py(v, n):
+    best = 0
+    for i in range(1, n):
+        if v[i] > v[best]:
+            best = i
+    return best
+
+
+argmax = argmax_v if compat.IS_MICROPYTHON else argmax_py

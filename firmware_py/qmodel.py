@@ -242,9 +242,25 @@ class QForward:
         cfg = self.cfg
         q8 = self.weights.q8
         gp = self.gp
-        x, xq, q, k, v, o = self.x, self.xq, self.q, self.k, self.v, self.o
-        d, kvd, hd, hid = cfg.dim, cfg.kv_dim, cfg.head_dim, cfg.hidden_dim
-        wq, wk, wv, wo, w1, w2, w3 = self.layers[layer]
+        # one name per line: a tuple assignment of more than 3 names builds a tuple (allocates)
+        x = self.x
+        xq = self.xq
+        q = self.q
+        k = self.k
+        v = self.v
+        o = self.o
+        d = cfg.dim
+        kvd = cfg.kv_dim
+        hd = cfg.head_dim
+        hid = cfg.hidden_dim
+        ws = self.layers[layer]  # (wq, wk, wv, wo, w1, w2, w3)
+        wq = ws[0]
+        wk = ws[1]
+        wv = ws[2]
+        wo = ws[3]
+        w1 = ws[4]
+        w2 = ws[5]
+        w3 = ws[6]
         ex = K.rmsnorm(xq, x, d, self.gains, self.g_att[layer], self.nb, self.eps0, self.sn, self.eg)
         K.matvec(q, q8, wq.off, wq.rows, wq.cols, wq.group, gp, wq.goff, xq)
         eq = ex + wq.emin - 16 - K.quant(q, q, d)
