@@ -186,8 +186,9 @@ def matvec_py(out, w, woff, rows, cols, group, gp, goff, x):
 
 @micropython.viper
 def quant_v(dst, src, n: int) -> int:
-    # dst = src (int32) shifted right by sh with rounding (left when sh < 0) so that
-    # |dst| <= 2**14; returns sh (0 when all zero). O(n), no allocation
+    # dst = src (|src| <= 2**30: the rounding add must not leave int32) shifted right by
+    # sh with rounding (left when sh < 0) so that |dst| <= 2**14; returns sh (0 when all
+    # zero). O(n), no allocation
     d = ptr32(dst)
     s = ptr32(src)
     one = 1
@@ -382,8 +383,8 @@ def _isqrt(v):
 
 @micropython.viper
 def add_v(x, y, n: int, sh: int):
-    # x += y shifted right by sh with rounding (left when sh < 0), saturated at
-    # +-(2**30 - 1); O(n), no allocation
+    # x += y (|x|, |y| <= 2**30) shifted right by sh with rounding (left when sh < 0,
+    # saturating first), the sum saturated at +-(2**30 - 1); O(n), no allocation
     px = ptr32(x)
     py = ptr32(y)
     one = 1
@@ -399,7 +400,14 @@ def add_v(x, y, n: int, sh: int):
         if sh > 0:
             v = (v + half) >> sh
         elif sh < 0:
-            v = v << (0 - sh)
+            # saturate before the shift can leave int32
+            lim = hi >> (0 - sh)
+            if v > lim:
+                v = hi
+            elif v < 0 - lim:
+                v = lo
+            else:
+                v = v << (0 - sh)
         v += (int(px[i]) ^ m31) - m31
         if v > hi:
             v = hi
@@ -412,7 +420,12 @@ def add_v(x, y, n: int, sh: int):
 # twin of add_v; O(n)
 def add_py(x, y, n, sh):
     for i in range(n):
-        v = (y[i] + (1 << (sh - 1))) >> sh if sh > 0 else y[i] << -sh
+        v = y[i]
+        if sh > 0:
+            v = (v + (1 << (sh - 1))) >> sh
+        elif sh < 0:
+            lim = SAT >> -sh
+            v = SAT if v > lim else -SAT if v < -lim else v << -sh
         x[i] = max(-SAT, min(SAT, x[i] + v))
 
 
