@@ -9,9 +9,19 @@
 import sys
 
 from firmware_py import compat, kv, llama2c, pool, tokenizer
+from firmware_py.compat import const
 from firmware_py.model import Model
 from firmware_py.sample import Sampler
 from firmware_py.status import E_FULL, E_NO_BLOCK
+
+# What a decoding firmware keeps besides weights, activations and the KV pool, measured
+# on the unix port (docs/model.md): its modules compiled from source (113 KB live on
+# 64-bit, 80 KB on 32-bit, plus the holes compiling leaves), the tokenizer (170 / 85 B
+# per vocabulary token), the model's run state and the plain backend's float garbage
+# between collections. kvlayout.BOOT_BYTES (128 KiB) is the reserve of a firmware that
+# only boots the cache; a board profile's firmware_reserved_bytes overrides both.
+FIRMWARE_BYTES = const(393216)  # modules + run state + boot transients + headroom
+TOKEN_BYTES = const(192)  # tokenizer heap per vocabulary token (64-bit figure)
 
 SUMMARY = "generate: "  # the summary line starts with this
 STOP = "generate: stopped: "  # a clear stop (budget, context) starts with this
@@ -25,7 +35,7 @@ class DecodeError(ValueError):
 class Session:
     # everything one generation needs, allocated at boot
     def __init__(self, model_path, tok_path, kv_dtype="fp32", policy="full", window=0, backend="auto",
-                 rope="absolute", heap=0, temperature=0.0, top_p=1.0, seed=0, sinks=kv.SINKS):
+                 rope="absolute", heap=0, temperature=0.0, top_p=1.0, seed=0, sinks=kv.SINKS, reserve=0):
         try:
             self.weights = llama2c.load(model_path)  # llama2c.Weights (read-only)
         except OSError:
@@ -34,10 +44,6 @@ class Session:
             raise DecodeError(str(e))
         cfg = self.weights.cfg
         self.cfg = cfg  # llama2c.Config
-        try:
-            self.tok = tokenizer.load(tok_path, cfg.vocab_size)  # tokenizer.Tokenizer
-        except tokenizer.TokenizerError as e:
-            raise DecodeError(str(e))
         try:
             lay = kv.Layout(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, kv_dtype)
         except kv.KVError as e:
@@ -48,8 +54,10 @@ class Session:
         self.layout = lay  # kv.Layout
         self.policy = policy  # KV policy of the sequence
         self.heap = heap or _heap_total()  # the board's usable heap the pool is sized from (B)
-        # the budget rule (kv.blocks_for: what host/budget.py computes in advance)
-        avail = (self.heap - kv.boot_reserve(0) - llama2c.read_config(model_path)[1] - cfg.activation_bytes()
+        self.reserve = kv.boot_reserve(reserve or reserve_bytes(cfg))  # heap kept for the firmware (B)
+        # the budget rule (kv.blocks_for: what host/budget.py computes in advance, given
+        # this reserve as the board's firmware_reserved_bytes)
+        avail = (self.heap - self.reserve - llama2c.read_config(model_path)[1] - cfg.activation_bytes()
                  - lay.row_bytes)
         fit = kv.blocks_for(avail, lay, 1, policy == "h2o")
         if policy == "full":
@@ -72,11 +80,17 @@ class Session:
                               % (fit, lay.block_bytes, self.heap, "one token" if policy == "full" else "a window of %d" % window,
                                  n_blocks if n_blocks > 0 else 1))
         self.cap = cap  # tokens the sequence may cache
+        compat.collect()  # the garbage of loading and compiling, before the largest allocation
         try:
             self.pool = pool.Pool(lay.block_bytes, n_blocks)  # the KV arena: n_blocks blocks
             self.cache = kv.KVCache(self.pool, lay, max_seqs=1, h2o=policy == "h2o")  # kv.KVCache
         except (pool.PoolError, MemoryError) as e:
             raise DecodeError("the KV pool of %d blocks of %d B does not fit: %s" % (n_blocks, lay.block_bytes, e))
+        # the tokenizer's many small objects after the two large arenas (weights, pool)
+        try:
+            self.tok = tokenizer.load(tok_path, cfg.vocab_size)  # tokenizer.Tokenizer
+        except tokenizer.TokenizerError as e:
+            raise DecodeError(str(e))
         self.region = self.pool.add_region(n_blocks)  # the sequence's region (quota: all blocks)
         try:
             self.h = self.cache.open(self.region, policy, cap, sinks)  # sequence handle
@@ -137,7 +151,7 @@ class Session:
                 self.t_first = kernel.now()
             self.tokens[self.n_new] = nxt
             self.n_new += 1
-            out(tok.piece(feed, nxt))
+            out(tok.piece(feed, nxt) if nxt != tokenizer.BOS else b"")  # BOS prints nothing, as decode()
             feed = nxt
             if self.on_token is not None:
                 self.on_token(self)
@@ -164,6 +178,11 @@ class Session:
         if self.stop:
             return "%sthe cache refused a token (%s) after %d tokens" % (STOP, self.stop, self.cache.length(self.h))
         return ""
+
+
+# heap a decoding firmware keeps for itself with model cfg (B): see FIRMWARE_BYTES
+def reserve_bytes(cfg):
+    return FIRMWARE_BYTES + TOKEN_BYTES * cfg.vocab_size
 
 
 # the usable heap of this interpreter (B): free + allocated; CPython: the default board's

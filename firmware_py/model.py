@@ -15,7 +15,7 @@
 #   "absolute": keys stored after RoPE at their own position, the query at pos
 #   "cache":    keys stored before RoPE, rotated at attention time by their rank among
 #               the cached positions; the query at the newest rank (StreamingLLM)
-from firmware_py import compat
+from firmware_py import compat, kernels
 from firmware_py.status import E_RANGE, E_STATE, OK
 
 BACKENDS = ("auto", "numpy", "plain", "q8")  # what Model(backend=...) accepts
@@ -78,15 +78,11 @@ class Model:
             self.logit_frac_bits = self.q.logit_frac_bits
             return
         if backend == "numpy":
-            from firmware_py import kernels  # noqa: PLC0415 - one import for both float backends
-
             np = compat.numpy()
             if np is None:
                 raise ModelError("backend numpy needs numpy (CPython only)")
             self.k = kernels.Numpy(weights, cache, rope, np)  # the float kernels
         else:
-            from firmware_py import kernels  # noqa: PLC0415
-
             self.k = kernels.Plain(weights, cache, rope)
         kk = self.k
         d, hid, kvd = cfg.dim, cfg.hidden_dim, cfg.kv_dim

@@ -2,7 +2,10 @@
 # llama2.c model as a kernel task, printing it token by token, then one summary line.
 #   micropython -X heapsize=N firmware_py/tools/generate.py --model M --tokenizer T \
 #       --prompt TEXT --tokens N [--temperature T --top-p P --seed S --kv-dtype D
-#       --policy P --window W --backend B --rope R --heap BYTES --trace-heap]
+#       --policy P --window W --backend B --rope R --heap BYTES --reserve BYTES --trace-heap]
+# --heap: the usable heap the pool is sized from (default: this interpreter's);
+# --reserve: the firmware's own share (default decode.reserve_bytes: a board profile's
+# firmware_reserved_bytes, so host/budget.py computes the same pool)
 # host/generate.py runs this for `./kv generate --runtime micropython`. A mistake is one
 # line "generate: ..." on stderr and exit status 2. --trace-heap collects the heap after every
 # new token and prints "heap: ..." (free heap and pool use, min and max) at the end.
@@ -12,7 +15,7 @@ from firmware_py import compat, decode
 
 _OPTS = {"--model": "", "--tokenizer": "", "--prompt": "", "--tokens": "32", "--temperature": "0",
          "--top-p": "1", "--seed": "0", "--kv-dtype": "fp32", "--policy": "full", "--window": "0",
-         "--backend": "auto", "--rope": "absolute", "--heap": "0"}
+         "--backend": "auto", "--rope": "absolute", "--heap": "0", "--reserve": "0"}
 
 
 # the options as a dict (flag -> text) plus the --trace-heap switch; ValueError on a bad one
@@ -82,6 +85,7 @@ def main(argv):
             raise ValueError("--tokens must be >= 1, got %d" % n)
         opts = {"kv_dtype": o["--kv-dtype"], "policy": o["--policy"], "window": _num(o, "--window", int),
                 "backend": o["--backend"], "rope": o["--rope"], "heap": _num(o, "--heap", int),
+                "reserve": _num(o, "--reserve", int),
                 "temperature": _num(o, "--temperature", float), "top_p": _num(o, "--top-p", float),
                 "seed": _num(o, "--seed", int)}
     except ValueError as e:
