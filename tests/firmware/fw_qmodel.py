@@ -1,0 +1,167 @@
+# The integer forward pass (firmware_py/qmodel.py) on a small random int8 model written
+# here in the q8row format: decoding allocates nothing with the heap locked (step() and
+# a kernel-style task driving forward()'s layers), under full, window and h2o caches
+# and both RoPE modes; on MicroPython the viper kernels and their plain-Python twins
+# give the same logits bit for bit over whole decodes (the 32-bit build included); the
+# h2o scores are fed; misuse gets its status, configuration mistakes one line.
+import os
+import struct
+from array import array
+
+from fwtest import check, eq, raises, no_alloc, done
+from firmware_py import compat, kv, llama2c, pool, qmodel
+from firmware_py import kernels_q as K
+from firmware_py.status import E_FULL, E_RANGE, E_STALE
+
+D, HID, NL, NH, NKV, V, S = 16, 24, 2, 4, 2, 40, 64  # head_dim 4, kv_dim 8
+G = (16, 8, 16, 16, 16, 8, 12, 8)  # groups: token_embedding, wq, wk, wv, wo, w1, w2, w3
+TMP = "/tmp/kvrtos_fw_qmodel_%d.bin" % struct.unpack("<I", os.urandom(4))[0]
+_seed = [0x1234567]
+
+
+def rnd(n):
+    # xorshift32: an int in 0..n-1, the same on every interpreter
+    x = _seed[0]
+    x ^= (x << 13) & 0xFFFFFFFF
+    x ^= x >> 17
+    x ^= (x << 5) & 0xFFFFFFFF
+    _seed[0] = x
+    return x % n
+
+
+def write_model(path):
+    # a q8row checkpoint of random int8 weights, scales 2**-7 .. 2**-5, gains near 1
+    kvd = NKV * (D // NH)
+    head = struct.pack("<II7iB3x", 0x3871766B, 1, D, HID, NL, NH, NKV, V, S, 1) + struct.pack("<9i", *(G + (0,)))
+    head += bytes(256 - len(head))
+    with open(path, "wb") as f:
+        f.write(head)
+        n = 0
+        for _ in range(2 * NL + 1):
+            f.write(struct.pack("<%df" % D, *[0.5 + rnd(100) / 100.0 for _ in range(D)]))
+            n += 4 * D
+        mats = [(V, D, G[0])]
+        for (r, c), g in zip(((D, D), (kvd, D), (kvd, D), (D, D), (HID, D), (D, HID), (HID, D)), G[1:]):
+            mats += [(r, c, g)] * NL
+        pos = 256 + n
+        for r, c, g in mats:
+            f.write(bytes((rnd(255) - 127) & 255 for _ in range(r * c)))
+            pos += r * c
+            pad = -pos & 3
+            f.write(bytes(pad))
+            pos += pad
+            f.write(struct.pack("<%df" % (r * c // g), *[(1 + rnd(4)) / 128.0 for _ in range(r * c // g)]))
+            pos += 4 * (r * c // g)
+    return path
+
+
+w = llama2c.load(write_model(TMP))
+os.remove(TMP)
+eq((w.dtype, w.cfg.format), ("int8", "q8row"), "the test model loads as int8 q8row")
+
+
+def setup(policy="full", budget=S, h2o=False, rope="absolute"):
+    lay = kv.Layout(NL, NKV, D // NH, "int8")
+    nb = (S + 15) // 16 + 1
+    p = pool.Pool(lay.block_bytes, nb)
+    c = kv.KVCache(p, lay, max_seqs=2, h2o=h2o)
+    h = c.open(p.add_region(nb), policy, budget)
+    return c, h, qmodel.QForward(w, c, rope)
+
+
+def decode(m, h, n, out=None):
+    # greedy decode of n tokens from BOS by step(); the ids into out (an array) when given
+    tok = 1
+    for i in range(n):
+        st = m.step(h, tok, m.cache.length(h))
+        if st < 0:
+            return st
+        tok = K.argmax(m.logits, V)
+        if out is not None:
+            out[i] = tok
+    return 0
+
+
+TWINS = ("matvec", "quant", "rmsnorm", "add", "rescale", "embed", "rope_row", "rope", "pack", "silu", "ranks", "attend", "argmax")
+
+
+def use(kind):
+    # point kernels_q's public names at the viper kernels or at their twins
+    for name in TWINS:
+        setattr(K, name, getattr(K, name + ("_v" if kind == "viper" else "_py")))
+
+
+N = 48  # tokens per decode: past 2 blocks of 16 and past the window of 20 below
+for policy, budget, h2o, rope in (("full", S, False, "absolute"), ("window", 20, False, "absolute"),
+                                  ("h2o", 20, True, "absolute"), ("sinks", 20, False, "cache")):
+    what = "%s/%d %s" % (policy, budget, rope)
+    c, h, m = setup(policy, budget, h2o, rope)
+    ids = array("i", [0] * N)
+    eq(decode(m, h, 2), 0, what + ": warm-up decodes")
+    no_alloc(what + ": %d decode steps" % (N - 2), lambda: decode(m, h, N - 2, ids))
+    eq(c.length(h), N, what + ": every step appended one position")
+    check(len(set(ids)) > 3, what + ": the decode is not stuck on one token")
+    if h2o:
+        check(max(c.score(h, s) for s in range(budget)) > 0, what + ": attention scores reached the cache")
+    if compat.IS_MICROPYTHON:
+        ref = {}
+        for kind in ("viper", "twin"):
+            use(kind)
+            c2, h2, m2 = setup(policy, budget, h2o, rope)
+            got = array("i", [0] * N)
+            eq(decode(m2, h2, N, got), 0, what + ": decode with the %s kernels" % kind)
+            ref[kind] = (list(got), list(m2.logits))
+        use("viper")
+        eq(ref["viper"], ref["twin"], what + ": viper and twin kernels give the same tokens and logits")
+
+# forward() as a kernel task drives it: the same logits as step(); its generator object is
+# the only allocation, so a task that calls begin/layer/finish itself allocates nothing
+c, h, m = setup()
+c2, h2, m2 = setup()
+for pos in range(5):
+    m.step(h, 3 + pos, pos)
+    for _ in m2.forward(h2, 3 + pos, pos):
+        pass
+    eq(list(m.logits), list(m2.logits), "forward() pos %d: the logits of step()" % pos)
+
+
+def task(m, h, n):
+    # a decode task as the kernel runs one: a layer per slice
+    tok = 1
+    for _ in range(n):
+        if m.begin(h, tok, m.cache.length(h)) < 0:
+            return
+        for layer in range(NL):
+            m.layer(layer)
+            yield
+        m.finish()
+        tok = K.argmax(m.logits, V)
+
+
+def drain(g):
+    # run a generator to its end, as the kernel's run loop does
+    for _ in g:
+        pass
+
+
+t = task(m, h, 10)  # the task's generator is made before the lock, as at boot
+no_alloc("a task driving begin/layer/finish for 10 tokens", lambda: drain(t))
+eq(c.length(h), 15, "the task decoded 10 more tokens")
+
+# misuse: statuses, nothing decoded
+eq(m.step(h, 3, 0), E_RANGE, "a position that is not the next one: E_RANGE")
+eq(m.step(h, V, c.length(h)), E_RANGE, "a token outside the vocabulary: E_RANGE")
+eq(m.step(h + 2, 3, 0), E_STALE, "a stale handle: E_STALE")
+c, h, m = setup("full", 4)
+eq(decode(m, h, 6), E_FULL, "a full budget stops the decode with E_FULL")
+eq(m.status, E_FULL, "... and leaves it in status")
+
+# configuration mistakes: one line
+lay32 = kv.Layout(NL, NKV, D // NH, "fp32")
+cf = kv.KVCache(pool.Pool(lay32.block_bytes, 2), lay32)
+e = raises(qmodel.QModelError, qmodel.QForward, w, cf)
+check("int8 KV" in str(e) and "\n" not in str(e), "an fp32 cache is refused in one line")
+lay = kv.Layout(NL + 1, NKV, D // NH, "int8")
+e = raises(qmodel.QModelError, qmodel.QForward, w, kv.KVCache(pool.Pool(lay.block_bytes, 2), lay))
+check("does not match" in str(e), "a cache of another shape is refused")
+done()
