@@ -124,7 +124,7 @@ def matvec_v(out, w, woff: int, rows: int, cols: int, group: int, gp, goff: int,
     o = ptr32(out)
     px = ptr32(x)
     pg = ptr32(gp)
-    wb = uint(ptr8(w))
+    wb = uint(ptr8(w))  # noqa: F821 - viper's uint cast: the buffer's address
     one = 1
     m31 = one << 31
     msk = (m31 << 1) - 1
@@ -831,7 +831,6 @@ def attend_v(out, q, arena, bases, prm, sc, hacc, e2t, hexp, ranks, cs) -> int:
     one = 1
     m31 = one << 31
     msk = (m31 << 1) - 1
-    hd2 = hd >> 1
     kadj = 0
     if rot:
         kadj = 14 - ksh
@@ -1029,7 +1028,7 @@ def attend_py(out, q, arena, bases, prm, sc, hacc, e2t, hexp, ranks, cs):
             smax = max(smax, sco)
             evmax = max(evmax, (_word(arena, ro + vsoff + 4 * kvh) >> 23) & 0xFF)
         tot = 0
-        for j, ro in slots:
+        for j, _ro in slots:
             t = sc[j] - smax
             ex = 0
             if t > -163840:

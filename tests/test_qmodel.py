@@ -47,7 +47,7 @@ def _mp(args, interp_name="micropython"):
 
 
 def _first_div(a, b):
-    for i, (x, y) in enumerate(zip(a, b)):
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             return i
     return min(len(a), len(b))
@@ -60,12 +60,12 @@ def test_stories260k_int8_greedy_keeps_the_reference_paths(s260_q8):
     got = []
     for prompt, ids, want, _gap in R.GREEDY_STORIES260K:
         out = _mp(["greedy", path, 128] + ids)["tokens"]
-        got.append((_first_div(out, want), sum(1 for x, y in zip(out, want) if x == y)))
+        got.append((_first_div(out, want), sum(1 for x, y in zip(out, want, strict=False) if x == y)))
         if prompt == "Once upon a time":
             text = t.decode(ids + out).decode("utf-8", "replace")
             assert text.startswith("Once upon a time, there was a little girl named Lily."), text[:120]
     print("first divergence / matching tokens of 128 per prompt:", got)
-    for (div, _), lo in zip(got, FIRST_DIVERGENCE_MIN):
+    for (div, _), lo in zip(got, FIRST_DIVERGENCE_MIN, strict=True):
         assert div >= lo, got
 
 

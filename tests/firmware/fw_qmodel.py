@@ -41,7 +41,8 @@ def write_model(path):
             f.write(struct.pack("<%df" % D, *[0.5 + rnd(100) / 100.0 for _ in range(D)]))
             n += 4 * D
         mats = [(V, D, G[0])]
-        for (r, c), g in zip(((D, D), (kvd, D), (kvd, D), (D, D), (HID, D), (D, HID), (HID, D)), G[1:]):
+        for (r, c), g in zip(((D, D),  # noqa: B905 - MicroPython's zip has no strict
+                              (kvd, D), (kvd, D), (D, D), (HID, D), (D, HID), (HID, D)), G[1:]):
             mats += [(r, c, g)] * NL
         pos = 256 + n
         for r, c, g in mats:
@@ -98,7 +99,7 @@ for policy, budget, h2o, rope in (("full", S, False, "absolute"), ("window", 20,
     c, h, m = setup(policy, budget, h2o, rope)
     ids = array("i", [0] * N)
     eq(decode(m, h, 2), 0, what + ": warm-up decodes")
-    no_alloc(what + ": %d decode steps" % (N - 2), lambda: decode(m, h, N - 2, ids))
+    no_alloc(what + ": %d decode steps" % (N - 2), lambda m=m, h=h, ids=ids: decode(m, h, N - 2, ids))
     eq(c.length(h), N, what + ": every step appended one position")
     check(len(set(ids)) > 3, what + ": the decode is not stuck on one token")
     if h2o:
