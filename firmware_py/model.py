@@ -9,8 +9,8 @@
 #
 # Backends (firmware_py/kernels.py): "numpy" (CPython), "plain" (pure Python, both
 # interpreters: the fp32 reference on the board, allocates floats), "q8" (the integer
-# path, firmware_py/qmodel.QForward), "auto" (numpy on CPython; q8 for an int8 model
-# on MicroPython when qmodel is there; else plain).
+# path, firmware_py/qmodel.QForward: int8 weights and int8 KV), "auto" (numpy on
+# CPython; q8 for an int8 model with int8 KV on MicroPython; else plain).
 # RoPE with evicted tokens (docs/model.md says why "absolute" is the default):
 #   "absolute": keys stored after RoPE at their own position, the query at pos
 #   "cache":    keys stored before RoPE, rotated at attention time by their rank among
@@ -27,11 +27,12 @@ class ModelError(ValueError):
     pass
 
 
-# the backend "auto" means here for weights (numpy / q8 / plain); boot only
-def auto_backend(weights):
+# the backend "auto" means here for weights and a cache of KV dtype kv_dtype (numpy /
+# q8 / plain: the integer path needs int8 weights and int8 KV rows); boot only
+def auto_backend(weights, kv_dtype="int8"):
     if compat.numpy() is not None:
         return "numpy"
-    if weights.dtype == "int8" and compat.IS_MICROPYTHON and _qmodel() is not None:
+    if weights.dtype == "int8" and kv_dtype == "int8" and compat.IS_MICROPYTHON and _qmodel() is not None:
         return "q8"
     return "plain"
 
@@ -59,7 +60,7 @@ class Model:
             raise ModelError("the KV layout (%d layers, %d kv heads, head_dim %d) does not match the model (%d, %d, %d)"
                              % (lay.n_layers, lay.n_kv_heads, lay.head_dim, cfg.n_layers, cfg.n_kv_heads, cfg.head_dim))
         if backend == "auto":
-            backend = auto_backend(weights)
+            backend = auto_backend(weights, lay.dtype)
         self.cfg = cfg  # llama2c.Config (static)
         self.weights = weights  # llama2c.Weights (read-only)
         self.cache = cache  # kv.KVCache this model writes and reads
