@@ -106,7 +106,7 @@ def _agreement(dt):
     p, c, r = boot(w, dt)
     m = Model(w, c, backend="numpy")
     firsts = []
-    for prompt, ids, want, _ in llama_ref.GREEDY_STORIES260K:
+    for _prompt, ids, want, _ in llama_ref.GREEDY_STORIES260K:
         got, _ = run(m, c, r, ids, 128)
         firsts.append(next((i for i in range(128) if got[i] != want[i]), 128))
     return firsts
@@ -217,7 +217,7 @@ def test_numpy_and_plain_backends_agree(dtype, policy, rope):
         p, c, r = boot(w, dtype, n_blocks=3, h2o=policy == "h2o")
         m = Model(w, c, backend=be, rope=rope)
         res.append(run(m, c, r, ids, 28, policy, budget_, forced=res[0][0] if res else None))
-    for a, b in zip(res[0][1], res[1][1]):
+    for a, b in zip(res[0][1], res[1][1], strict=True):
         assert np.max(np.abs(a - b)) < 1e-3 * max(1.0, np.max(np.abs(a)))
     assert res[0][0] == res[1][0]
 
@@ -235,7 +235,7 @@ def test_int8_weights_both_backends(tmp_path):
     for be in ("numpy", "plain"):
         p, c, r = boot(w, n_blocks=3)
         res.append(run(Model(w, c, backend=be), c, r, ids, 12, forced=res[0][0] if res else None))
-    for a, b in zip(res[0][1], res[1][1]):
+    for a, b in zip(res[0][1], res[1][1], strict=True):
         assert np.max(np.abs(a - b)) < 1e-3 * max(1.0, np.max(np.abs(a)))
 
 
