@@ -28,7 +28,7 @@ REQUIRED = [
 
 
 def test_bench_sched_measures_both_interpreters(capsys):
-    r = bench.run(as_json=True, switches=2000, reps=1, latency_ms=30)
+    r = bench.run(as_json=True, switches=2000, reps=3, latency_ms=30)  # medians of 3: one hiccup on a busy host is not a figure
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert printed == r
     for key in REQUIRED:
