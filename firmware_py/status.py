@@ -22,13 +22,10 @@ E_RANGE = const(-5)  # an argument is outside its range (slot, layer, length, bl
 E_STATE = const(-6)  # not valid in the current state (write without a reservation, double free)
 E_EMPTY = const(-7)  # the slot or position holds nothing now (never filled, or evicted)
 
-NAMES = ("OK", "E_FULL", "E_NO_BLOCK", "E_STALE", "E_NO_SLOT", "E_RANGE", "E_STATE", "E_EMPTY")
 
-
-# the name of status code st (a flag sum >= 0 reads as "OK"); allocates nothing
-def name(st):
-    if st >= 0:
-        return "OK"
-    if -st < len(NAMES):
-        return NAMES[-st]
-    return "E_?"
+# Integer limits shared by every module: values a hot path stores or returns stay small
+# ints on the ESP32 (31-bit), so reading or bumping them never allocates.
+INT_MAX = const(0x3FFFFFFF)  # largest small int on the ESP32 (2**30 - 1)
+CARRY_N = const(1000000000)  # a counter carries into its second field (name_g) here, < 2**30
+MAX_WAIT_US = const(0x1FFFFFFF)  # longest timeout / sleep / run limit (2**29 - 1 us, ~8.9 min):
+#                                  half the ESP32's 2**30 tick circle, where ticks_diff stops being exact

@@ -12,11 +12,14 @@
 #     task runs; if the task is killed first, it goes back;
 #   - mutex priority inheritance through chains, recomputed on every change;
 #   - notifications: one value per task, OR (notify) or +1 (notify_give); wait_notify
-#     takes and clears, take_notify clears or decrements.
+#     takes and clears, take_notify clears or decrements;
+#   - a timeout longer than 2**29 - 1 us (half the ESP32's tick circle) is refused with
+#     E_RANGE where the call would block, nothing registered.
 # It interprets the scripts of tests/firmware/sched_diff.py and writes the same log.
 import sched_diff as sd
 
-OK, E_FULL, E_STALE, E_STATE = 0, -1, -3, -6
+OK, E_FULL, E_STALE, E_RANGE, E_STATE = 0, -1, -3, -5, -6
+MAX_WAIT_US = (1 << 29) - 1  # written from docs/kernel.md, not imported
 DONE, FAILED, KILLED = 4, 5, 6
 TIMEOUT = "TIMEOUT"
 
@@ -237,6 +240,8 @@ class Model:
         if c in (sd.QPUT, sd.QPUT_NW):
             r = self.q_offer(100 + a)
             if r is TIMEOUT and c == sd.QPUT and to != 0:
+                if to > MAX_WAIT_US:
+                    return "go", E_RANGE  # refused before anything is registered
                 self.block(t, "q_put", "q_put", to, 100 + a)
                 return ("block",)
             return "go", r
@@ -244,6 +249,8 @@ class Model:
             if self.q:
                 return "go", self.q_take()
             if c == sd.QGET and to != 0:
+                if to > MAX_WAIT_US:
+                    return "go", E_RANGE  # refused before anything is registered
                 self.block(t, "q_get", "q_get", to)
                 return ("block",)
             return "go", TIMEOUT
@@ -253,6 +260,8 @@ class Model:
                 return "go", OK
             if to == 0:
                 return "go", TIMEOUT
+            if to > MAX_WAIT_US:
+                return "go", E_RANGE  # refused before anything is registered
             self.block(t, "sem", "sem", to)
             return ("block",)
         if c == sd.GIVE:
@@ -269,6 +278,8 @@ class Model:
                 return "go", E_STATE
             if to == 0:
                 return "go", TIMEOUT
+            if to > MAX_WAIT_US:
+                return "go", E_RANGE  # refused before anything is registered
             self.block(t, "mutex", "mutex", to)
             self.reprio(self.owner)
             return ("block",)
@@ -298,6 +309,8 @@ class Model:
                 return "go", b
             if to == 0:
                 return "go", TIMEOUT
+            if to > MAX_WAIT_US:
+                return "go", E_RANGE  # refused before anything is registered
             self.block(t, "event", "event", to, (bits, f5 == 1, f6 == 1))
             return ("block",)
         if c == sd.NOTIFY:
@@ -314,6 +327,8 @@ class Model:
                 return "go", self.take_nval(t, clear)
             if to == 0:
                 return "go", TIMEOUT
+            if to > MAX_WAIT_US:
+                return "go", E_RANGE  # refused before anything is registered
             self.block(t, "notify", "notify-%d" % t.i, to, clear)
             return ("block",)
         if c == sd.KILL:
@@ -326,6 +341,8 @@ class Model:
             return "go", other.final
         if to == 0:
             return "go", TIMEOUT
+        if to > MAX_WAIT_US:
+            return "go", E_RANGE  # refused before anything is registered
         self.block(t, "join", ("join", other.i), to)
         return ("block",)
 

@@ -24,7 +24,7 @@
 #   notify.py  task notifications (bits and counting) and the deferred interrupt ring
 #   stats.py   stats rows, totals, snapshot, the Zephyr-style lines
 from firmware_py.compat import ticks_add, ticks_diff  # noqa: F401 - re-exported for tasks
-from firmware_py.status import OK, E_FULL, E_RANGE, E_STALE, E_STATE  # noqa: F401
+from firmware_py.status import OK, E_FULL, E_RANGE, E_STALE, E_STATE, MAX_WAIT_US  # noqa: F401
 from firmware_py.sched.task import (  # noqa: F401
     READY, RUNNING, RESUME, BLOCKED, DONE, FAILED, KILLED, STATE_NAMES, FOREVER, TIMEOUT, BLOCK,
     SchedError, WatchdogError, Task, TaskList,
@@ -32,7 +32,7 @@ from firmware_py.sched.task import (  # noqa: F401
 from firmware_py.sched.stats import (  # noqa: F401
     S_RUNS, S_RUNS_G, S_RUN_US, S_RUN_S, S_MAX_SLICE, S_MAX_LAT, S_MISSES, S_FAULTS, S_OVERRUNS, S_STATE,
     S_PRIO, NSTAT, T_SWITCHES, T_SWITCHES_G, T_IDLE_US, T_IDLE_S, T_BUSY_US, T_BUSY_S, T_FAULTS,
-    T_OVERRUNS, T_MISSES, T_TASKS, T_BITES, NTOT,
+    T_OVERRUNS, T_MISSES, T_TASKS, T_BITES, T_ISR_DROPPED, T_ISR_REFUSED, NTOT,
 )
 from firmware_py.sched.core import Kernel  # noqa: F401
 from firmware_py.sched.sync import Queue, Semaphore, Mutex, EventFlags  # noqa: F401

@@ -11,7 +11,7 @@ from array import array
 
 from firmware_py.compat import const, micropython, ticks_add, ticks_diff, print_exception
 from firmware_py.clock import RealClock
-from firmware_py.status import OK, E_RANGE, E_STALE, E_STATE
+from firmware_py.status import OK, E_RANGE, E_STALE, E_STATE, MAX_WAIT_US
 from firmware_py.sched.task import (
     READY, RUNNING, RESUME, BLOCKED, DONE, FAILED, KILLED, W_NONE, W_SLEEP, W_JOIN,
     NO_BUDGET, FOREVER, TIMEOUT, BLOCK, SchedError, WatchdogError, TaskList, Task,
@@ -127,12 +127,16 @@ class Kernel(Timers, Priorities, Watchdog, Notify, Stats):
         self._ready(t)
 
     # the running task; a blocking call outside a task, or after an earlier blocking call
-    # of the same slice that was not yielded, is a misuse of the kernel: SchedError
+    # of the same slice that was not yielded, is a misuse of the kernel: SchedError. So is
+    # one by a killed task (its finally code while kill() closes it, or after it killed
+    # itself): it raises into that task, never blocks whoever called kill()
     def _cur(self):
         t = self.current
         if t is None:
             raise SchedError("blocking call outside a task (only a running task can block)")
         if t.state != RUNNING:
+            if t.state >= DONE:
+                raise SchedError("task %s was killed: it cannot block (a blocking call in its cleanup)" % t.name)
             raise self._misuse(t)
         return t
 
@@ -148,6 +152,9 @@ class Kernel(Timers, Priorities, Watchdog, Notify, Stats):
     # on success comes from whoever wakes it. timeout 0 completes at once with TIMEOUT.
     # Returns BLOCK, which the task yields. O(1) + timer insert
     def _block(self, t, wl, timeout_us, kind, obj):
+        if timeout_us > MAX_WAIT_US:  # past half the tick circle: refused before anything is registered
+            t.wval = None
+            return self._done_now(t, E_RANGE)
         if timeout_us == 0:
             t.rv = TIMEOUT
             t.state = RESUME
@@ -169,15 +176,18 @@ class Kernel(Timers, Priorities, Watchdog, Notify, Stats):
 
     # --- services called by the running task: `yield` what they return ----------------
 
-    # sleep for us µs (>= 0); resumes with OK (E_RANGE for a negative duration); no allocation
+    # sleep for us µs (0 .. MAX_WAIT_US); resumes with OK (E_RANGE for a negative or longer
+    # duration: nothing registered); no allocation
     def sleep_us(self, us):
         t = self._cur()
-        if us < 0:
+        if us < 0 or us > MAX_WAIT_US:
             return self._done_now(t, E_RANGE)
         return self._sleep(t, ticks_add(self.clock.now(), us))
 
-    # sleep for ms milliseconds; resumes with OK
+    # sleep for ms milliseconds (0 .. MAX_WAIT_US // 1000); resumes with OK, or E_RANGE
     def sleep_ms(self, ms):
+        if ms < 0 or ms > MAX_WAIT_US // 1000:  # before * 1000: a big int would allocate
+            return self.sleep_us(-1)
         return self.sleep_us(ms * 1000)
 
     # sleep until the absolute tick `when` (drift-free periods: when = ticks_add(when, period));
@@ -253,18 +263,24 @@ class Kernel(Timers, Priorities, Watchdog, Notify, Stats):
         self.stopping = True
         self.alert = 1
 
-    # end task u in state st: off every list, close the generator, wake joiners, count it
+    # end task u in state st: off every list, close the generator, wake joiners, count it.
+    # The generator closes as u itself (current = u, already ended): its finally code
+    # runs as the victim, not as the task that called kill(); a blocking call there
+    # raises into u (see _cur), lock_nowait returns E_STATE, so u can own nothing again
     def _finish(self, u, st):
         self._detach(u)
         u.state = st
         u.rv = None
         self.totals[T_TASKS] -= 1
         if st != DONE:
+            caller = self.current
+            self.current = u
             try:
                 u.gen.close()
-            except Exception as e:  # a generator that yields in finally cannot be closed cleanly
+            except Exception as e:  # a generator that yields or blocks in finally cannot be closed cleanly
                 if u.exc is None:
                     u.exc = e
+            self.current = caller
         while u.joiners.head is not None:
             self._wake(u.joiners.head, st)
     # --- the run loop ------------------------------------------------------------------
@@ -273,6 +289,8 @@ class Kernel(Timers, Priorities, Watchdog, Notify, Stats):
     # (for_us < 0: no limit). Returns the number of tasks still alive (blocked forever or
     # cut off by the limit). One clock read per switch, no allocation per switch.
     def run(self, for_us=-1):
+        if for_us > MAX_WAIT_US:
+            raise SchedError("run: for_us must be at most %d (half the tick circle), got %d" % (MAX_WAIT_US, for_us))
         self.stopping = False
         self.limited = for_us >= 0
         self.end = ticks_add(self.clock.now(), for_us)
@@ -476,9 +494,13 @@ class Kernel(Timers, Priorities, Watchdog, Notify, Stats):
             self._finish(task, DONE)
 
     # task yielded (or ended) with a blocking call registered but not yielded: it fails
-    # with a SchedError naming it; what it was handed goes back
+    # with a SchedError naming it; what it was handed goes back. An exception the task
+    # raised itself stays task.exc (the real cause); the misuse is then only printed
     def _misused(self, task):
-        task.exc = self._misuse(task)
+        if task.exc is None:
+            task.exc = self._misuse(task)
+        elif self.verbose:
+            print("task %s: also left a blocking call unyielded" % task.name)
         self._fail(task)
 
     # a task failed (task.exc says why): record, count, report; the others keep running

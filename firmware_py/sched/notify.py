@@ -9,8 +9,8 @@
 # take_notify(clear=True/False) takes it and clears it or subtracts 1 (ulTaskNotifyTake).
 # Both block while the value is 0.
 from firmware_py.compat import const
-from firmware_py.status import OK, E_FULL, E_RANGE, E_STALE
-from firmware_py.sched.task import BLOCKED, DONE, W_NOTIFY, FOREVER, TIMEOUT
+from firmware_py.status import OK, E_FULL, E_RANGE, E_STALE, CARRY_N
+from firmware_py.sched.task import BLOCKED, DONE, W_NOTIFY, FOREVER, TIMEOUT, Task
 
 _NVAL_MAX = const(0x3FFFFFFF)  # notification value limit: a small int on the ESP32
 
@@ -28,7 +28,7 @@ class Notify:
     # OR bits (1 .. 2**30-1) into task t's notification value and wake it if it waits.
     # OK; E_STALE when t has finished; E_RANGE for bits out of range. O(1), no allocation
     def notify(self, t, bits=1):
-        if bits <= 0 or bits > _NVAL_MAX:
+        if bits.__class__ is not int or bits <= 0 or bits > _NVAL_MAX:
             return E_RANGE
         if t.state >= DONE:
             return E_STALE
@@ -81,12 +81,19 @@ class Notify:
             return self._done_now(t, self._take_nval(t))
         return self._block(t, None, timeout_us, W_NOTIFY, None)
 
-    # from an interrupt handler: notify(t, bits) at the next switch. OK, E_FULL (ring full)
+    # from an interrupt handler: notify(t, bits) at the next switch. OK, E_FULL (ring
+    # full), E_RANGE (t not a task of this kernel, bits not an int in 1..2**30-1: checked
+    # now, so a bad post never reaches the run loop)
     def notify_from_isr(self, t, bits=1):
+        if not isinstance(t, Task) or t.k is not self or bits.__class__ is not int or bits <= 0 or bits > _NVAL_MAX:
+            return self.isr.refuse()
         return self.isr.post(OP_NOTIFY, t, bits)
 
-    # from an interrupt handler: notify_give(t) at the next switch. OK, E_FULL (ring full)
+    # from an interrupt handler: notify_give(t) at the next switch. OK, E_FULL (ring
+    # full), E_RANGE (t not a task of this kernel)
     def notify_give_from_isr(self, t):
+        if not isinstance(t, Task) or t.k is not self:
+            return self.isr.refuse()
         return self.isr.post(OP_GIVE_NOTIFY, t, 1)
 
 
@@ -105,9 +112,14 @@ class Deferred:
         self.vals = [0] * size  # slot -> argument (bits, or the queue item reference)
         self.head = 0  # next slot the loop applies
         self.tail = 0  # next slot a producer fills
+        # counters modulo CARRY_N, each with its carry (name_g: units of CARRY_N), so they
+        # stay small ints on the ESP32 however long the board runs
         self.dropped = 0  # posts refused because the ring was full
-        self.refused = 0  # applied operations the target refused (queue full, semaphore at maximum, ...)
+        self.dropped_g = 0
+        self.refused = 0  # posts refused: at post time (bad argument, copy-mode queue) or by the target when applied (queue full, ...)
+        self.refused_g = 0
         self.applied = 0  # operations applied
+        self.applied_g = 0
         self.sources = 0  # attached interrupt sources: while > 0, run() idles instead of returning
 
     # record op(obj, val) for the next switch; OK, or E_FULL with nothing recorded. O(1)
@@ -117,7 +129,11 @@ class Deferred:
         if nx == self.size:
             nx = 0
         if nx == self.head:
-            self.dropped += 1
+            v = self.dropped + 1
+            if v >= CARRY_N:
+                self.dropped_g += 1
+                v = 0
+            self.dropped = v
             return E_FULL
         self.ops[tl] = op
         self.objs[tl] = obj
@@ -125,6 +141,19 @@ class Deferred:
         self.tail = nx  # published after the slot: the loop never sees a half-written one
         self.k.alert = 1  # after tail: the loop clears alert before it reads tail
         return OK
+
+    # a post refused at post time: counted in refused; returns E_RANGE. O(1), no allocation
+    def refuse(self):
+        self._count_refused()
+        return E_RANGE
+
+    # refused + 1 with its carry
+    def _count_refused(self):
+        v = self.refused + 1
+        if v >= CARRY_N:
+            self.refused_g += 1
+            v = 0
+        self.refused = v
 
     # an interrupt source (a timer, a pin) is attached: run() keeps idling for its posts
     def attach(self):
@@ -157,8 +186,12 @@ class Deferred:
             else:
                 r = obj.set(v)
             if r is TIMEOUT or r < 0:
-                self.refused += 1
-            self.applied += 1
+                self._count_refused()
+            a = self.applied + 1
+            if a >= CARRY_N:
+                self.applied_g += 1
+                a = 0
+            self.applied = a
             h += 1
             if h == self.size:
                 h = 0

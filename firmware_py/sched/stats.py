@@ -3,6 +3,7 @@
 # reads with the heap locked, and the Zephyr thread-analyzer style lines (allocate).
 # Counters carry into a second field before they leave the 31-bit small ints of the ESP32.
 from firmware_py.compat import IS_MICROPYTHON, const, micropython, ptr32
+from firmware_py import status
 from firmware_py.sched.task import STATE_NAMES, RUNNING, RESUME
 
 # per-task stats: one array("i") row of NSTAT ints per task slot (Kernel.rows, Task.st)
@@ -31,9 +32,13 @@ T_OVERRUNS = const(7)  # budget overruns, all tasks
 T_MISSES = const(8)  # deadline misses, all tasks
 T_TASKS = const(9)  # live tasks (not DONE/FAILED/KILLED)
 T_BITES = const(10)  # tasks stopped by the watchdog (ran past watchdog_us without yielding)
-NTOT = const(11)
+T_ISR_DROPPED = const(11)  # interrupt posts refused because the ring was full, modulo CARRY_N (snapshot_totals())
+T_ISR_REFUSED = const(12)  # applied interrupt posts the target refused, modulo CARRY_N (snapshot_totals())
+NTOT = const(13)
 
-CARRY_N = const(1000000000)  # counters carry at 1e9 (< 2**30, a small int on the ESP32)
+CARRY_N = const(1000000000)  # status.CARRY_N as a local const: viper inlines only this module's
+if CARRY_N != status.CARRY_N:
+    raise ImportError("sched.stats: CARRY_N differs from firmware_py/status.py")
 US_PER_S = const(1000000)
 
 
@@ -127,6 +132,8 @@ class Stats:
         tot[T_SWITCHES_G] = hi
         tot[T_BUSY_US] = us
         tot[T_BUSY_S] = s
+        tot[T_ISR_DROPPED] = self.isr.dropped
+        tot[T_ISR_REFUSED] = self.isr.refused
         for i in range(NTOT):
             buf[i] = tot[i]
 
@@ -177,7 +184,8 @@ class Stats:
         tot = self.totals
         self.snapshot_totals(tot)
         lines.append(
-            "kernel : switches %d; busy %d us idle %d us; faults %d overruns %d misses %d; tasks alive %d"
+            "kernel : switches %d; busy %d us idle %d us; faults %d overruns %d misses %d; tasks alive %d; "
+            "isr applied %d refused %d dropped %d"
             % (
                 tot[T_SWITCHES_G] * CARRY_N + tot[T_SWITCHES],
                 tot[T_BUSY_S] * US_PER_S + tot[T_BUSY_US],
@@ -186,6 +194,9 @@ class Stats:
                 tot[T_OVERRUNS],
                 tot[T_MISSES],
                 tot[T_TASKS],
+                self.isr.applied_g * CARRY_N + self.isr.applied,
+                self.isr.refused_g * CARRY_N + self.isr.refused,
+                self.isr.dropped_g * CARRY_N + self.isr.dropped,
             )
         )
         return lines

@@ -12,7 +12,7 @@
 from firmware_py.compat import const, micropython, ptr8
 from firmware_py.status import OK, E_FULL, E_RANGE, E_STATE
 from firmware_py.sched.notify import OP_PUT, OP_GIVE, OP_SET
-from firmware_py.sched.task import W_QGET, W_QPUT, W_SEM, W_EVENT, W_MUTEX, FOREVER, TIMEOUT, \
+from firmware_py.sched.task import DONE, W_QGET, W_QPUT, W_SEM, W_EVENT, W_MUTEX, FOREVER, TIMEOUT, \
     SchedError, TaskList
 
 _EVENT_BITS = const(24)  # event flag bits usable (FreeRTOS: 24 on 32-bit ticks)
@@ -64,8 +64,13 @@ class Queue:
         self.k._tick()
         return self._offer(item)
 
-    # from an interrupt handler (object queues): put_nowait(item) at the next switch; OK or E_FULL (ring full)
+    # from an interrupt handler (object queues): put_nowait(item) at the next switch; OK,
+    # E_FULL (ring full), or E_STATE for a copy-mode queue (its bytes would be read at the
+    # switch, later than posted: refused now, counted in k.isr.refused)
     def put_from_isr(self, item):
+        if self.item_size:
+            self.k.isr._count_refused()
+            return E_STATE
         return self.k.isr.post(OP_PUT, self, item)
 
     # store item or hand it to the first waiting getter: OK, TIMEOUT when full; O(1) (+ copy)
@@ -272,7 +277,7 @@ class Mutex:
     def lock_nowait(self):
         k = self.k
         t = k.current
-        if t is None:
+        if t is None or t.state >= DONE:  # no task, or a killed one (its cleanup code): it can own nothing
             return E_STATE
         k._tick()
         return self._poll(t)
@@ -356,14 +361,19 @@ class EventFlags:
             self.bits &= ~clear
         return self.bits
 
-    # from an interrupt handler: set(bits) at the next switch; OK or E_FULL (ring full)
+    # from an interrupt handler: set(bits) at the next switch; OK, E_FULL (ring full), or
+    # E_RANGE (bits not an int in the low 24: refused now, counted in k.isr.refused)
     def set_from_isr(self, bits):
+        if bits.__class__ is not int or bits < 0 or bits >> _EVENT_BITS:
+            return self.k.isr.refuse()
         return self.k.isr.post(OP_SET, self, bits)
 
-    # clear bits; returns the bits after the call, or E_RANGE; O(1)
+    # clear bits (after serving the timers due by now, as every service); returns the bits
+    # after the call, or E_RANGE; O(1)
     def clear(self, bits):
         if bits < 0 or bits >> _EVENT_BITS:
             return E_RANGE
+        self.k._tick()
         self.bits &= ~bits
         return self.bits
 

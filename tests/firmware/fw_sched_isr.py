@@ -12,6 +12,7 @@ from array import array
 from firmware_py import compat
 from firmware_py.clock import RealClock, VirtualClock
 from firmware_py.sched import Kernel, Queue, Semaphore, Mutex, EventFlags, OK, E_FULL, TIMEOUT, T_FAULTS
+from firmware_py.status import CARRY_N
 
 try:
     import _thread
@@ -132,4 +133,23 @@ n[0] = n[1] = 0
 no_alloc("mutex lock/unlock with inheritance, notify_give/take_notify, watchdog check", k.run)
 check(n[0] >= ROUNDS and n[1] >= ROUNDS, "rounds under the lock: %d locks, %d takes" % (n[0], n[1]))
 eq(k.totals[T_FAULTS], 0, "no task faulted")
+# --- the ring's counters carry at CARRY_N (< 2**30): past it they would leave the 32-bit
+# build's small ints and allocate on the switch path. Each set one below, bumped heap-locked
+k = Kernel(VirtualClock(), verbose=False, isr_slots=2)
+sc = Semaphore(k, 1, 1)  # at maximum: the applied give is refused
+k.isr.applied = k.isr.refused = k.isr.dropped = CARRY_N - 1
+k.spawn("t", 1, (lambda: (yield))())
+res = [0, 0]
+
+
+def post_and_run():
+    res[0] = sc.give_from_isr()  # recorded
+    res[1] = sc.give_from_isr()  # ring of 2 full: dropped
+    k.run()
+
+
+no_alloc("interrupt counters crossing CARRY_N (post, drop, drain, refusal)", post_and_run)
+eq((res[0], res[1]), (OK, E_FULL), "one post fits, the second is dropped")
+eq((k.isr.applied, k.isr.applied_g, k.isr.refused, k.isr.refused_g, k.isr.dropped, k.isr.dropped_g), (0, 1, 0, 1, 0, 1),
+   "applied, refused and dropped each carried into their _g field")
 done()

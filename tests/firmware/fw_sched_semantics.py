@@ -6,7 +6,9 @@
 from fwtest import check, eq, done
 from firmware_py.clock import VirtualClock
 from firmware_py.sched import Kernel, Queue, Semaphore, Mutex, EventFlags, SchedError, WatchdogError, \
-    TIMEOUT, OK, E_FULL, E_STATE, E_STALE, DONE, FAILED, KILLED, T_BITES, T_TASKS
+    TIMEOUT, OK, E_FULL, E_RANGE, E_STATE, E_STALE, DONE, FAILED, KILLED, T_BITES, T_TASKS, T_ISR_DROPPED, \
+    T_ISR_REFUSED, NTOT, MAX_WAIT_US
+from array import array
 
 
 def new(**kw):
@@ -283,9 +285,6 @@ except SchedError as e:
 # --- (e) uniform arguments: timeout_us second everywhere; nowait == blocking(0) ---
 k = new()
 ev = EventFlags(k)
-q = Queue(k, 1)
-s = Semaphore(k)
-m = Mutex(k)
 er = []
 
 
@@ -293,19 +292,77 @@ def uniform():
     t0 = k.now()
     er.append((yield ev.wait(1, 500)))  # timeout 500, not wait_all=500
     er.append(k.now() - t0)
-    er.append(((yield q.get(0)), q.get_nowait()))
-    er.append(((yield q.put(1, 0)), q.put_nowait(2)))
-    er.append(((yield s.take(0)), s.take_nowait()))
-    er.append(((yield ev.wait(1, 0)), ev.wait_nowait(1)))
-    er.append(((yield m.lock(0)), m.lock_nowait()))  # free: locked, then E_STATE (not recursive)
-    m.unlock()
-    er.append(((yield k.join(k.current, 0)), E_STATE))
+    er.append((yield k.join(k.current, 0)))  # joining itself: E_STATE (join has no nowait twin)
 
 
 k.spawn("u", 1, uniform())
 k.run()
-eq(er, [TIMEOUT, 500, (TIMEOUT, TIMEOUT), (OK, TIMEOUT), (TIMEOUT, TIMEOUT), (TIMEOUT, TIMEOUT), (OK, E_STATE), (E_STATE, E_STATE)],
-   "ev.wait(1, 500) times out at 500; each nowait returns what the blocking call with 0 resumes with")
+eq(er, [TIMEOUT, 500, E_STATE], "ev.wait(1, 500) times out at 500; join(itself, 0) is E_STATE")
+
+
+# nowait == blocking(0), each pair compared in the same state: two identical fresh
+# setups, the blocking call with 0 in one, the nowait twin in the other
+def setup(kind, k):
+    # (object, blocking call with timeout 0, its nowait twin) for one state of one kind
+    if kind == "get empty":
+        o = Queue(k, 1)
+        return o, lambda: o.get(0), o.get_nowait
+    if kind == "get one":
+        o = Queue(k, 1)
+        o.put_nowait(5)
+        return o, lambda: o.get(0), o.get_nowait
+    if kind == "put room":
+        o = Queue(k, 1)
+        return o, lambda: o.put(1, 0), lambda: o.put_nowait(1)
+    if kind == "put full":
+        o = Queue(k, 1)
+        o.put_nowait(9)
+        return o, lambda: o.put(1, 0), lambda: o.put_nowait(1)
+    if kind == "take none":
+        o = Semaphore(k)
+        return o, lambda: o.take(0), o.take_nowait
+    if kind == "take one":
+        o = Semaphore(k, 1)
+        return o, lambda: o.take(0), o.take_nowait
+    if kind == "wait unset":
+        o = EventFlags(k)
+        return o, lambda: o.wait(1, 0), lambda: o.wait_nowait(1)
+    if kind == "wait set":
+        o = EventFlags(k)
+        o.set(3)
+        return o, lambda: o.wait(1, 0, clear=True), lambda: o.wait_nowait(1, clear=True)
+    if kind == "lock free":
+        o = Mutex(k)
+        return o, lambda: o.lock(0), o.lock_nowait
+    o = Mutex(k)  # "lock own": the caller already holds it
+    return o, lambda: o.lock(0), o.lock_nowait
+
+
+KINDS = ("get empty", "get one", "put room", "put full", "take none", "take one", "wait unset", "wait set",
+         "lock free", "lock own")
+pairs = []
+
+
+def pair_task(kind, blocking, k):
+    o, blk, nw = setup(kind, k)
+    if kind == "lock own":
+        o.lock_nowait()
+    if blocking:
+        r = yield blk()
+    else:
+        r = nw()
+        yield
+    pairs.append((kind, blocking, r, repr(getattr(o, "count", getattr(o, "bits", None)))))
+
+
+for kind in KINDS:
+    res = []
+    for blocking in (True, False):
+        k = new()
+        k.spawn("p", 1, pair_task(kind, blocking, k))
+        k.run()
+        res.append(pairs.pop()[2:])
+    eq(res[0], res[1], "%s: the nowait twin returns what the blocking call with 0 resumes with, same state after" % kind)
 
 # --- (f) counting notifications: give increments, take clears or decrements ---
 k = new()
@@ -462,4 +519,154 @@ def spinner_h():
 sp = k.spawn("spinner", 1, spinner_h())
 k.run()
 eq((named, sp.state), (["spinner"], FAILED), "the timer check names the running task; the kernel stops it")
+
+
+# ...and handled: its next kernel call raises the watchdog's exception into it, so the
+# hog stops there instead of running on to the slice's end
+k = Kernel(VirtualClock(), verbose=False, watchdog_us=1000)
+sem = Semaphore(k, 0, 10)
+hlog = []
+
+
+def hog_h():
+    k.clock.t += 1500
+    k._wd_check(None)
+    try:
+        sem.give()  # a kernel call after the bite
+        hlog.append("gave")
+    except WatchdogError:
+        hlog.append("stopped at its next kernel call")
+        raise
+    yield
+
+
+hg = k.spawn("hog", 1, hog_h())
+k.run()
+eq((hlog, hg.state, sem.count, k.bitten), (["stopped at its next kernel call"], FAILED, 0, None),
+   "the named hog is stopped at its next kernel call, which does nothing")
+check(isinstance(hg.exc, WatchdogError), "it ends with the watchdog's exception: %r" % hg.exc)
+
+# --- (i) a killed task's finally runs as the victim: it cannot lock or block for the killer ---
+k = new()
+m = Mutex(k)
+klog = []
+
+
+def victim_i():
+    try:
+        yield k.sleep_ms(100)
+    finally:
+        klog.append(("victim lock_nowait", m.lock_nowait()))
+        klog.append(("current in finally is the victim", k.current is vi))
+        yield k.sleep_us(10)  # a blocking call in cleanup: raises into the victim
+
+
+def killer_i():
+    yield
+    klog.append(("kill", k.kill(vi)))
+    klog.append(("killer owns m", m.owner is ki))
+    klog.append(("m owner", m.owner))
+    yield
+    klog.append("killer runs again")
+
+
+vi = k.spawn("victim", 1, victim_i())
+ki = k.spawn("killer", 1, killer_i())
+eq(k.run(), 0, "both end")
+eq(klog, [("victim lock_nowait", E_STATE), ("current in finally is the victim", True), ("kill", OK),
+          ("killer owns m", False), ("m owner", None), "killer runs again"],
+   "the victim's cleanup cannot take the mutex; the killer owns nothing and keeps running")
+eq((vi.state, ki.state, ki.exc), (KILLED, DONE, None), "victim KILLED, killer DONE without an exception")
+check(isinstance(vi.exc, SchedError) and "victim" in str(vi.exc), "the cleanup's blocking call is the victim's error: %r" % vi.exc)
+eq(k.current, None, "current restored after the close")
+
+# --- (j) waits beyond MAX_WAIT_US (2**29 - 1 us) are refused with E_RANGE, never wrap ---
+k = new()
+wres = []
+
+
+def long_waits():
+    t0 = k.now()
+    wres.append((yield k.sleep_ms(600000)))  # 10 min
+    wres.append((yield k.sleep_us(MAX_WAIT_US + 1)))
+    wres.append((yield Queue(k, 1).get(600000000)))
+    wres.append((yield Semaphore(k).take(MAX_WAIT_US + 1)))
+    wres.append((yield k.wait_notify(1 << 40)))
+    wres.append(k.now() - t0)  # all refused at once
+    wres.append((yield k.sleep_us(MAX_WAIT_US)))  # the longest sleep works
+    wres.append(k.now() - t0)
+
+
+k.spawn("lw", 1, long_waits())
+k.run()
+eq(wres, [E_RANGE, E_RANGE, E_RANGE, E_RANGE, E_RANGE, 0, OK, MAX_WAIT_US],
+   "sleeps and timeouts past MAX_WAIT_US resume with E_RANGE at once; MAX_WAIT_US itself sleeps exactly")
+k = new()
+e = None
+try:
+    k.run(600000000)
+except SchedError as x:
+    e = x
+check(e is not None and "for_us" in str(e), "run(600 s) is refused with a one-line SchedError: %r" % e)
+
+# --- (k) bad interrupt posts are refused when posted, never raise out of run() ---
+k = new()
+qc = Queue(k, 2, item_size=4)
+evk = EventFlags(k)
+tk = k.spawn("t", 1, (lambda: (yield))())
+eq((qc.put_from_isr(bytearray(4)), k.notify_from_isr(None, 1), k.notify_from_isr(tk, 0), k.notify_give_from_isr(7),
+    evk.set_from_isr(1 << 30), k.notify_from_isr(tk, 1.5)),
+   (E_STATE, E_RANGE, E_RANGE, E_RANGE, E_RANGE, E_RANGE), "copy-mode queue, bad targets and bits refused at post time")
+eq(k.isr.tail, k.isr.head, "nothing recorded")
+eq(k.run(), 0, "run() returns normally")
+eq(k.isr.refused, 6, "each refusal counted")
+
+# --- (l) drops and refusals are reported: snapshot_totals and the kernel's stats line ---
+k = Kernel(VirtualClock(), verbose=False, isr_slots=2)
+sl = Semaphore(k, 0, 1)
+eq([sl.give_from_isr() for _ in range(2)], [OK, E_FULL], "a ring of 2 holds 1 post")
+k.spawn("t", 1, (lambda: (yield))())
+sl.count = 1  # the applied give will be refused (at maximum)
+k.run()
+tot = array("i", bytes(4 * NTOT))
+k.snapshot_totals(tot)
+eq((tot[T_ISR_DROPPED], tot[T_ISR_REFUSED]), (1, 1), "snapshot_totals: one drop, one refusal")
+check("isr applied 1 refused 1 dropped 1" in k.stats_lines()[-1], "the kernel line reports them: %s" % k.stats_lines()[-1])
+
+# --- (m) a task's own exception is kept when it also left a blocking call unyielded ---
+k = new()
+sz = Semaphore(k, 1)
+
+
+def raiser():
+    sz.take()  # not yielded, completes at once
+    1 // 0
+    yield
+
+
+rz = k.spawn("rz", 1, raiser())
+k.run()
+eq((rz.state, type(rz.exc).__name__), (FAILED, "ZeroDivisionError"), "the real exception, not the misuse message")
+
+# --- (n) EventFlags.clear serves the timers due by now, as every service ---
+k = new()
+evn = EventFlags(k)
+cl = []
+
+
+def timed_waiter():
+    cl.append((yield evn.wait(1, 100)))
+
+
+def clearer():
+    k.charge(200)  # the waiter's timeout passes during this slice
+    evn.clear(1)
+    cl.append(("waiter served", tw.state != 3))  # BLOCKED is 3
+    yield
+
+
+tw = k.spawn("tw", 2, timed_waiter())
+k.spawn("cl", 1, clearer())
+k.run()
+eq(cl, [("waiter served", True), TIMEOUT], "clear() served the due timeout before returning")
 done()

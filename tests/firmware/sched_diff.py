@@ -18,7 +18,7 @@ OP_NAMES = ("yield", "charge", "sleep", "qput", "qput_nw", "qget", "qget_nw", "t
 R_NONE = -99  # result code of an op with no result (yield, charge)
 R_TIMEOUT = -100  # result code of TIMEOUT
 MAX_LOG = 600  # entries per program (switches + results)
-TIMEOUTS = (0, -1, 30, 120, 400)
+TIMEOUTS = (0, -1, 30, 120, 400, 1 << 29)  # the last: past MAX_WAIT_US, refused with E_RANGE
 
 
 class Rng:
