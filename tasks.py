@@ -52,7 +52,9 @@ def bench(c, name, json=False):
 
     if name in ("-h", "--help"):
         # invoke hands a flag typed where the positional NAME goes to the task as NAME
-        c.run("%s -m invoke --help bench" % sys.executable, pty=False)
+        import subprocess
+
+        subprocess.run([sys.executable, "-m", "host.cli", "--help", "bench"])
         return
     try:
         if name.startswith("_"):

@@ -372,3 +372,35 @@ def test_flash_firmware_dry_run_with_a_port_that_is_not_attached():
     assert r.returncode == 2 and "not an ESP32 firmware image" in line(r), r.stderr
     r = kv("flash-firmware")
     assert r.returncode == 2 and "--bin FILE is required" in line(r), r.stderr
+
+
+# --- a new user's second pass: each finding, run as a user runs it -----------------
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["bench"], "kv bench: missing NAME (usage: ./kv bench NAME"),
+        (["flash", "--port"], "kv flash: --port needs a value"),
+        (["budget", "--nosuch"], "kv budget: no option --nosuch"),
+        (["budget", "extra"], "kv budget: unexpected argument 'extra'"),
+        (["bench", "sched", "kv"], "kv bench: unexpected argument 'kv'"),
+        (["vboard", "--stop=1"], "kv vboard: --stop takes no value (got --stop=1"),
+        (["budget", "--json=yes"], "kv budget: --json takes no value (got --json=yes"),
+        (["nosuch"], "kv: no task 'nosuch'"),
+        (["budget", "test"], "kv: one task per command line, got budget, test"),
+    ],
+)
+def test_parse_errors_are_one_kv_line_with_exit_2(args, says):
+    r = kv(*args)
+    assert r.returncode == 2 and line(r).startswith(says), (r.returncode, r.stderr)
+    assert r.stdout == ""  # budget test: neither task ran
+
+
+def test_the_front_door_itself_gives_the_one_line_and_keeps_list_and_help(tmp_path):
+    r = kv("budget", "--json=yes", cwd=str(tmp_path))
+    assert r.returncode == 2 and line(r).startswith("kv budget: --json takes no value"), r.stderr
+    r = kv("--list", cwd=str(tmp_path))
+    assert r.returncode == 0 and "flash-firmware" in r.stdout and "bench-docs" in r.stdout, r.stderr
+    r = kv("--chain", "budget", "budget", "--json", cwd=str(tmp_path))
+    assert r.returncode == 0 and r.stdout.count("KV per token") == 1 and '"fits"' in r.stdout, r.stdout + r.stderr

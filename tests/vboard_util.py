@@ -13,7 +13,7 @@ import serial
 from conftest import ROOT
 from host import vboard
 
-KV_INVOKE = [sys.executable, "-m", "invoke"]
+KV_INVOKE = [sys.executable, "-m", "host.cli"]  # what ./kv runs after its bootstrap
 
 
 def start(tmp_path, board="esp32s3_n8r8", **kw):
