@@ -44,9 +44,12 @@ def lint(c):
     c.run("%s -m ruff check ." % sys.executable)
 
 
-@task(help={"name": "what to measure: sched, kv, ...", "json": "print one JSON object"})
+@task(help={"name": "what to measure: sched, kv, ...", "json": "print one JSON object",
+            "model": "bench quality: a llama2.c checkpoint (default stories260K, else models/kvrtos-tiny)",
+            "tokenizer": "bench quality: the tokenizer (default: beside the model)",
+            "prompt": "bench quality: a prompt (repeat for several)"}, iterable=["prompt"])
 @one_line_errors
-def bench(c, name, json=False):
+def bench(c, name, json=False, model="", tokenizer="", prompt=None):
     """Run a benchmark (host/bench/<name>.py) and print its figures; --json prints one object."""
     import importlib
 
@@ -67,7 +70,10 @@ def bench(c, name, json=False):
 
         known = sorted(m.name for m in pkgutil.iter_modules(host.bench.__path__) if not m.name.startswith("_"))
         raise UserError("no benchmark %r (known: %s)" % (name, ", ".join(known)), 2)
-    mod.run(as_json=json)
+    extra = {k: v for k, v in (("model", model), ("tokenizer_path", tokenizer), ("prompts", prompt)) if v}
+    if extra and name != "quality":
+        raise UserError("--model, --tokenizer and --prompt belong to bench quality", 2)
+    mod.run(as_json=json, **extra)
 
 
 @task(help={"render": "only re-render docs/benchmarks.md from the committed docs/bench/*.json", "only": "run just this benchmark (the others keep their JSON)"})
