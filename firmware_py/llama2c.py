@@ -263,8 +263,8 @@ def plan(path):
         with open(path, "rb") as f:
             head = f.read(V2_HEADER_BYTES)
         size = os.stat(path)[6]
-    except OSError:
-        raise CheckpointError("%s: cannot be read" % path) from None
+    except OSError as e:
+        raise CheckpointError("%s: %s" % (path, "is a folder, not a checkpoint file" if e.errno == 21 else "cannot be read")) from None  # 21: EISDIR
     cfg = parse_header(head, path)
     lay = Layout(cfg)
     want, have = lay.file_bytes - cfg.header_bytes, size - cfg.header_bytes

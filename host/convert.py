@@ -6,6 +6,7 @@
 import math
 import os
 import struct
+import tempfile
 
 from firmware_py import llama2c
 from host.errors import UserError
@@ -89,8 +90,8 @@ def convert(inp, out, fmt, group=0):
         raise UserError(str(e), 2) from None
     if w.dtype != "fp32":
         raise UserError("%s: is already int8 (%s); convert reads an fp32 checkpoint" % (inp, w.cfg.format), 2)
-    if os.path.abspath(inp) == os.path.abspath(out):
-        raise UserError("--out must differ from --model", 2)
+    check_out(inp, out)
+    fp32_bytes = os.path.getsize(inp)  # now: after the write, a link would report the output
     cfg = w.cfg
     groups = choose_groups(cfg, fmt, group)
     # the output's layout: the firmware's own table, so the loader and writer agree
@@ -98,8 +99,11 @@ def convert(inp, out, fmt, group=0):
     lay = llama2c.Layout(ocfg)
     worst = 0.0
     matrix_weights = matrix_bytes = 0
+    # written to a temporary file beside --out, renamed into place only when whole: a
+    # failed or interrupted convert leaves no half file (and never touches the input)
+    fd, part = tempfile.mkstemp(prefix="." + os.path.basename(out) + ".", suffix=".part", dir=os.path.dirname(out))
     try:
-        with open(out, "wb") as f:
+        with os.fdopen(fd, "wb") as f:
             f.write(header(cfg, fmt, groups))
             for t in lay.tensors:
                 src = _source(w, t)
@@ -116,13 +120,47 @@ def convert(inp, out, fmt, group=0):
                 matrix_weights += q.size
                 matrix_bytes += q.size + 4 * s.size
             _pad_to(f, lay.file_bytes)
+        os.chmod(part, 0o666 & ~_umask())  # mkstemp's 0600: give it an ordinary file's mode
+        os.replace(part, out)
     except OSError as e:
+        _remove(part)
         raise UserError("%s: cannot be written (%s)" % (out, e.strerror or e)) from None
+    except BaseException:
+        _remove(part)
+        raise
     size = os.path.getsize(out)
     params = lay.params()
     return {"model": inp, "out": out, "format": fmt, "groups": groups, "file_bytes": size, "params": params,
             "bytes_per_weight": (size - ocfg.header_bytes) / params, "matrix_bytes_per_weight": matrix_bytes / matrix_weights,
-            "max_abs_error": worst, "fp32_file_bytes": os.path.getsize(inp)}
+            "max_abs_error": worst, "fp32_file_bytes": fp32_bytes}
+
+
+# refuse an --out that is the input under another name (a symlink, a hard link, a
+# path through a linked folder), a folder, or in a folder that does not exist; exit 2
+def check_out(inp, out):
+    if os.path.isdir(out):
+        raise UserError("--out %s is a folder; give the file to write" % out, 2)
+    folder = os.path.dirname(out) or "."
+    if not os.path.isdir(folder):
+        raise UserError("--out %s: folder %s does not exist" % (out, folder), 2)
+    same = os.path.samefile(inp, out) if os.path.exists(out) else os.path.realpath(inp) == os.path.realpath(out)
+    if same:
+        raise UserError("--out %s is the input file %s (the same file under another name); write to another file" % (out, inp), 2)
+
+
+def _umask():
+    # the process's umask (read by setting it)
+    m = os.umask(0)
+    os.umask(m)
+    return m
+
+
+def _remove(path):
+    # remove a file that may not exist
+    try:
+        os.remove(path)
+    except OSError:
+        pass
 
 
 # the fp32 source (numpy) of output tensor t, from the loaded fp32 weights w

@@ -404,3 +404,66 @@ def test_the_front_door_itself_gives_the_one_line_and_keeps_list_and_help(tmp_pa
     assert r.returncode == 0 and "flash-firmware" in r.stdout and "bench-docs" in r.stdout, r.stderr
     r = kv("--chain", "budget", "budget", "--json", cwd=str(tmp_path))
     assert r.returncode == 0 and r.stdout.count("KV per token") == 1 and '"fits"' in r.stdout, r.stdout + r.stderr
+
+
+def _fp32_model(tmp_path):
+    # a copy of the committed fp32 model in tmp_path; its path
+    import shutil
+
+    from host import paths
+
+    inp = tmp_path / "in.bin"
+    shutil.copy(paths.ROOT + "/models/kvrtos-tiny/model.bin", inp)
+    return inp
+
+
+def test_convert_refuses_an_out_that_is_the_input_under_another_name(tmp_path):
+    import hashlib
+    import os
+
+    inp = _fp32_model(tmp_path)
+    before = hashlib.sha256(inp.read_bytes()).hexdigest()
+    os.symlink("in.bin", tmp_path / "lnk.bin")
+    os.link(inp, tmp_path / "hard.bin")
+    (tmp_path / "sub").mkdir()
+    for out in ("lnk.bin", "hard.bin", "sub/../in.bin"):
+        r = kv("convert", "--model", "in.bin", "--out", out, cwd=str(tmp_path))
+        assert r.returncode == 2 and "is the input file %s" % inp in line(r), (out, r.stderr)
+    assert hashlib.sha256(inp.read_bytes()).hexdigest() == before
+    r = kv("convert", "--model", "in.bin", "--out", "out.bin", cwd=str(tmp_path))
+    assert r.returncode == 0 and "fp32 file %d B" % inp.stat().st_size in r.stdout, r.stdout + r.stderr
+    assert os.listdir(tmp_path / "sub") == [] and sorted(os.listdir(tmp_path)) == ["hard.bin", "in.bin", "lnk.bin", "out.bin", "sub"]
+
+
+def test_convert_cut_short_leaves_the_old_output_and_no_half_file(tmp_path):
+    # a file size limit below the output's size: the write fails part way (EFBIG)
+    import os
+    import resource
+    import subprocess
+
+    from vboard_util import KV_INVOKE
+
+    inp = _fp32_model(tmp_path)
+    out = tmp_path / "out.bin"
+    out.write_bytes(b"old")
+    env = dict(os.environ, KVRTOS_CALLER_CWD=str(tmp_path))
+    r = subprocess.run(KV_INVOKE + ["convert", "--model", str(inp), "--out", str(out)], cwd=os.path.dirname(os.path.dirname(__file__)),
+                       capture_output=True, text=True, timeout=120, env=env,
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000)))
+    assert r.returncode == 1 and "%s: cannot be written (File too large)" % out in line(r), r.stderr
+    assert out.read_bytes() == b"old" and sorted(os.listdir(tmp_path)) == ["in.bin", "out.bin"]
+
+
+@pytest.mark.parametrize("out, says", [("/nonexistent/x.bin", "--out /nonexistent/x.bin: folder /nonexistent does not exist"),
+                                       ("/tmp", "--out /tmp is a folder")])
+def test_convert_bad_out_path_is_bad_input(tmp_path, out, says):
+    inp = _fp32_model(tmp_path)
+    r = kv("convert", "--model", str(inp), "--out", out)
+    assert r.returncode == 2 and says in line(r), r.stderr
+
+
+@pytest.mark.parametrize("cmd", [["convert", "--out", "x.bin"], ["budget"]])
+def test_a_model_path_that_is_a_folder_says_so(tmp_path, cmd):
+    (tmp_path / "dir.bin").mkdir()
+    r = kv(*cmd, "--model", "dir.bin", cwd=str(tmp_path))
+    assert r.returncode == 2 and "%s: is a folder, not a checkpoint file" % (tmp_path / "dir.bin") in line(r), r.stderr

@@ -260,7 +260,7 @@ def test_kv_convert_prints_the_figures(tmp_path):
 @pytest.mark.parametrize("case,needle", [
     ("no-args", "are required"), ("bad-format", "--format must be"), ("bad-group", "does not divide every row"),
     ("int8-input", "already int8"), ("missing", "cannot be read"), ("group-not-number", "whole number"),
-    ("same-file", "must differ"),
+    ("same-file", "is the input file"),
 ])
 def test_kv_convert_mistakes_are_one_line(tmp_path, case, needle):
     hdr, w = random_model()
