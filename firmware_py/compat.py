@@ -70,6 +70,12 @@ if IS_MICROPYTHON:
         # numpy module, or None: never on the board
         return None
 
+    def buffer_address(buf):
+        # address of buf's first byte (a memoryview window: where the window starts)
+        import uctypes  # noqa: PLC0415 - boot-time check only
+
+        return uctypes.addressof(buf)
+
 else:
     TICKS_PERIOD = 1 << 30  # as on the ESP32 port (31-bit small ints)
     _TICKS_MAX = TICKS_PERIOD - 1
@@ -167,12 +173,40 @@ else:
         return memoryview(buf).cast("B")
 
     def ptr16(buf):
-        # viper's ptr16(buf) on CPython: the buffer seen as uint16
-        return memoryview(buf).cast("B").cast("H")
+        # viper's ptr16(buf) on CPython: the buffer seen as uint16 (a trailing odd byte is
+        # not addressable, as on MicroPython where viper ignores the length)
+        b = memoryview(buf).cast("B")
+        return b[:len(b) & ~1].cast("H")
 
     def ptr32(buf):
-        # viper's ptr32(buf) on CPython: the buffer seen as uint32
-        return memoryview(buf).cast("B").cast("I")
+        # viper's ptr32(buf) on CPython: the buffer seen as uint32 (its whole words: a
+        # length that is not a multiple of 4 is accepted, as viper accepts it)
+        b = memoryview(buf).cast("B")
+        return b[:len(b) & ~3].cast("I")
+
+    def buffer_address(buf):
+        # address of buf's first byte (a memoryview window: where the window starts);
+        # buf must be writable (boot-time check only)
+        import ctypes  # noqa: PLC0415 - boot-time check only
+
+        mv = memoryview(buf).cast("B")
+        return ctypes.addressof((ctypes.c_char * len(mv)).from_buffer(mv))
+
+
+# True when buf is a writable buffer (bytearray, array, a memoryview of one; not bytes);
+# boot-time check only (allocates a memoryview)
+def buffer_writable(buf):
+    try:
+        mv = memoryview(buf)
+    except TypeError:
+        return False
+    if len(mv) == 0:
+        return not getattr(mv, "readonly", False)
+    try:
+        mv[0] = mv[0]  # the same value back: refused by a read-only view on both interpreters
+    except TypeError:
+        return False
+    return True
 
 
 def collect():

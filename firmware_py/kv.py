@@ -8,7 +8,9 @@
 # counters) validates its handle and arguments in O(1) and returns an int: >= 0 on
 # success, a negative code from firmware_py/status.py on refusal, with nothing changed
 # (docs/memory.md gives the exact rules, docs/conventions.md the table). A handle packs
-# the sequence slot with a generation bumped on every close, so an old handle is E_STALE.
+# the sequence slot with a generation bumped on every close and the cache's tag (its
+# number on the pool), so an old handle, or one of another cache, is E_STALE. A handle
+# or integer argument that is not an int (a float, a bool) is refused the same way.
 #
 # Layout (docs/memory.md has the picture). T = tokens_per_block, L = n_layers,
 # H = n_kv_heads, D = head_dim, kv_dim = H * D:
@@ -40,18 +42,26 @@ from firmware_py.kvlayout import (  # noqa: F401 - re-exported: kv.Layout, kv.SI
     BOOT_BYTES, DTYPES, GROUP, H2O_RECENT_PCT, HDR_BYTES, KV_FIXED_BYTES, POLICIES, SINKS, TOKENS_PER_BLOCK,
     WATERMARK_PCT, KVError, Layout, blocks_for, blocks_for_board, boot_reserve, bytes_per_block, heap_for,
     min_budget, policy_params)
-from firmware_py.pool import copy32, filled, get32, set32, zero32
-from firmware_py.status import E_EMPTY, E_FULL, E_NO_BLOCK, E_NO_SLOT, E_RANGE, E_STALE, E_STATE, OK
+from firmware_py import kvh2o
+from firmware_py.kvh2o import h2o_victim
+from firmware_py.pool import copy32, copy_rows, filled, get32, set32, zero32, zero_rows
+from firmware_py.status import E_EMPTY, E_FULL, E_NO_BLOCK, E_NO_SLOT, E_RANGE, E_STALE, E_STATE, INT_MAX, OK
 
-_SCORE_MAX = const(0x1FFFFFFF)  # scores saturate here (stay a small int on the ESP32)
+_SCORE_MAX = const(0x1FFFFFFF)  # scores saturate here, 2**29 - 1 (stay a small int on the ESP32)
 _NONE = const(-1)  # table entry / map entry: nothing
-_HMAX = const(0x3FFFFFFF)  # largest small int on the ESP32: handles + 1 stay at or below it
+_HMAX = const(0x3FFFFFFF)  # status.INT_MAX, the largest small int on the ESP32: handles + 1 stay at or below it
+_POS_LIMIT = const(0x3FFFFFFE)  # positions 0 .. _POS_LIMIT - 1: at n == _POS_LIMIT append is E_FULL (n + 1 stays small)
+_TAGS = const(4)  # caches one pool serves, each with its own handles (the tag is the low part of the generation)
 _MAX_SEQS = const(0x7FFF)  # a block is shared by at most max_seqs tables (array('h') refcounts)
 _NO_BLOCK16 = const(0xFFFF)  # a table entry of -1 as ptr16 reads it
-_FULL = const(0)  # stop at the budget with E_FULL (policy numbers: POLICIES.index(name))
+# policy numbers as local consts (viper inlines only this module's); their home is
+# kvlayout.POLICIES: the number is POLICIES.index(name), checked below
+_FULL = const(0)  # stop at the budget with E_FULL
 _WINDOW = const(1)  # ring over the most recent `budget` tokens
 _SINKS = const(2)  # first `sinks` tokens + a ring of the most recent ones
 _H2O = const(3)  # sinks + `recent` ring + heavy hitters by accumulated score
+if (_HMAX, POLICIES[_FULL], POLICIES[_WINDOW], POLICIES[_SINKS], POLICIES[_H2O]) != (INT_MAX, "full", "window", "sinks", "h2o"):
+    raise ImportError("kv: policy numbers or INT_MAX differ from kvlayout.POLICIES / status.py")
 
 # the status codes again as local constants: viper inlines only this module's consts
 _E_FULL = const(-1)
@@ -63,6 +73,8 @@ if (_E_FULL, _E_NO_BLOCK, _E_STALE, _E_RANGE, _E_STATE) != (E_FULL, E_NO_BLOCK, 
     raise ImportError("kv: status codes differ from firmware_py/status.py")
 _ZERO_OBJ = 0  # 0 and _HMAX as objects: viper compares an argument with these before int()
 _HMAX_OBJ = _HMAX
+_NULL = None  # None as an object viper can compare with (a src of None is E_RANGE, not a TypeError)
+_INT = int  # an argument's __class__ must be this (a float or bool is refused before int(), which would raise)
 _ZEROS = bytearray(0)  # reserve() = append(h, _ZEROS): zero the rows instead of copying
 
 # meta, array('i'): the cache's shape (words 0 .. _CFG - 1), then one row of _NF words per
@@ -91,100 +103,12 @@ _F_EV = const(10)  # tokens evicted so far
 _F_GEN = const(11)  # generation of the slot's next handle (+1 per close)
 _NF = const(12)  # words per sequence row
 _ST_BIAS = const(16)  # meta[_C_ST] = status + _ST_BIAS (status codes are >= -16)
+if (kvh2o._F_SINKS, kvh2o._F_RECENT, kvh2o._F_CAP, kvh2o._CFG, kvh2o._NF) != (_F_SINKS, _F_RECENT, _F_CAP, _CFG, _NF):
+    raise ImportError("kv: the meta layout differs from kvh2o.py's")
 
 # reserve()/append() success: >= 0, a sum of these flags (refusals: status.E_*)
-ST_OK = OK
 ST_WATERMARK = const(1)  # this token crossed the sequence's watermark (once)
 ST_EVICTED = const(2)  # an older token was evicted to make room
-ST_FULL = E_FULL  # the old names of the refusals, kept for callers
-ST_NO_BLOCK = E_NO_BLOCK
-
-
-@micropython.viper
-def _copy_rows(dst, dword: int, step: int, src, sword: int, w: int, rows: int):
-    # rows runs of w words: dst words [dword + k * step, + w) = src words [sword + k * w, + w),
-    # 8 words per turn (the same loop as append's); O(rows * w), no allocation
-    d = ptr32(dst)
-    s = ptr32(src)
-    k = 0
-    while k < rows:
-        i = dword
-        j = sword
-        e8 = i + w - 7
-        end = i + w
-        while i < e8:
-            d[i] = s[j]
-            d[i + 1] = s[j + 1]
-            d[i + 2] = s[j + 2]
-            d[i + 3] = s[j + 3]
-            d[i + 4] = s[j + 4]
-            d[i + 5] = s[j + 5]
-            d[i + 6] = s[j + 6]
-            d[i + 7] = s[j + 7]
-            i += 8
-            j += 8
-        while i < end:
-            d[i] = s[j]
-            i += 1
-            j += 1
-        dword += step
-        sword += w
-        k += 1
-
-
-@micropython.viper
-def _zero_rows(buf, word: int, step: int, w: int, rows: int):
-    # rows runs of w zero words at buf words word + k * step, 8 per turn; O(rows * w), no allocation
-    p = ptr32(buf)
-    k = 0
-    while k < rows:
-        i = word
-        e8 = i + w - 7
-        end = i + w
-        while i < e8:
-            p[i] = 0
-            p[i + 1] = 0
-            p[i + 2] = 0
-            p[i + 3] = 0
-            p[i + 4] = 0
-            p[i + 5] = 0
-            p[i + 6] = 0
-            p[i + 7] = 0
-            i += 8
-        while i < end:
-            p[i] = 0
-            i += 1
-        word += step
-        k += 1
-
-
-@micropython.viper
-def _h2o_min(arena, table, tbase: int, t: int, bw: int, cap: int, lo: int, hi: int) -> int:
-    # the slot (of the cap slots whose blocks are table[tbase ...], T = t per block of
-    # bw words) holding a position p with lo <= p < hi and the lowest score, ties to the
-    # oldest p; -1 when none. O(cap), no allocation
-    p = ptr32(arena)
-    tb = ptr16(table)
-    best = -1
-    best_sc = 0x20000000  # above any saturated score
-    best_p1 = 0x3FFFFFFF  # above any position + 1
-    slot = 0
-    k = 0
-    while slot < cap:
-        w = int(tb[tbase + k]) * bw  # ring blocks are all allocated (at open)
-        r = 0
-        while r < t and slot < cap:
-            pos1 = int(p[w + 2 * r])  # position + 1; 0 = empty slot
-            if pos1 > lo and pos1 <= hi:
-                sc = int(p[w + 2 * r + 1])
-                if sc < best_sc or (sc == best_sc and pos1 < best_p1):
-                    best_sc = sc
-                    best_p1 = pos1
-                    best = slot
-            r += 1
-            slot += 1
-        k += 1
-    return best
 
 
 class KVCache:
@@ -198,6 +122,11 @@ class KVCache:
         if mb < 1 or mb > pool.n_blocks:
             raise KVError("max_blocks_per_seq must be 1..%d, got %d" % (pool.n_blocks, mb))
         t = layout.tokens_per_block
+        tag = pool.n_caches
+        if tag >= _TAGS:
+            raise KVError("a pool serves at most %d caches (each tags its handles), this would be cache %d" % (_TAGS, tag + 1))
+        pool.n_caches = tag + 1
+        self.tag = tag  # this cache's number on the pool: every generation of its handles is = tag mod _TAGS
         self.pool = pool  # the Pool every block comes from
         self.arena = pool.arena  # pool.arena, kept here to save a lookup per row
         self.ref = pool.ref  # pool.ref (references per block), for the copy-on-write test
@@ -212,8 +141,10 @@ class KVCache:
         self.max_seqs = max_seqs  # sequence slots
         self.max_blocks = mb  # block-table entries per sequence
         self.max_slots = mb * t  # most cached tokens one sequence can hold
-        self.gen_limit = _HMAX // max_seqs  # generations wrap here
-        self.handle_limit = self.gen_limit * max_seqs  # every handle is 0 .. handle_limit - 1
+        # a handle is g * max_seqs + slot, g = generation * _TAGS + tag: handles of two caches
+        # on one pool never coincide; one slot's handles repeat after gen_limit closes
+        self.gen_limit = _HMAX // (max_seqs * _TAGS)  # generations per slot before they wrap
+        self.handle_limit = self.gen_limit * _TAGS * max_seqs  # every handle is 0 .. handle_limit - 1
         self.table = filled("h", max_seqs * mb, _NONE)  # [seq][block] pool block or -1
         # the shape, then per sequence slot the row of _F_* words (see _C_* / _F_* above)
         self.meta = filled("i", _CFG + max_seqs * _NF, 0)
@@ -227,12 +158,14 @@ class KVCache:
         m[_C_RB] = layout.row_bytes
         m[_C_LR] = layout.layer_row
         m[_C_MS] = max_seqs
+        for i in range(max_seqs):
+            m[_CFG + i * _NF + _F_GEN] = tag  # generation 0, tagged
         # h2o: [seq][M] slot of position p at p % M (M = 2 * max_slots > any budget, so
         # two cached positions collide only when M apart; the older one is then evicted).
         # array('i'): slots above 32,767 are valid
         self.map_size = 2 * self.max_slots if h2o else 0  # M
         self.pos_map = filled("i", max_seqs * self.map_size, _NONE) if h2o else array("i")  # see above
-        self.events = 0  # watermark events emitted so far (all sequences)
+        self.events = 0  # watermark events emitted so far (all sequences), saturating at 2**30 - 1
         self.on_watermark = None  # callable(handle) run when a sequence crosses its watermark, or None
 
     # result of the last reserve()/append(): its flags (>= 0) or its refusal; O(1)
@@ -245,6 +178,11 @@ class KVCache:
     # for memory. Returns the handle (>= 0), or E_NO_SLOT / E_NO_BLOCK with nothing
     # taken; KVError for bad parameters. O(budget / T)
     def open(self, region, policy="full", budget=0, sinks=SINKS, recent=0, watermark_pct=WATERMARK_PCT):
+        # every parameter is checked (type and range) before anything is taken
+        for name, v in (("region", region), ("budget", budget), ("sinks", sinks), ("recent", recent),
+                        ("watermark_pct", watermark_pct)):
+            if v.__class__ is not int:
+                raise KVError("%s must be an int, got %r" % (name, v))
         cap = budget or self.max_slots
         if cap < 1 or cap > self.max_slots:
             raise KVError("budget must be 1..%d tokens, got %d" % (self.max_slots, cap))
@@ -261,15 +199,24 @@ class KVCache:
         base = i * self.max_blocks
         if pol != _FULL:
             t = self.t
-            for k in range((cap + t - 1) // t):
-                b = self.pool.alloc(region)
-                if b < 0:
-                    for j in range(k):
-                        self.pool.unref(self.table[base + j])
-                        self.table[base + j] = _NONE
-                    return E_NO_BLOCK
-                zero32(self.arena, b * self.block_words, 2 * t)  # every slot empty
-                self.table[base + k] = b
+            need = (cap + t - 1) // t
+            if self.pool.available(region) < need:  # asked first: a refusal moves no counter but `failed`
+                self.pool.count_failed()
+                return E_NO_BLOCK
+            k = 0
+            try:
+                while k < need:
+                    b = self.pool.alloc(region)
+                    if b < 0:
+                        raise MemoryError  # cannot happen after available(): rolled back below
+                    zero32(self.arena, b * self.block_words, 2 * t)  # every slot empty
+                    self.table[base + k] = b
+                    k += 1
+            except Exception:
+                for j in range(k):  # any failure after allocating: give every block back
+                    self.pool.unref(self.table[base + j])
+                    self.table[base + j] = _NONE
+                return E_NO_BLOCK
         m = self.meta
         o = _CFG + i * _NF
         m[o + _F_POL] = pol
@@ -294,9 +241,10 @@ class KVCache:
                 return i
         return _NONE
 
-    # the slot index of handle h, or E_STALE when h is not an open handle; O(1)
+    # the slot index of handle h, or E_STALE when h is not an open handle of this cache
+    # (a non-int included); O(1)
     def _idx(self, h):
-        if h < 0 or h >= self.handle_limit:  # before %: a big int would allocate
+        if h.__class__ is not int or h < 0 or h >= self.handle_limit:  # before %: a big int would allocate
             return E_STALE
         i = h % self.max_seqs
         if self.meta[_CFG + i * _NF + _F_H] - 1 != h:
@@ -317,8 +265,13 @@ class KVCache:
         table = self.table
         for k in range(mb):
             b = table[src * mb + k]
-            if b >= 0:
-                self.pool.share(b)  # refs <= max_seqs <= 32,767: cannot refuse
+            if b >= 0 and self.pool.share(b) < 0:  # E_FULL: the block has 32,767 references
+                for j in range(k):  # undo the shares made so far
+                    b = table[i * mb + j]
+                    if b >= 0:
+                        self.pool.unref(b)
+                    table[i * mb + j] = _NONE
+                return E_FULL
             table[i * mb + k] = b
         m = self.meta
         o = _CFG + i * _NF
@@ -355,8 +308,8 @@ class KVCache:
         o = _CFG + i * _NF
         m[o + _F_SLOT] = 0
         m[o + _F_H] = 0
-        g = m[o + _F_GEN] + 1
-        m[o + _F_GEN] = g if g < self.gen_limit else 0
+        g = m[o + _F_GEN] + _TAGS  # the next generation, same tag
+        m[o + _F_GEN] = g if g < self.gen_limit * _TAGS else self.tag
         return OK
 
     # reserve the slot for the next position of h, evicting per its policy, and zero its
@@ -373,16 +326,19 @@ class KVCache:
     # method (the hot half of _take inlined); anything unusual goes to _put_slow
     @micropython.viper
     def append(self, h, src) -> int:
-        if h < _ZERO_OBJ or h > _HMAX_OBJ:  # as objects: int() would truncate a big int
-            return _E_STALE
         m = ptr32(self.meta)
+        # as objects first: int() would truncate a big int and raise for a float
+        if h < _ZERO_OBJ or h > _HMAX_OBJ or h.__class__ is not _INT:
+            m[_C_ST] = _E_STALE + _ST_BIAS
+            return _E_STALE
         hi = int(h)
         i = hi % int(m[_C_MS])
         o = _CFG + i * _NF
         if int(m[o + _F_H]) != hi + 1:
+            m[_C_ST] = _E_STALE + _ST_BIAS
             return _E_STALE
         zero = src is _ZEROS  # reserve(): zero the rows
-        if not zero and int(len(src)) < int(m[_C_RB]):
+        if not zero and (src is _NULL or int(len(src)) < int(m[_C_RB])):
             m[o + _F_SLOT] = 0  # a refusal ends the earlier reservation
             m[_C_ST] = _E_RANGE + _ST_BIAS
             return _E_RANGE
@@ -396,7 +352,7 @@ class KVCache:
             slot = n
             filled = n + 1
         else:
-            if pol == _FULL:
+            if pol == _FULL or n >= _POS_LIMIT:  # the budget, or the last position a small int holds
                 m[o + _F_SLOT] = 0
                 m[_C_ST] = _E_FULL + _ST_BIAS
                 return _E_FULL
@@ -486,9 +442,9 @@ class KVCache:
         b = self.table[i * self.max_blocks + slot // t]
         d = b * self.block_words + 2 * t + (slot % t) * w
         if src is _ZEROS:
-            _zero_rows(self.arena, d, t * w, w, self.n_layers)
+            zero_rows(self.arena, d, t * w, w, self.n_layers)
             return slot
-        _copy_rows(self.arena, d, t * w, src, 0, w, self.n_layers)
+        copy_rows(self.arena, d, t * w, src, 0, w, self.n_layers)
         return self.meta[_C_ST] - _ST_BIAS
 
     # the common half of reserve/append for slot index i: end the reservation, pick the
@@ -504,7 +460,7 @@ class KVCache:
         st = OK
         if n < cap:
             slot = n
-        elif pol == _FULL:
+        elif pol == _FULL or n >= _POS_LIMIT:
             m[_C_ST] = E_FULL + _ST_BIAS
             return E_FULL
         else:
@@ -515,7 +471,7 @@ class KVCache:
                 s = m[o + _F_SINKS]
                 slot = s + (n - s) % (cap - s)
             else:
-                slot = self._h2o_victim(i, n)
+                slot = h2o_victim(self, i, n)
         t = self.t
         ti = i * self.max_blocks + slot // t
         b = self.table[ti]
@@ -551,7 +507,8 @@ class KVCache:
         m[o + _F_SLOT] = slot + 1
         if not m[o + _F_WMF] and (n + 1 if n < cap else cap) >= m[o + _F_WM]:
             m[o + _F_WMF] = 1
-            self.events += 1
+            if self.events < _HMAX:
+                self.events += 1
             st |= ST_WATERMARK
             if self.on_watermark is not None:
                 self.on_watermark(m[o + _F_H] - 1)
@@ -565,7 +522,7 @@ class KVCache:
     # method (called L times per token): only a shared block leaves it (_own)
     @micropython.viper
     def write(self, h, layer, src, src_off) -> int:
-        if h < _ZERO_OBJ or h > _HMAX_OBJ:  # as objects: int() would truncate a big int
+        if h < _ZERO_OBJ or h > _HMAX_OBJ or h.__class__ is not _INT:  # as objects: int() would truncate a big int
             return _E_STALE
         m = ptr32(self.meta)
         hi = int(h)
@@ -573,7 +530,9 @@ class KVCache:
         o = _CFG + i * _NF
         if int(m[o + _F_H]) != hi + 1:
             return _E_STALE
-        if layer < _ZERO_OBJ or layer > _HMAX_OBJ or src_off < _ZERO_OBJ or src_off > _HMAX_OBJ:
+        if layer < _ZERO_OBJ or layer > _HMAX_OBJ or src_off < _ZERO_OBJ or src_off > _HMAX_OBJ or src is _NULL:
+            return _E_RANGE
+        if layer.__class__ is not _INT or src_off.__class__ is not _INT:
             return _E_RANGE
         ly = int(layer)
         off = int(src_off)
@@ -624,7 +583,12 @@ class KVCache:
         i = self._idx(h)
         if i < 0:
             return i
-        if layer < 0 or layer >= self.n_layers or dst_off < 0 or dst_off & 3 or dst_off + self.layer_row > len(dst):
+        # compared before any arithmetic (a big int would allocate); the arena itself is
+        # never a destination (that would write another sequence's rows)
+        if (layer.__class__ is not int or layer < 0 or layer >= self.n_layers or dst_off.__class__ is not int
+                or dst_off < 0 or dst_off > _HMAX or dst is None or dst is self.arena):
+            return E_RANGE
+        if dst_off & 3 or dst_off + self.layer_row > len(dst):
             return E_RANGE
         slot = self._locate(i, pos)
         if slot < 0:
@@ -646,7 +610,7 @@ class KVCache:
     # locate() for slot index i
     def _locate(self, i, pos):
         n = self.meta[_CFG + i * _NF + _F_N]
-        if pos < 0 or pos >= n:
+        if pos.__class__ is not int or pos < 0 or pos >= n:
             return E_RANGE
         cap = self.meta[_CFG + i * _NF + _F_CAP]
         pol = self.meta[_CFG + i * _NF + _F_POL]
@@ -671,7 +635,7 @@ class KVCache:
     # header word of slot of slot index i, E_RANGE (slot outside 0 .. budget - 1) or
     # E_EMPTY (the slot holds no position); O(1)
     def _hdr(self, i, slot):
-        if slot < 0 or slot >= self.meta[_CFG + i * _NF + _F_CAP]:
+        if slot.__class__ is not int or slot < 0 or slot >= self.meta[_CFG + i * _NF + _F_CAP]:
             return E_RANGE
         t = self.t
         b = self.table[i * self.max_blocks + slot // t]
@@ -688,7 +652,7 @@ class KVCache:
         i = self._idx(h)
         if i < 0:
             return i
-        if layer < 0 or layer >= self.n_layers:
+        if layer.__class__ is not int or layer < 0 or layer >= self.n_layers:
             return E_RANGE
         hw = self._hdr(i, slot)
         if hw < 0:
@@ -724,7 +688,7 @@ class KVCache:
         i = self._idx(h)
         if i < 0:
             return i
-        if score < 0 or score > _SCORE_MAX:
+        if score.__class__ is not int or score < 0 or score > _SCORE_MAX:
             return E_RANGE
         hw = self._hdr(i, slot)
         if hw < 0:
@@ -796,20 +760,7 @@ class KVCache:
         i = self._idx(h)
         if i < 0:
             return i
-        if k < 0 or k >= self.max_blocks:
+        if k.__class__ is not int or k < 0 or k >= self.max_blocks:
             return E_RANGE
         b = self.table[i * self.max_blocks + k]
         return b if b >= 0 else E_EMPTY
-
-    # h2o: the slot to reuse at position n of slot index i: position n - M if still
-    # cached (its map entry), else the lowest-score slot that is neither a sink nor
-    # among the `recent` newest, ties to the oldest position; O(budget)
-    def _h2o_victim(self, i, n):
-        m = self.map_size
-        s = self.pos_map[i * m + n % m]
-        if s >= 0:
-            return s
-        best = _h2o_min(self.arena, self.table, i * self.max_blocks, self.t, self.block_words, self.meta[_CFG + i * _NF + _F_CAP],
-                        self.meta[_CFG + i * _NF + _F_SINKS], n - self.meta[_CFG + i * _NF + _F_RECENT])
-        assert best >= 0, "h2o: no evictable slot"
-        return best

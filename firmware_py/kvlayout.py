@@ -5,12 +5,9 @@
 # the heap it leaves for the pool).
 from firmware_py.compat import const
 from firmware_py.pool import META_BYTES_PER_BLOCK, POOL_FIXED_BYTES, VIEW_BYTES_PER_BLOCK
+from firmware_py.status import INT_MAX
 
 HDR_BYTES = const(8)  # per-slot header in a block: position + 1, score (uint32 each)
-_HANDLE_LIMIT = const(0x40000000)  # budgets searched up to here (handles stay below it too)
-_FULL = const(0)  # policy numbers: POLICIES.index(name), as kv.py's
-_WINDOW = const(1)
-_SINKS = const(2)
 
 # One home for the cache's names and defaults (host/budget.py and tools import these)
 DTYPES = ("fp32", "fp16", "int8", "int4")  # element types of cached K/V
@@ -42,11 +39,14 @@ def policy_params(policy, cap, sinks=SINKS, recent=0):
     if policy not in POLICIES:
         raise KVError("policy must be one of %s, got %r" % (", ".join(POLICIES), policy))
     pol = POLICIES.index(policy)
+    for name, v in (("budget", cap), ("sinks", sinks), ("recent", recent)):
+        if v.__class__ is not int:
+            raise KVError("%s must be an int, got %r" % (name, v))
     if cap < 1:
         raise KVError("budget must be >= 1 token, got %d" % cap)
-    if pol == _FULL or pol == _WINDOW:
+    if policy == "full" or policy == "window":
         return pol, 0, 0
-    if pol == _SINKS:
+    if policy == "sinks":
         if not 0 < sinks < cap:
             raise KVError("sinks must be 1..%d for a budget of %d, got %d" % (cap - 1, cap, sinks))
         return pol, sinks, cap - sinks
@@ -64,7 +64,7 @@ def min_budget(policy, sinks=SINKS):
     if policy not in POLICIES:
         policy_params(policy, 1)  # the one-line error for an unknown policy
     cap = 1
-    while cap < _HANDLE_LIMIT:
+    while cap < INT_MAX:
         try:
             policy_params(policy, cap, sinks)
             return cap

@@ -13,8 +13,8 @@
 #   (slicing a memoryview later would allocate on MicroPython).
 from array import array
 
-from firmware_py.compat import const, mem_free, micropython, ptr32
-from firmware_py.status import E_FULL, E_NO_BLOCK, E_RANGE, E_STATE, OK
+from firmware_py.compat import buffer_address, buffer_writable, const, mem_free, micropython, ptr32
+from firmware_py.status import CARRY_N, E_FULL, E_NO_BLOCK, E_RANGE, E_STATE, OK
 
 _NONE = const(-1)  # free-list end
 _TAKEN = const(-2)  # next[b] of a block that is allocated
@@ -71,6 +71,64 @@ def copy32(dst, dword: int, src, sword: int, n: int):
         sword += 1
 
 
+@micropython.viper
+def copy_rows(dst, dword: int, step: int, src, sword: int, w: int, rows: int):
+    # rows runs of w words: dst words [dword + k * step, + w) = src words [sword + k * w, + w),
+    # 8 words per turn (the same loop as append's); O(rows * w), no allocation
+    d = ptr32(dst)
+    s = ptr32(src)
+    k = 0
+    while k < rows:
+        i = dword
+        j = sword
+        e8 = i + w - 7
+        end = i + w
+        while i < e8:
+            d[i] = s[j]
+            d[i + 1] = s[j + 1]
+            d[i + 2] = s[j + 2]
+            d[i + 3] = s[j + 3]
+            d[i + 4] = s[j + 4]
+            d[i + 5] = s[j + 5]
+            d[i + 6] = s[j + 6]
+            d[i + 7] = s[j + 7]
+            i += 8
+            j += 8
+        while i < end:
+            d[i] = s[j]
+            i += 1
+            j += 1
+        dword += step
+        sword += w
+        k += 1
+
+
+@micropython.viper
+def zero_rows(buf, word: int, step: int, w: int, rows: int):
+    # rows runs of w zero words at buf words word + k * step, 8 per turn; O(rows * w), no allocation
+    p = ptr32(buf)
+    k = 0
+    while k < rows:
+        i = word
+        e8 = i + w - 7
+        end = i + w
+        while i < e8:
+            p[i] = 0
+            p[i + 1] = 0
+            p[i + 2] = 0
+            p[i + 3] = 0
+            p[i + 4] = 0
+            p[i + 5] = 0
+            p[i + 6] = 0
+            p[i + 7] = 0
+            i += 8
+        while i < end:
+            p[i] = 0
+            i += 1
+        word += step
+        k += 1
+
+
 class Pool:
     # fixed-size block allocator over one preallocated arena, with regions (quotas)
     def __init__(self, block_bytes, n_blocks, clear_on_free=False, views=True, arena=None):
@@ -80,6 +138,14 @@ class Pool:
             raise PoolError("n_blocks must be 1..%d, got %d" % (_MAX_BLOCKS, n_blocks))
         need = block_bytes * n_blocks
         if arena is not None:
+            # viper reads and writes the arena as uint32 words: it must be writable, whole
+            # words long and start on a 4-byte boundary (unaligned 32-bit access faults on Xtensa)
+            if not buffer_writable(arena):
+                raise PoolError("arena must be a writable buffer (a bytearray or a window of one), got %s" % type(arena).__name__)
+            if len(arena) % 4:
+                raise PoolError("arena must be a byte buffer whose length is a multiple of 4, got %d B" % len(arena))
+            if buffer_address(arena) % 4:
+                raise PoolError("arena must start on a 4-byte boundary (a window memoryview(buf)[a:b] needs a % 4 == 0)")
             if len(arena) < need:
                 raise PoolError("arena of %d B is smaller than %d blocks of %d B" % (len(arena), n_blocks, block_bytes))
             need = 0  # the caller's buffer: nothing to allocate here
@@ -107,14 +173,20 @@ class Pool:
         self.quota = filled("i", _MAX_REGIONS, 0)  # blocks each region may hold; 0 = closed
         self.region_used = filled("i", _MAX_REGIONS, 0)  # blocks each region holds now
         self.n_regions = 0  # regions handed out so far
-        # counters in the style of FreeRTOS HeapStats_t / Zephyr k_mem_slab
+        # counters in the style of FreeRTOS HeapStats_t / Zephyr k_mem_slab; the three
+        # event counts are kept modulo CARRY_N with a carry field (name_g, units of
+        # CARRY_N), so they stay small ints on the ESP32 however long it runs
         self.blocks_free = n_blocks  # blocks on the free list now
         self.blocks_used = 0  # blocks allocated now
         self.high_water = 0  # most blocks ever allocated at once (Zephyr max_used)
         self.min_free = n_blocks  # fewest blocks ever free (xMinimumEverFreeBytesRemaining)
-        self.allocs = 0  # successful allocations
-        self.frees = 0  # blocks returned to the free list
-        self.failed = 0  # allocations refused with E_NO_BLOCK (pool empty or region quota reached)
+        self.allocs = 0  # successful allocations, modulo CARRY_N
+        self.allocs_g = 0  # ... in units of CARRY_N
+        self.frees = 0  # blocks returned to the free list, modulo CARRY_N
+        self.frees_g = 0  # ... in units of CARRY_N
+        self.failed = 0  # allocations refused with E_NO_BLOCK (pool empty or quota reached), modulo CARRY_N
+        self.failed_g = 0  # ... in units of CARRY_N
+        self.n_caches = 0  # KVCaches made over this pool (each tags its handles with its number)
         self.views = None  # [memoryview] of each block, made once at boot, or None
         if views:
             mv = memoryview(arena)
@@ -153,14 +225,18 @@ class Pool:
             return E_RANGE
         b = self.head
         if b < 0 or self.region_used[region] >= self.quota[region]:
-            self.failed += 1
+            self.count_failed()
             return E_NO_BLOCK
         self.head = self.next[b]
         self.next[b] = _TAKEN
         self.ref[b] = 1
         self.owner[b] = region
         self.region_used[region] += 1
-        self.allocs += 1
+        v = self.allocs + 1
+        if v >= CARRY_N:
+            self.allocs_g += 1
+            v = 0
+        self.allocs = v
         used = self.blocks_used + 1
         self.blocks_used = used
         self.blocks_free -= 1
@@ -169,6 +245,24 @@ class Pool:
         if self.blocks_free < self.min_free:
             self.min_free = self.blocks_free
         return b
+
+    # a refused allocation: failed + 1 with its carry (alloc, and callers that refuse
+    # before asking, as KVCache.open); O(1), no allocation
+    def count_failed(self):
+        v = self.failed + 1
+        if v >= CARRY_N:
+            self.failed_g += 1
+            v = 0
+        self.failed = v
+
+    # blocks region could take now: the smaller of the free blocks and what is left of
+    # its quota (0 for a region never added); O(1), no allocation
+    def available(self, region):
+        if region < 0 or region >= self.n_regions:
+            return 0
+        q = self.quota[region] - self.region_used[region]
+        f = self.blocks_free
+        return q if q < f else f
 
     # one more reference to an allocated block (prefix sharing): OK, E_RANGE (no such
     # block), E_STATE (block is free), E_FULL (32,767 references); O(1), no allocation
@@ -199,7 +293,11 @@ class Pool:
         self.owner[b] = _NONE
         self.next[b] = self.head
         self.head = b
-        self.frees += 1
+        v = self.frees + 1
+        if v >= CARRY_N:
+            self.frees_g += 1
+            v = 0
+        self.frees = v
         self.blocks_used -= 1
         self.blocks_free += 1
         if self.clear_on_free:
@@ -218,11 +316,6 @@ class Pool:
             return E_RANGE
         return self.unref(b)
 
-    # a pool of as many block_bytes blocks as arena_bytes holds (size "given in bytes")
-    @staticmethod
-    def of_bytes(arena_bytes, block_bytes, clear_on_free=False):
-        return Pool(block_bytes, arena_bytes // block_bytes, clear_on_free)
-
     # counters as a dict (allocates: reporting path only)
     def stats(self):
         return {
@@ -232,9 +325,9 @@ class Pool:
             "blocks_used": self.blocks_used,
             "high_water": self.high_water,
             "min_free": self.min_free,
-            "allocs": self.allocs,
-            "frees": self.frees,
-            "failed": self.failed,
+            "allocs": self.allocs_g * CARRY_N + self.allocs,
+            "frees": self.frees_g * CARRY_N + self.frees,
+            "failed": self.failed_g * CARRY_N + self.failed,
         }
 
 

@@ -46,3 +46,52 @@ def test_h2o_evictions_follow_the_documented_victim_rule(scores):
         assert c.add_score(h, slot, v) == m.add_score(h, slot, v) if slot >= 0 else True
         kept = [q for q in range(pos + 1) if c.locate(h, q) >= 0]
         assert kept == [q for q in range(pos + 1) if m.locate(h, q) >= 0], pos
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_h2o_forks_with_score_ties_match_the_reference_model(seed):
+    # h2o sequences forked mid-stream (shared blocks, copied on the first write of either),
+    # scores drawn from a tiny set so ties are everywhere: the victim, every position kept,
+    # every byte read back and the pool's blocks agree with the model
+    layout = kv.Layout(1, 1, 4, "fp32", tokens_per_block=4)
+    p = pool.Pool(layout.block_bytes, 12)
+    c = kv.KVCache(p, layout, max_seqs=3, max_blocks_per_seq=3, h2o=True)
+    m = kvref.RefKV(layout, 3, 3, 12, (12,))
+    r = p.add_region(12)
+    rnd = kvref.Rng(100 + seed)
+    h = c.open(r, "h2o", 11, 2, 3)
+    assert m.open(0, "h2o", 11, 2, 3) == h
+    live = [h]
+    row = bytearray(layout.row_bytes)
+    out_c = bytearray(layout.layer_row)
+    forks = 0
+    for step in range(400):
+        s = rnd.pick(live)
+        k = rnd.int(0, 19)
+        if k == 0 and len(live) < 3:
+            f = c.fork(s)
+            assert f == m.fork(s), step
+            if f >= 0:
+                live.append(f)
+                forks += 1
+        elif k == 1 and len(live) > 1:
+            assert c.close(s) == m.close(s) == 0, step
+            live.remove(s)
+        else:
+            row[0], row[1] = step & 255, s & 255
+            assert c.append(s, row) == m.append(s, row), step
+            n = c.length(s)
+            slot = c.locate(s, rnd.int(0, n - 1))
+            v = rnd.pick((0, 1, 1, 2))
+            if slot >= 0:
+                assert c.add_score(s, slot, v) == m.add_score(s, slot, v), step
+        for q in live:
+            n = c.length(q)
+            assert n == m.length(q)
+            assert [c.locate(q, i) >= 0 for i in range(n)] == [m.locate(q, i) >= 0 for i in range(n)], step
+            for i in range(n):
+                a = c.read(q, i, 0, out_c, 0)
+                b, want = m.read(q, i, 0, len(out_c), 0)
+                assert a == b and (a < 0 or bytes(out_c) == bytes(want)), (step, q, i)
+        assert p.blocks_used == len(m.refs), step
+    assert forks >= 3, forks  # the program did fork

@@ -51,16 +51,16 @@ class KVMachine(RuleBasedStateMachine):
             pos = self.cache.length(s)
             r = self.cache.append(s, row_for(m["uid"], pos))
             if r < 0:
-                assert r in (kv.ST_FULL, kv.ST_NO_BLOCK)
-                assert r != kv.ST_FULL or (m["policy"] == "full" and pos == m["cap"])
+                assert r in (status.E_FULL, status.E_NO_BLOCK)
+                assert r != status.E_FULL or (m["policy"] == "full" and pos == m["cap"])
                 assert self.cache.length(s) == pos, "a refused append changes nothing"
                 return
             m["rows"][pos] = m["uid"]
             if m["policy"] == "h2o":
                 # score the new slot and one random cached slot (may be in a shared block)
-                assert self.cache.add_score(s, self.cache.locate(s, pos), data.draw(st.integers(0, 1000))) in (kv.ST_OK, kv.ST_NO_BLOCK)
+                assert self.cache.add_score(s, self.cache.locate(s, pos), data.draw(st.integers(0, 1000))) in (status.OK, status.E_NO_BLOCK)
                 other = data.draw(st.integers(0, self.cache.cached(s) - 1))
-                assert self.cache.add_score(s, other, 1) in (kv.ST_OK, kv.ST_NO_BLOCK)
+                assert self.cache.add_score(s, other, 1) in (status.OK, status.E_NO_BLOCK)
 
     @precondition(lambda self: self.seqs)
     @rule(data=st.data())

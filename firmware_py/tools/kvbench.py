@@ -2,7 +2,7 @@
 # under MicroPython and CPython). Every design is timed side by side in one loop, the
 # median of _REPEAT runs of _TIMED appends each, at 64, 256 and 512 cached tokens:
 #   ours      KVCache.append: handle check, block table, slot header, then one strided
-#             viper copy of every layer's row (kv._copy_rows)
+#             viper copy of every layer's row (pool.copy_rows)
 #   flat_kv   what a user writes without a pool (llama2.c run.c, esp32-llm): one K and
 #             one V array [L][max_len][kv_dim] preallocated at boot, token pos written
 #             in place at l * max_len * kv_dim + pos * kv_dim: two strided copies with
@@ -18,7 +18,7 @@ import json
 
 from firmware_py import compat, kv, pool, quant
 from firmware_py.compat import collect, const, mem_alloc, ticks_diff, ticks_us
-from firmware_py.kv import _copy_rows  # the copy our cache uses: flat designs get the same
+from firmware_py.pool import copy_rows as _copy_rows  # the copy our cache uses: flat designs get the same
 from firmware_py.pool import copy32
 
 _LAYERS = const(5)

@@ -16,6 +16,7 @@
 import sys
 
 from firmware_py import board, compat, kv, llama2c, pool
+from firmware_py.status import E_FULL, E_NO_BLOCK
 
 
 
@@ -113,7 +114,7 @@ def main(argv):
         compat.heap_unlock()
     del weights, acts
     st = box[1]
-    status = "FULL" if st == kv.ST_FULL else "NO_BLOCK" if st == kv.ST_NO_BLOCK else "OK"
+    status = "FULL" if st == E_FULL else "NO_BLOCK" if st == E_NO_BLOCK else "OK"
     print("kvprobe: %d tokens appended, status %s, cached %d, pool %d/%d blocks of %d B, watermark events %d, heap free %s B"
           % (box[0], status, cache.cached(seq), p.blocks_used, p.n_blocks, p.block_bytes, cache.events, compat.mem_free()))
     return 0
@@ -176,7 +177,7 @@ def _measure(model, cfg, wbytes, acts_bytes, layout):
         pass
     n_extra = len(extra)
     extra = None
-    status = "FULL" if box[1] == kv.ST_FULL else "NO_BLOCK" if box[1] == kv.ST_NO_BLOCK else "OK"
+    status = "FULL" if box[1] == E_FULL else "NO_BLOCK" if box[1] == E_NO_BLOCK else "OK"
     print("kvprobe: measured blocks=%d tokens=%d status=%s limit=%s extra_blocks=%d memory_error_tokens=%d block_bytes=%d heap_free=%s"
           % (lo, box[0], status, limit, n_extra, (lo + n_extra) * layout.tokens_per_block, layout.block_bytes, compat.mem_free()))
     del weights, acts, cache, p
@@ -214,7 +215,7 @@ def _boot_fill(layout, n, row, box):
         compat.heap_unlock()
     cache = p = None
     compat.collect()
-    if box[1] != kv.ST_FULL or box[0] != n * layout.tokens_per_block:
+    if box[1] != E_FULL or box[0] != n * layout.tokens_per_block:
         return "fill stopped at %d tokens" % box[0]
     return ""
 

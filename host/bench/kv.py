@@ -16,7 +16,7 @@ import json
 import os
 import random
 
-from firmware_py import kv, pool
+from firmware_py import kv, pool, status
 from host import boards, paths
 from host import interp as interp_mod
 from host.errors import UserError
@@ -104,7 +104,7 @@ def _workload(active, seed):
 
 
 def churn_pool(active, seed=CHURN_SEED):
-    # our pool: each sequence appends one token per round; ST_NO_BLOCK fails it
+    # our pool: each sequence appends one token per round; E_NO_BLOCK fails it
     lengths = _workload(active, seed)
     layout = kv.Layout(1, 1, 4, "int8", tokens_per_block=T)
     p = pool.Pool(layout.block_bytes, ARENA_BLOCKS, views=False)
@@ -121,7 +121,7 @@ def churn_pool(active, seed=CHURN_SEED):
             nxt += 1
         for s in list(running):
             st = c.append(s, row)
-            if st == kv.ST_NO_BLOCK:
+            if st == status.E_NO_BLOCK:
                 failed += 1
                 c.close(s)
                 del running[s]
@@ -354,7 +354,7 @@ def render(r):
     w("Append of one token (%s), median of %d runs of %d appends, every design timed side by side in one loop "
       "(`firmware_py/tools/kvbench.py`; MicroPython with the default board's usable heap of %s B). "
       "**ours**: `KVCache.append` (handle check, block table, slot header, then one strided viper copy of every "
-      "layer's row, `kv._copy_rows`). **flat K,V**: what llama2.c `run.c` and esp32-llm do: one K and one V array "
+      "layer's row, `pool.copy_rows`). **flat K,V**: what llama2.c `run.c` and esp32-llm do: one K and one V array "
       "[layers][max_len][kv_dim], preallocated, token pos written in place at l x max_len x kv_dim + pos x kv_dim by "
       "the same copy primitive (two strided copies, from the model's K and V vectors). **flat row**: the same flat "
       "design in our row format (one strided copy: exactly the copy ours makes), so ours / flat row is the block "

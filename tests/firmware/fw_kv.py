@@ -1,5 +1,5 @@
 # KV cache over the pool: append writes in place, lookup is O(1), every policy evicts
-# (or stops with ST_FULL) without allocating, watermark fires once at 80 %, forked
+# (or stops with E_FULL) without allocating, watermark fires once at 80 %, forked
 # prefixes are shared and copied on write, regions isolate sequences.
 from fwtest import check, eq, raises, no_alloc, done
 from firmware_py import kv, pool, quant, status
@@ -34,7 +34,7 @@ def token_at(seq, pos, layer):
     return pool.get32(out, 0) - 1
 
 
-# --- full: appends to the budget, then ST_FULL with nothing written
+# --- full: appends to the budget, then E_FULL with nothing written
 s = c.open(r0, "full", 10)
 st = [0]
 k = [0]
@@ -64,8 +64,8 @@ eq(c.events, 1, "one watermark event counted")
 append_next()
 eq(st[0], 0, "watermark fires once")
 append_next()
-no_alloc("full: append past the budget returns ST_FULL", append_next)
-eq(st[0], kv.ST_FULL, "budget reached: ST_FULL, not an exception")
+no_alloc("full: append past the budget returns E_FULL", append_next)
+eq(st[0], status.E_FULL, "budget reached: E_FULL, not an exception")
 eq(c.length(s), 10, "nothing written past the budget")
 eq(token_at(s, 9, 4), 9, "last token reads back")
 got = [0]
@@ -154,21 +154,21 @@ for i in range(3):
     c.append(h, rows[i])
 hf = c.fork(h)
 before = p.blocks_used
-eq(c.add_score(hf, 1, 500), kv.ST_OK, "score on a shared slot")
+eq(c.add_score(hf, 1, 500), status.OK, "score on a shared slot")
 eq(c.score(hf, 1), 500, "the fork sees its score")
 eq(c.score(h, 1), 0, "the original's score is untouched")
 eq(p.blocks_used, before + 1, "the shared block was copied for the score")
 c.close(h)
 c.close(hf)
 
-# --- regions: a sequence in a small region stops with ST_NO_BLOCK at its quota
+# --- regions: a sequence in a small region stops with E_NO_BLOCK at its quota
 rs = p.add_region(1)
 s = c.open(rs, "full", 32)
 for i in range(4):
     eq(c.append(s, rows[i]), 0, "fits in one block")
-eq(c.append(s, rows[4]), kv.ST_NO_BLOCK, "region quota reached: ST_NO_BLOCK")
+eq(c.append(s, rows[4]), status.E_NO_BLOCK, "region quota reached: E_NO_BLOCK")
 eq(p.region_used[rs], 1, "the region holds exactly its quota")
-eq(c.open(rs, "window", 8), kv.ST_NO_BLOCK, "a ring that cannot reserve its blocks is refused at open")
+eq(c.open(rs, "window", 8), status.E_NO_BLOCK, "a ring that cannot reserve its blocks is refused at open")
 c.close(s)
 raises(kv.KVError, c.open, r0, "lru", 8)
 raises(kv.KVError, c.open, r0, "sinks", 8, 8)
@@ -290,4 +290,110 @@ for dt in ("int8", "int4"):
     err = max(max(abs(kk[i] - ks[3][i]) for i in range(32)), max(abs(vv[i] - vs[3][i]) for i in range(32)))
     bound = max(quant.error_bound(lq, ks[3]), quant.error_bound(lq, vs[3]))
     check(err <= bound, "%s error %f within bound %f" % (dt, err, bound))
+# --- misuse found by review: every int argument compared before arithmetic, non-ints
+# refused, never an exception or an allocation, same answer on every interpreter
+lm = kv.Layout(2, 1, 4, "fp32", tokens_per_block=4)
+gm = bytearray(b"\xa5" * (64 + lm.block_bytes * 8 + 64))
+pm = pool.Pool(lm.block_bytes, 8, arena=memoryview(gm)[64:64 + lm.block_bytes * 8])
+rm = pm.add_region(8)
+cm = kv.KVCache(pm, lm, max_seqs=4, h2o=True)
+hm = cm.open(rm)
+hb = cm.open(rm)
+eq(cm.reserve(hm), 0, "reserve")
+cm.append(hb, bytearray(lm.row_bytes))
+lrow = bytearray(lm.layer_row)
+odd = bytearray(lm.layer_row + 1)
+oddrow = bytearray(lm.row_bytes + 1)
+huge = 1 << 70
+fl = 0.0
+half = 0.5
+MR = [0] * 16
+
+
+def misuse_calls():
+    MR[0] = cm.write(hm, 0, lrow, huge)
+    MR[1] = cm.read(hm, 0, 0, lrow, huge)
+    MR[2] = cm.read(hm, 0, 0, lrow, (1 << 30) + 4)
+    MR[3] = cm.write(hm, 0, odd, 0)  # a length that is not a multiple of 4 is fine
+    MR[4] = cm.read(hm, 0, 0, odd, 0)
+    MR[5] = cm.length(fl)
+    MR[6] = cm.slot_pos(hm, fl)
+    MR[7] = cm.locate(hm, half)
+    MR[8] = cm.append(hm, None)
+    MR[9] = cm.write(hm, fl, lrow, 0)
+    MR[10] = cm.write(hm, 0, lrow, fl)
+    MR[11] = cm.append(fl, lrow)
+    MR[12] = cm.read(hm, 0, 0, pm.arena, cm.row_offset(hb, 0, 0))  # the arena as dst: another sequence's row
+    MR[13] = cm.write(True, 0, lrow, 0)
+    MR[14] = cm.add_score(hm, 0, half)
+    MR[15] = cm.block_at(hm, fl)
+
+
+no_alloc("huge offsets, odd lengths, floats, None, the arena as dst", misuse_calls)
+eq(MR, [status.E_RANGE, status.E_RANGE, status.E_RANGE, status.OK, status.OK, status.E_STALE, status.E_RANGE,
+        status.E_RANGE, status.E_RANGE, status.E_RANGE, status.E_RANGE, status.E_STALE, status.E_RANGE, status.E_STALE,
+        status.E_RANGE, status.E_RANGE], "each refused with its status (odd lengths accepted: whole words used)")
+check(gm[:64] == b"\xa5" * 64 and gm[-64:] == b"\xa5" * 64, "guards intact")
+eq(cm.append(hm, oddrow), 0, "an odd-length token row appends (its whole words)")
+
+# reserve on a stale handle leaves E_STALE in cache.status, as every refusal
+cm.reserve(hm)
+eq((cm.reserve(hm + 4 * 4), cm.status), (status.E_STALE, status.E_STALE), "reserve(stale): E_STALE in status")
+
+# open() checks every parameter before taking a block: KVError and nothing taken
+free0 = pm.blocks_free
+for kw in ({"watermark_pct": 50.5}, {"sinks": 2.5}, {"budget": 8.0}, {"recent": 1.5}):
+    pol = "sinks" if "sinks" in kw else "h2o" if "recent" in kw else "window"
+    raises(kv.KVError, lambda: cm.open(rm, pol, **dict({"budget": 8}, **kw)))
+eq(pm.blocks_free, free0, "refused opens took no block")
+st0 = pm.stats()
+pn = pool.Pool(lm.block_bytes, 4)
+rn = pn.add_region(4)
+cn = kv.KVCache(pn, lm, max_seqs=2)
+hn = cn.open(rn, "full", 4)
+cn.append(hn, bytearray(lm.row_bytes))
+s0 = pn.stats()
+eq(cn.open(rn, "window", 16), status.E_NO_BLOCK, "a ring needing 4 blocks with 3 free")
+s1 = pn.stats()
+eq(dict((k, (s0[k], s1[k])) for k in s0 if s0[k] != s1[k]), {"failed": (0, 1)}, "only failed moved")
+
+# a handle of another cache on the same pool is E_STALE (each cache tags its handles)
+c2 = kv.KVCache(pn, lm, max_seqs=2)
+x2 = c2.open(rn, "full", 4)
+eq((c2.length(hn), c2.append(hn, bytearray(lm.row_bytes)), c2.length(x2)), (status.E_STALE, status.E_STALE, 0),
+   "cache 1's handle refused by cache 2")
+check(hn != x2, "the two caches' first handles differ")
+eq(c2.gen_limit, (2 ** 30 - 1) // (2 * 4), "generations per slot before a handle repeats")
+
+# fork: a block at 32,767 references refuses the fork with E_FULL, shares rolled back
+hf = cn.fork(hn)
+eq(pn.ref[cn.block_at(hn, 0)], 2, "fork shares")
+cn.close(hf)
+pn.ref[cn.block_at(hn, 0)] = 0x7FFF
+eq(cn.fork(hn), status.E_FULL, "fork refused at the reference limit")
+eq(pn.ref[cn.block_at(hn, 0)], 0x7FFF, "nothing shared")
+pn.ref[cn.block_at(hn, 0)] = 1
+
+# positions stop at 2**30 - 2 with E_FULL (n + 1 stays a small int); events saturate
+hw = cm.open(rm, "window", 4)
+for _ in range(5):
+    cm.append(hw, lrow + lrow)
+hi = hw % 4
+cm.meta[9 + hi * 12 + 1] = 0x3FFFFFFE - 1  # _CFG + slot * _NF + _F_N: one position left
+cm.events = 0x3FFFFFFF
+PR = [0, 0, 0]
+row2 = lrow + lrow
+
+
+def at_position_limit():
+    PR[0] = cm.append(hw, row2)
+    PR[1] = cm.append(hw, row2)
+    PR[2] = cm.length(hw)
+
+
+no_alloc("append at the position limit", at_position_limit)
+eq(PR, [kv.ST_EVICTED, status.E_FULL, 0x3FFFFFFE], "the last position appends, the next is E_FULL")
+h8 = cm.open(rm, "full", 1)
+cm.append(h8, row2)
+eq(cm.events, 0x3FFFFFFF, "events saturate")
 done()

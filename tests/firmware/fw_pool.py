@@ -93,7 +93,31 @@ def free_cleared():
 
 no_alloc("free with clear_on_free (viper zeroing)", free_cleared)
 eq(cz.views[zb][100], 0, "zeroed under the heap lock")
-eq(pool.Pool.of_bytes(1000, 64).n_blocks, 15, "a pool sized in bytes takes whole blocks")
+# a caller's arena is refused at construction unless viper can use it as uint32 words
+buf = bytearray(64 + 8)
+for what, ar in (("read-only bytes", bytes(64)), ("a length not a multiple of 4", bytearray(65)),
+                 ("a window starting off a 4-byte boundary", memoryview(buf)[1:65])):
+    e = raises(pool.PoolError, pool.Pool, 16, 4, False, True, ar)
+    check("arena" in str(e), "refused: %s (%s)" % (what, e))
+eq(pool.Pool(16, 4, arena=memoryview(buf)[4:68]).n_blocks, 4, "an aligned window of a bytearray is accepted")
+
+# the event counters carry at CARRY_N (< 2**30): past it they would allocate on the 32-bit build
+pc = pool.Pool(16, 2, views=False)
+rc = pc.add_region(1)
+pc.allocs = pc.frees = pc.failed = status.CARRY_N - 1
+cres = [0, 0, 0]
+
+
+def churn_at_carry():
+    cres[0] = pc.alloc(rc)
+    cres[1] = pc.alloc(rc)  # quota 1: refused
+    cres[2] = pc.free(rc, cres[0])
+
+
+no_alloc("alloc / refused alloc / free crossing CARRY_N", churn_at_carry)
+eq((cres[1], pc.allocs, pc.allocs_g, pc.failed, pc.failed_g, pc.frees, pc.frees_g), (status.E_NO_BLOCK, 0, 1, 0, 1, 0, 1),
+   "allocs, failed and frees carried")
+eq((pc.stats()["allocs"], pc.available(rc), pc.available(5)), (status.CARRY_N, 1, 0), "stats() joins the carry; available()")
 raises(pool.PoolError, pool.Pool, 6, 4)
 raises(pool.PoolError, p.set_quota, 9, 1)
 raises(pool.PoolError, pool.Pool, 64, 4, False, True, bytearray(100))  # arena too small

@@ -74,6 +74,9 @@ class RefKV:
         self.next_id = 0  # next abstract block id
         self.seqs = {}  # handle -> Seq
         self.gen = [0] * max_seqs  # generation of each slot's next handle
+        self.tag = 0  # the cache's number on its pool (the first cache: 0); docs: handles of
+        # two caches on one pool differ in it. handle = (gen * 4 + tag) * max_seqs + slot
+        self.gen_limit = (2 ** 30 - 1) // (max_seqs * 4)  # generations wrap here (docs/memory.md)
         self.open_idx = [None] * max_seqs  # handle open in each slot
 
     # blocks region r holds now
@@ -144,13 +147,13 @@ class RefKV:
                 return E_NO_BLOCK
             for ti in range(nb):
                 s.blocks[ti] = self.alloc(region)
-        h = self.gen[idx] * self.max_seqs + idx
+        h = (self.gen[idx] * 4 + self.tag) * self.max_seqs + idx
         self.open_idx[idx] = h
         self.seqs[h] = s
         return h
 
     def fork(self, h):
-        if h not in self.seqs:
+        if h.__class__ is not int or h not in self.seqs:  # docs: a non-int handle is E_STALE
             return E_STALE
         src = self.seqs[h]
         idx = None
@@ -167,20 +170,20 @@ class RefKV:
         for ti, b in src.blocks.items():
             s.blocks[ti] = b
             self.refs[b] += 1
-        nh = self.gen[idx] * self.max_seqs + idx
+        nh = (self.gen[idx] * 4 + self.tag) * self.max_seqs + idx
         self.open_idx[idx] = nh
         self.seqs[nh] = s
         return nh
 
     def close(self, h):
-        if h not in self.seqs:
+        if h.__class__ is not int or h not in self.seqs:  # docs: a non-int handle is E_STALE
             return E_STALE
         s = self.seqs.pop(h)
         for b in s.blocks.values():
             self.unref(b)
         idx = h % self.max_seqs
         self.open_idx[idx] = None
-        self.gen[idx] += 1
+        self.gen[idx] = (self.gen[idx] + 1) % self.gen_limit
         return OK
 
     # the slot position n of s goes to (None under full at the budget), evicting the
@@ -235,13 +238,13 @@ class RefKV:
         return slot, flags
 
     def reserve(self, h):
-        if h not in self.seqs:
+        if h.__class__ is not int or h not in self.seqs:  # docs: a non-int handle is E_STALE
             return E_STALE
         r = self._take(h, None)
         return r if isinstance(r, int) else r[0]
 
     def append(self, h, src):
-        if h not in self.seqs:
+        if h.__class__ is not int or h not in self.seqs:  # docs: a non-int handle is E_STALE
             return E_STALE
         if len(src) < self.L * self.row:
             self.seqs[h].reserved = None
@@ -251,7 +254,7 @@ class RefKV:
         return r if isinstance(r, int) else r[1]
 
     def write(self, h, layer, src, off):
-        if h not in self.seqs:
+        if h.__class__ is not int or h not in self.seqs:  # docs: a non-int handle is E_STALE
             return E_STALE
         if not 0 <= layer < self.L or off < 0 or off % 4 or off + self.row > len(src):
             return E_RANGE
@@ -268,7 +271,7 @@ class RefKV:
 
     # the slot of pos or a status, for locate and read
     def locate(self, h, pos):
-        if h not in self.seqs:
+        if h.__class__ is not int or h not in self.seqs:  # docs: a non-int handle is E_STALE
             return E_STALE
         s = self.seqs[h]
         if not 0 <= pos < s.n:
@@ -278,7 +281,7 @@ class RefKV:
 
     # (status, row bytes or None) of read(h, pos, layer, dst of dst_len, off)
     def read(self, h, pos, layer, dst_len, off):
-        if h not in self.seqs:
+        if h.__class__ is not int or h not in self.seqs:  # docs: a non-int handle is E_STALE
             return E_STALE, None
         if not 0 <= layer < self.L or off < 0 or off % 4 or off + self.row > dst_len:
             return E_RANGE, None
@@ -289,7 +292,7 @@ class RefKV:
 
     # the entry of slot or a status
     def _entry(self, h, slot):
-        if h not in self.seqs:
+        if h.__class__ is not int or h not in self.seqs:  # docs: a non-int handle is E_STALE
             return E_STALE
         s = self.seqs[h]
         if not 0 <= slot < s.cap:
@@ -307,7 +310,7 @@ class RefKV:
         return e if isinstance(e, int) else e[2]
 
     def add_score(self, h, slot, v):
-        if h in self.seqs and not 0 <= v <= SCORE_MAX:
+        if h.__class__ is int and h in self.seqs and not 0 <= v <= SCORE_MAX:
             return E_RANGE
         e = self._entry(h, slot)
         if isinstance(e, int):
@@ -322,7 +325,7 @@ class RefKV:
 
     # (status or None, row bytes or None) of row_offset: None when an offset is due
     def row_offset(self, h, slot, layer):
-        if h not in self.seqs:
+        if h.__class__ is not int or h not in self.seqs:  # docs: a non-int handle is E_STALE
             return E_STALE, None
         if not 0 <= layer < self.L:
             return E_RANGE, None
@@ -332,16 +335,16 @@ class RefKV:
         return None, e[1][layer]
 
     def length(self, h):
-        return self.seqs[h].n if h in self.seqs else E_STALE
+        return self.seqs[h].n if h.__class__ is int and h in self.seqs else E_STALE
 
     def cached(self, h):
-        return min(self.seqs[h].n, self.seqs[h].cap) if h in self.seqs else E_STALE
+        return min(self.seqs[h].n, self.seqs[h].cap) if h.__class__ is int and h in self.seqs else E_STALE
 
     def evictions(self, h):
-        return self.seqs[h].evictions if h in self.seqs else E_STALE
+        return self.seqs[h].evictions if h.__class__ is int and h in self.seqs else E_STALE
 
     def blocks_of(self, h):
-        return len(self.seqs[h].blocks) if h in self.seqs else E_STALE
+        return len(self.seqs[h].blocks) if h.__class__ is int and h in self.seqs else E_STALE
 
 
 def _guard_ok(buf, lo, hi):
@@ -442,7 +445,7 @@ def drive(seed, steps, call=None, layout=None, verify_every=8):
             return rnd.pick(sorted(m.seqs))
         if stale and k < 19:
             return rnd.pick(stale)
-        return rnd.pick((-1, -7, 3, 10 ** 6, (1 << 30) + 1))
+        return rnd.pick((-1, -7, 3, 10 ** 6, (1 << 30) + 1, 1 << 70, 0.0, 1.0, True))
 
     def fill(n):
         # src's first n bytes = a fresh pattern
