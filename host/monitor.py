@@ -3,6 +3,11 @@
 # board restarted) by reopening it when it comes back. Nothing already received is
 # dropped: a partial line is flushed to the log when the port is lost. Telemetry
 # frame decoding sits on top of this transport (a later issue).
+#
+# Bytes that are not UTF-8 text reach the log exactly as the board sent them (decoded
+# with surrogateescape, written back the same way), so the log is lossless; on the
+# console, control and non-printable characters (other than tab) are shown as \xNN
+# (\uNNNN above U+00FF), so a stray byte cannot move the cursor or change the terminal.
 import os
 import re
 import stat
@@ -14,6 +19,7 @@ import serial
 from host.errors import UserError
 
 RETRY_S = 0.2  # how often a lost port is looked for again
+_UNSAFE = re.compile(r"[^\t\x20-\x7e]")  # what may need escaping on the console (ASCII printable and tab pass)
 
 
 def _stamp():
@@ -41,12 +47,30 @@ def pattern_of(until):
         return None
     try:
         return re.compile(until)
-    except re.error as e:
-        raise UserError("--until %r is not a valid regular expression: %s" % (until, e), 2) from None
+    except (re.error, OverflowError, RecursionError, ValueError, MemoryError) as e:
+        # OverflowError: a repeat count past the engine's limit (a{99999999999});
+        # RecursionError: nesting too deep for the compiler; ValueError: NUL and the like
+        shown = repr(until) if len(until) <= 60 else repr(until[:60]) + "..."  # a long one, shortened
+        raise UserError("--until %s is not a valid regular expression: %s" % (shown, e), 2) from None
+
+
+def kind_of(mode):
+    # what a path with this st_mode is, in words: "a FIFO (named pipe)", "a folder", ...
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISCHR, "a character device"), (stat.S_ISREG, "a regular file")):
+        if test(mode):
+            return name
+    return "not a file"
 
 
 def check_log(path):
-    # path, when a log can be appended there; else a one-line UserError saying why not
+    # path, when a log can be appended there; else a one-line UserError saying why not.
+    # A regular file or a character device (/dev/null, a terminal) may be a log; a FIFO
+    # (opening it waits for a reader), a socket or a block device may not
+    if os.path.exists(path) and not os.path.isdir(path):
+        mode = os.stat(path).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISCHR(mode)):
+            raise UserError("--log %s is %s; give a regular file to append to" % (path, kind_of(os.stat(path).st_mode)), 2)
     if os.path.isdir(path):
         raise UserError("--log %s is a folder; give a file to append to" % path, 2)
     folder = os.path.dirname(path) or "."
@@ -61,8 +85,9 @@ def check_port(port):
     # port, when it names a character device; else a one-line UserError (code 2)
     if not os.path.exists(port):
         raise UserError("no serial port at %s" % port, 2)
-    if not stat.S_ISCHR(os.stat(port).st_mode):
-        raise UserError("%s is not a serial port (it is a %s)" % (port, "folder" if os.path.isdir(port) else "regular file"), 2)
+    mode = os.stat(port).st_mode
+    if not stat.S_ISCHR(mode):
+        raise UserError("%s is not a serial port: it is %s" % (port, kind_of(mode)), 2)
     return port
 
 
@@ -86,11 +111,41 @@ def open_port(port, baud=115200):
 
 
 def _open_log(path):
-    # the log file opened for appending; UserError when it cannot be
+    # the log file opened for appending (undecodable bytes written back as they came);
+    # UserError when it cannot be. O_NONBLOCK: a FIFO put in its place after the check
+    # fails at once (ENXIO) instead of waiting for a reader; fstat refuses what it is
+    check_log(path)
     try:
-        return open(check_log(path), "a", encoding="utf-8")
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY, 0o666)
     except OSError as e:
         raise UserError("--log %s cannot be opened: %s" % (path, e.strerror or e), 2) from None
+    mode = os.fstat(fd).st_mode
+    if not (stat.S_ISREG(mode) or stat.S_ISCHR(mode)):
+        os.close(fd)
+        raise UserError("--log %s is %s; give a regular file to append to" % (path, kind_of(mode)), 2)
+    os.set_blocking(fd, True)
+    return open(fd, "a", encoding="utf-8", errors="surrogateescape")
+
+
+def _escape_char(m):
+    # one console-unsafe character as \xNN / \uNNNN (a byte that was not UTF-8 as \xNN)
+    c = m.group()
+    n = ord(c)
+    if 0xDC80 <= n <= 0xDCFF:  # surrogateescape's stand-in for an undecodable byte
+        return "\\x%02x" % (n - 0xDC00)
+    if c.isprintable():
+        return c
+    return "\\x%02x" % n if n < 0x100 else "\\u%04x" % n
+
+
+def console_text(text):
+    # text safe to print on a terminal: control and non-printable characters escaped
+    return _UNSAFE.sub(_escape_char, text)
+
+
+def _text(data):
+    # a line's bytes as text, undecodable bytes kept (surrogateescape) for the log
+    return data.decode("utf-8", "surrogateescape")
 
 
 class Monitor:
@@ -99,6 +154,7 @@ class Monitor:
         self.port = port  # device path (a stable symlink works for the virtual board)
         self.baud = baud  # bits/s; ignored by USB CDC and ptys
         self.out = out if out is not None else sys.stdout  # where lines are echoed
+        self.log_path = log_path  # the --log path, for messages
         self.log = _open_log(log_path) if log_path else None  # log file or None
         self.reconnect = reconnect  # wait for a lost port to come back instead of exiting
         self.timestamps = timestamps  # prefix lines with wall-clock time
@@ -111,11 +167,19 @@ class Monitor:
     # one line to the console and the log
     def emit(self, text, note=False):
         line = ("[%s] " % _stamp() if self.timestamps else "") + ("[monitor] " if note else "") + text
-        self.out.write(line + "\n")
+        self.out.write(console_text(line) + "\n")
         self.out.flush()
         if self.log:
-            self.log.write(line + "\n")
-            self.log.flush()
+            try:
+                self.log.write(line + "\n")
+                self.log.flush()
+            except OSError as e:
+                log, self.log = self.log, None
+                try:
+                    log.close()
+                except OSError:
+                    pass  # the same error again, from the buffered rest
+                raise UserError("--log %s cannot be written: %s" % (self.log_path, e.strerror or e)) from None
 
     # split received bytes into lines and emit them; returns the first line matching
     # pattern (what follows it stays unread in self.partial), or None
@@ -126,7 +190,7 @@ class Monitor:
             i = buf.find(b"\n")
             if i < 0:
                 break
-            text = buf[:i].rstrip(b"\r").decode("utf-8", "replace")
+            text = _text(buf[:i].rstrip(b"\r"))
             buf = buf[i + 1 :]
             self.lines += 1
             self.emit(text)
@@ -139,7 +203,7 @@ class Monitor:
     # flush a partial line so nothing received is lost
     def flush_partial(self, why="port lost"):
         if self.partial:
-            self.emit(self.partial.rstrip(b"\r").decode("utf-8", "replace") + " [partial line: %s]" % why)
+            self.emit(_text(self.partial.rstrip(b"\r")) + " [partial line: %s]" % why)
             self.partial = b""
 
     # reopen the port after a loss; False when deadline passed first

@@ -467,3 +467,50 @@ def test_a_model_path_that_is_a_folder_says_so(tmp_path, cmd):
     (tmp_path / "dir.bin").mkdir()
     r = kv(*cmd, "--model", "dir.bin", cwd=str(tmp_path))
     assert r.returncode == 2 and "%s: is a folder, not a checkpoint file" % (tmp_path / "dir.bin") in line(r), r.stderr
+
+
+def test_monitor_log_write_error_is_one_line_exit_1():
+    with FakeBoard("silent") as fb:
+        r = kv("monitor", "--port", fb.port, "--log", "/dev/full", "--timeout", "2", timeout=60)
+    assert r.returncode == 1 and line(r) == "kv monitor: --log /dev/full cannot be written: No space left on device", r.stderr
+
+
+def test_monitor_refuses_a_fifo_log_instead_of_waiting_for_a_reader(tmp_path):
+    import os
+
+    fifo = tmp_path / "ff"
+    os.mkfifo(fifo)
+    with FakeBoard("silent") as fb:
+        r = kv("monitor", "--port", fb.port, "--log", str(fifo), "--timeout", "2", timeout=30)  # a hang: TimeoutExpired
+    assert r.returncode == 2 and "--log %s is a FIFO (named pipe); give a regular file" % fifo in line(r), r.stderr
+    with FakeBoard("silent") as fb:  # a character device may be a log: /dev/null
+        r = kv("monitor", "--port", fb.port, "--log", "/dev/null", "--timeout", "0.5", timeout=30)
+    assert r.returncode == 0 and "connected to %s" % fb.port in r.stdout, r.stderr
+
+
+@pytest.mark.parametrize("until, says", [("a{99999999999}", "the repetition number is too large"),
+                                         ("(" * 5000 + ")" * 5000, "maximum recursion depth exceeded")])
+def test_monitor_until_that_the_regex_compiler_cannot_take_is_one_line(until, says):
+    r = kv("monitor", "--port", "/dev/no-such-port", "--until", until)
+    assert r.returncode == 2 and "is not a valid regular expression: %s" % says in line(r) and len(line(r)) < 200, r.stderr[:300]
+
+
+def test_a_fifo_given_as_a_port_is_called_a_fifo(tmp_path):
+    import os
+
+    fifo = tmp_path / "ff"
+    os.mkfifo(fifo)
+    for cmd in ("monitor", "flash"):
+        r = kv(cmd, "--port", str(fifo), timeout=30)
+        assert r.returncode == 2 and line(r) == "kv %s: %s is not a serial port: it is a FIFO (named pipe)" % (cmd, fifo), r.stderr
+
+
+def test_monitor_escapes_control_bytes_on_the_console_and_logs_every_byte(tmp_path):
+    log = tmp_path / "serial.log"
+    sent = b"hi\x1b[2J\x07\xff\xfe caf\xc3\xa9\tx\r\n"
+    with FakeBoard("silent") as fb:
+        fb._send(sent)  # waits in the port until the monitor opens it
+        r = kv("monitor", "--port", fb.port, "--log", str(log), "--until", "caf", "--timeout", "10", timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[1].endswith("] hi\\x1b[2J\\x07\\xff\\xfe caf\u00e9\tx"), r.stdout
+    assert b"] " + sent[:-2] + b"\n" in log.read_bytes()
