@@ -73,7 +73,6 @@ if (_E_FULL, _E_NO_BLOCK, _E_STALE, _E_RANGE, _E_STATE) != (E_FULL, E_NO_BLOCK, 
     raise ImportError("kv: status codes differ from firmware_py/status.py")
 _ZERO_OBJ = 0  # 0 and _HMAX as objects: viper compares an argument with these before int()
 _HMAX_OBJ = _HMAX
-_NULL = None  # None as an object viper can compare with (a src of None is E_RANGE, not a TypeError)
 _INT = int  # an argument's __class__ must be this (a float or bool is refused before int(), which would raise)
 _ZEROS = bytearray(0)  # reserve() = append(h, _ZEROS): zero the rows instead of copying
 
@@ -338,7 +337,7 @@ class KVCache:
             m[_C_ST] = _E_STALE + _ST_BIAS
             return _E_STALE
         zero = src is _ZEROS  # reserve(): zero the rows
-        if not zero and (src is _NULL or int(len(src)) < int(m[_C_RB])):
+        if not zero and int(len(src)) < int(m[_C_RB]):
             m[o + _F_SLOT] = 0  # a refusal ends the earlier reservation
             m[_C_ST] = _E_RANGE + _ST_BIAS
             return _E_RANGE
@@ -522,7 +521,8 @@ class KVCache:
     # method (called L times per token): only a shared block leaves it (_own)
     @micropython.viper
     def write(self, h, layer, src, src_off) -> int:
-        if h < _ZERO_OBJ or h > _HMAX_OBJ or h.__class__ is not _INT:  # as objects: int() would truncate a big int
+        c = h.__class__  # as objects first: int() would truncate a big int and raise for a float
+        if c is not _INT or h < _ZERO_OBJ or h > _HMAX_OBJ:
             return _E_STALE
         m = ptr32(self.meta)
         hi = int(h)
@@ -530,9 +530,9 @@ class KVCache:
         o = _CFG + i * _NF
         if int(m[o + _F_H]) != hi + 1:
             return _E_STALE
-        if layer < _ZERO_OBJ or layer > _HMAX_OBJ or src_off < _ZERO_OBJ or src_off > _HMAX_OBJ or src is _NULL:
+        if layer.__class__ is not c or src_off.__class__ is not c:  # c is int (checked above)
             return _E_RANGE
-        if layer.__class__ is not _INT or src_off.__class__ is not _INT:
+        if layer < _ZERO_OBJ or layer > _HMAX_OBJ or src_off < _ZERO_OBJ or src_off > _HMAX_OBJ:
             return _E_RANGE
         ly = int(layer)
         off = int(src_off)

@@ -319,7 +319,7 @@ def misuse_calls():
     MR[5] = cm.length(fl)
     MR[6] = cm.slot_pos(hm, fl)
     MR[7] = cm.locate(hm, half)
-    MR[8] = cm.append(hm, None)
+    MR[8] = cm.read(hm, 0, 0, None, 0)
     MR[9] = cm.write(hm, fl, lrow, 0)
     MR[10] = cm.write(hm, 0, lrow, fl)
     MR[11] = cm.append(fl, lrow)
@@ -329,12 +329,15 @@ def misuse_calls():
     MR[15] = cm.block_at(hm, fl)
 
 
-no_alloc("huge offsets, odd lengths, floats, None, the arena as dst", misuse_calls)
+no_alloc("huge offsets, odd lengths, floats, a None dst, the arena as dst", misuse_calls)
 eq(MR, [status.E_RANGE, status.E_RANGE, status.E_RANGE, status.OK, status.OK, status.E_STALE, status.E_RANGE,
         status.E_RANGE, status.E_RANGE, status.E_RANGE, status.E_RANGE, status.E_STALE, status.E_RANGE, status.E_STALE,
         status.E_RANGE, status.E_RANGE], "each refused with its status (odd lengths accepted: whole words used)")
 check(gm[:64] == b"\xa5" * 64 and gm[-64:] == b"\xa5" * 64, "guards intact")
 eq(cm.append(hm, oddrow), 0, "an odd-length token row appends (its whole words)")
+# a src that is not a buffer is the caller's contract: TypeError on every interpreter
+raises(TypeError, cm.append, hm, None)
+raises(TypeError, cm.append, hm, [0] * lm.row_bytes)
 
 # reserve on a stale handle leaves E_STALE in cache.status, as every refusal
 cm.reserve(hm)
