@@ -35,17 +35,12 @@ def test_bench_sched_measures_both_interpreters(capsys):
         assert isinstance(r[key], (int, float)), key
     for interp in ("micropython", "cpython"):
         assert r["switch_ns_%s" % interp] > 0 and r["switch_ns_asyncio_%s" % interp] > 0
-        ratio = r["switch_ns_%s" % interp] / r["switch_ns_asyncio_%s" % interp]
-        assert abs(ratio - r["switch_ratio_vs_asyncio_%s" % interp]) < 0.05
         assert r["latency_periods_%s" % interp] == 30, "every period of the 1 ms task ran"
         assert r["switch_ns_floor_%s" % interp] > 0, "the floor was measured"
         assert r["switch_ns_floor_%s" % interp] < r["switch_ns_%s" % interp], "a bare round-robin is cheaper than the kernel"
         assert r["interpreter_%s" % interp].startswith(interp)
-    # bytes, not integer-divided: the run's few bytes (its two tasks ending, not the
-    # switches) show as a fraction per switch; the switches themselves allocate 0, which
-    # the same run under heap_lock proves
-    assert r["alloc_bytes_per_kernel_run_micropython"] <= 64
-    assert r["alloc_bytes_per_switch_micropython"] == round(r["alloc_bytes_per_kernel_run_micropython"] / 4000, 4)
+    # the switches allocate 0 B: the same kernel run completes with the heap locked (any
+    # allocation there is a MemoryError, so this pins zero, not a small number)
     assert r["heap_locked_switches_ok_micropython"] is True
     assert "poll()" in r["asyncio_poll_note"]
 
