@@ -6,6 +6,11 @@ import json
 # Memory tier kinds a profile may name; budget and bandwidth code key on these.
 TIER_KINDS = ("sram", "psram", "dram", "flash")
 BOARD_KINDS = ("mcu", "soc")
+# mpy-cross -march values (mpy-cross --help); "host" and "debug" are not a board's
+MPY_ARCHS = ("x86", "x64", "armv6", "armv6m", "armv7m", "armv7em", "armv7emsp", "armv7emdp",
+             "xtensa", "xtensawin", "rv32imc", "rv64imc")
+NAME_MAX = 64  # a board name names folders (.vboard/NAME): this many characters at most
+_NAME_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-"  # what a name may hold
 
 
 class BoardError(ValueError):
@@ -47,7 +52,7 @@ class Board:
         if not isinstance(d, dict):
             raise BoardError(where, "<top>", "expected a JSON object")
         self.where = where  # where the profile came from (for messages)
-        self.name = _str(d, "name", where, "")  # identifier, same as the file stem
+        self.name = _name(d, where)  # identifier, same as the file stem; [A-Za-z0-9_.-], no leading dot
         self.title = _str(d, "title", where, "")  # human description
         self.kind = _choice(d, "kind", BOARD_KINDS, where, "")  # "mcu" or "soc"
         cpu = _obj(d, "cpu", where, "")
@@ -73,9 +78,12 @@ class Board:
         self.usb_vid = None  # USB vendor id (int) of the board's serial port, or None
         self.usb_pid = None  # USB product id (int), or None
         usb = d.get("usb")
+        if usb is None and "usb" in d and self.kind == "mcu":
+            # an MCU is found by its USB ids; null would silently send flash to a virtual board
+            raise BoardError(where, "usb", "expected an object with vid and pid (null only for a soc; leave it out if the board has no USB serial port)")
         if usb is not None:
             if not isinstance(usb, dict):
-                raise BoardError(where, "usb", "expected an object or null")
+                raise BoardError(where, "usb", "expected an object with vid and pid (or null for a soc)")
             self.usb_vid = _hex16(usb, "vid", where, "usb.")
             self.usb_pid = _hex16(usb, "pid", where, "usb.")
         self.source = _str(d, "source", where, "")  # citation for cpu/thermal/usb figures
@@ -85,7 +93,7 @@ class Board:
         self.estimates = est  # fields whose figures are estimates, not datasheet values
         if self.kind == "mcu":
             self.mpy_heap = _int(d, "micropython_heap_bytes", where, "", 1024)  # usable GC heap
-            self.mpy_arch = _str(d, "mpy_arch", where, "")  # mpy-cross -march value
+            self.mpy_arch = _choice(d, "mpy_arch", MPY_ARCHS, where, "")  # mpy-cross -march value
             self.firmware_bytes = _int(d, "firmware_reserved_bytes", where, "", 0)  # heap the firmware itself keeps
         else:
             self.mpy_heap = None
@@ -115,6 +123,8 @@ def loads(text, where="<string>"):
         d = json.loads(text)
     except ValueError as e:
         raise BoardError(where, "<json>", "not valid JSON (%s)" % e)
+    except RuntimeError:  # RecursionError on CPython, RuntimeError on MicroPython
+        raise BoardError(where, "<json>", "nested too deeply to be a board profile")
     return Board(d, where)
 
 
@@ -140,6 +150,14 @@ def _str(d, key, where, path):
     v = _get(d, key, where, path)
     if not isinstance(v, str) or not v:
         raise BoardError(where, path + key, "expected a non-empty string")
+    return v
+
+
+def _name(d, where):
+    # the profile's name: it names folders, so 1..NAME_MAX of _NAME_CHARS, not starting with "."
+    v = _str(d, "name", where, "")
+    if len(v) > NAME_MAX or v[0] == "." or not all(c in _NAME_CHARS for c in v):
+        raise BoardError(where, "name", "%r: expected 1..%d letters, digits, '_', '.' or '-', not starting with '.'" % (v[:NAME_MAX + 1], NAME_MAX))
     return v
 
 

@@ -22,6 +22,12 @@ def test_unknown_board():
         (lambda d: d["cpu"].update(cores=0), "cpu.cores"),
         (lambda d: d.update(usb={"vid": "303A", "pid": "0x1001"}), "usb.vid"),
         (lambda d: d.pop("micropython_heap_bytes"), "micropython_heap_bytes"),
+        (lambda d: d.update(name="../../../tmp/bjescape"), "name"),
+        (lambda d: d.update(name="a\nb"), "name"),
+        (lambda d: d.update(name=".hidden"), "name"),
+        (lambda d: d.update(name="x" * 65), "name"),
+        (lambda d: d.update(mpy_arch="pdp11"), "mpy_arch"),
+        (lambda d: d.update(usb=None), "usb"),
     ],
 )
 def test_malformed_profile_names_file_and_field(tmp_path, mutate, field):
@@ -514,3 +520,25 @@ def test_monitor_escapes_control_bytes_on_the_console_and_logs_every_byte(tmp_pa
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[1].endswith("] hi\\x1b[2J\\x07\\xff\\xfe caf\u00e9\tx"), r.stdout
     assert b"] " + sent[:-2] + b"\n" in log.read_bytes()
+
+
+def test_a_profile_name_cannot_take_the_virtual_board_outside_its_home(tmp_path):
+    import os
+
+    from host import paths
+
+    d = json.load(open(paths.BOARDS + "/esp32s3_n8r8.json"))
+    d["name"] = "../escaped"
+    bad = tmp_path / "escape.json"
+    bad.write_text(json.dumps(d))
+    r = kv("vboard", "--board", str(bad), env=dict(os.environ, KVRTOS_VBOARD_HOME=str(tmp_path / "home" / "vb")))
+    assert r.returncode == 2 and "%s: name: '../escaped': expected 1..64 letters, digits" % bad in line(r), r.stderr
+    assert not (tmp_path / "home").exists()
+
+
+def test_a_deeply_nested_profile_is_one_line(tmp_path):
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"a":' + "[" * 100_000 + "]" * 100_000 + "}")
+    for cmd in ("budget", "vboard"):
+        r = kv(cmd, "--board", str(deep))
+        assert r.returncode == 2 and line(r) == "kv %s: bad board profile %s: <json>: nested too deeply to be a board profile" % (cmd, deep), r.stderr

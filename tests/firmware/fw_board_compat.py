@@ -16,6 +16,20 @@ e = raises(board.BoardError, board.loads, '{"name":"x"}', "bad.json")
 check("bad.json" in str(e) and "title" in str(e), "error names file and field: " + str(e))
 e = raises(board.BoardError, board.loads, "{not json", "bad.json")
 check("<json>" in str(e), "malformed JSON is a BoardError")
+GOOD = ('{"name":"%s","title":"t","kind":"mcu","cpu":{"arch":"a","cores":2,"mhz":240},'
+        '"micropython_heap_bytes":300000,"mpy_arch":"%s","firmware_reserved_bytes":0,'
+        '"memory":[{"name":"sram","kind":"sram","bytes":524288,"bandwidth_bytes_per_s":1,'
+        '"latency_ns":1,"dma":true,"source":"s"}],"thermal":{"throttle_c":85},"source":"s"}')
+eq(board.loads(GOOD % ("esp32s3_n8r8-v1.2", "xtensawin")).name, "esp32s3_n8r8-v1.2", "a name of letters, digits, _ . -")
+for bad in ("../x", "a/b", "a\\nb", ".x", "x" * 65):
+    e = raises(board.BoardError, board.loads, GOOD % (bad, "xtensawin"), "n.json")
+    check("n.json: name: " in str(e), "name %r refused: %s" % (bad, e))
+e = raises(board.BoardError, board.loads, GOOD % ("x", "pdp11"), "a.json")
+check("mpy_arch: expected one of" in str(e), "mpy_arch not an mpy-cross -march value: " + str(e))
+e = raises(board.BoardError, board.loads, '{"a":' + "[" * 20000 + "]" * 20000 + "}", "deep.json")
+# CPython's parser recurses (RecursionError: "nested too deeply"), MicroPython's does not
+# (the object then lacks "name"): a BoardError on both, never a crash
+check("deep.json: <json>: nested too deeply" in str(e) or "deep.json: name: missing" in str(e), "deep nesting is a BoardError: " + str(e))
 
 # ticks arithmetic wraps at compat.TICKS_PERIOD (2**30 on the ESP32)
 P = compat.TICKS_PERIOD
