@@ -115,8 +115,9 @@ class Session:
     def encode(self, text):
         ids = self.tok.encode(text, True, False)
         if self.policy == "full" and len(ids) > self.cap:
-            raise DecodeError("the prompt is %d tokens, the KV budget under full is %d: raise the heap or use a window policy"
-                              % (len(ids), self.cap))
+            # self.limit says which bound it is: the model's context or the KV budget
+            fix = "shorten it" if self.limit.startswith("the model's context") else "raise the heap or use a window policy"
+            raise DecodeError("the prompt is %d tokens, more than %s: %s" % (len(ids), self.limit, fix))
         return ids
 
     # the decode task (a generator for sched.Kernel): prefill ids, then up to n new

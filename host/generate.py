@@ -70,6 +70,18 @@ def _float(text, flag, lo, hi, open_lo=False):
     return v
 
 
+# refuse a --prompt that is not UTF-8 (the shell passes bytes; Python keeps the ones
+# that do not decode as surrogates, which the tokenizer cannot encode): exit 2
+def _check_text(prompt):
+    try:
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as e:
+        at = len(prompt[: e.start].encode("utf-8", "surrogateescape"))  # offset in the bytes typed
+        c = ord(prompt[e.start])
+        what = "byte 0x%02x" % (c - 0xDC00) if 0xDC80 <= c <= 0xDCFF else "U+%04X" % c
+        raise UserError("--prompt is not UTF-8 text (%s at byte %d); give the prompt as UTF-8" % (what, at), 2) from None
+
+
 # check everything, then generate on the chosen runtime; the Session (cpython) or None
 def main(model="", prompt="", tokens="64", tokenizer_path="", temperature="0", top_p="1", seed="0", kv_dtype="fp32",
          policy="full", window="0", backend="auto", runtime="cpython", rope="absolute", out=None):
@@ -88,6 +100,7 @@ def main(model="", prompt="", tokens="64", tokenizer_path="", temperature="0", t
         raise UserError("--backend must be one of %s, got %r" % (", ".join(fw_model.BACKENDS), backend), 2)
     if rope not in fw_model.ROPE_MODES:
         raise UserError("--rope must be one of %s, got %r" % (", ".join(fw_model.ROPE_MODES), rope), 2)
+    _check_text(prompt)
     mp, tp = resolve(model, tokenizer_path)
     try:
         cfg = llama2c.plan(mp)[0]

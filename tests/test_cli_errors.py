@@ -542,3 +542,16 @@ def test_a_deeply_nested_profile_is_one_line(tmp_path):
     for cmd in ("budget", "vboard"):
         r = kv(cmd, "--board", str(deep))
         assert r.returncode == 2 and line(r) == "kv %s: bad board profile %s: <json>: nested too deeply to be a board profile" % (cmd, deep), r.stderr
+
+
+def test_generate_refuses_a_prompt_that_is_not_utf8():
+    import os
+
+    r = kv("generate", "--prompt", os.fsdecode(b"ab\xff\xfe"), "--tokens", "1")  # the bytes a shell would pass
+    assert r.returncode == 2 and line(r) == "kv generate: --prompt is not UTF-8 text (byte 0xff at byte 2); give the prompt as UTF-8", r.stderr
+
+
+def test_generate_a_prompt_past_the_models_context_names_the_context():
+    r = kv("generate", "--prompt", "hello world " * 500, "--tokens", "1")
+    says = line(r)
+    assert r.returncode == 2 and "more than the model's context (seq_len 256): shorten it" in says and "heap" not in says, r.stderr
