@@ -246,7 +246,7 @@ def mp32(c, src=None):
     """Build (once, cached in .cache/) the 32-bit MicroPython unix port, the board's word size; print its path."""
     from host import mp32 as mp32_mod
 
-    print(mp32_mod.build(src))
+    print(mp32_mod.build(paths_user(src) if src else None))
 
 
 @task(help={"board": "board profile name"})

@@ -30,7 +30,9 @@ _KEY_DIRS = ("py", "extmod", "shared", "ports/unix", "mpy-cross")  # what the bi
 
 def source(src=None):
     # the MicroPython source tree to build from, or None when there is none
-    for cand in (src, os.environ.get(SRC_ENV), os.path.join(os.path.dirname(paths.ROOT), "shared", "micropython-src")):
+    env = os.environ.get(SRC_ENV)
+    env = env and paths.user_path(env)  # typed by the user too: relative to where ./kv ran
+    for cand in (src, env, os.path.join(os.path.dirname(paths.ROOT), "shared", "micropython-src")):
         if cand and os.path.isfile(os.path.join(cand, "py", "mpconfig.h")):
             return os.path.abspath(cand)
         if cand and cand is src:

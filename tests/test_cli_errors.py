@@ -555,3 +555,8 @@ def test_generate_a_prompt_past_the_models_context_names_the_context():
     r = kv("generate", "--prompt", "hello world " * 500, "--tokens", "1")
     says = line(r)
     assert r.returncode == 2 and "more than the model's context (seq_len 256): shorten it" in says and "heap" not in says, r.stderr
+
+
+def test_mp32_src_resolves_where_kv_ran(tmp_path):
+    r = kv("mp32", "--src", "nosuch", cwd=str(tmp_path))
+    assert r.returncode == 2 and line(r) == "kv mp32: %s is not a MicroPython source tree (no py/mpconfig.h)" % (tmp_path / "nosuch"), r.stderr
