@@ -28,6 +28,8 @@ from host.errors import UserError
 MANIFEST = "kvrtos_manifest.json"  # path -> sha256 of what the last good flash wrote
 CHUNK = 2048  # bytes per write through the raw REPL
 ANSWER_TIMEOUT = 10.0  # s the board may stay silent while an answer is due
+ESP_MAX_SEGMENTS = 16  # an ESP image header's segment count is at most this (esptool)
+MIN_IMAGE_BYTES = 64 * 1024  # a MicroPython image (bootloader, partition table, app) is far larger
 FIRMWARE_SHAPE = ("__init__.py", "app.py", "main.py")  # a --src folder without these is not the firmware
 _POLL_S = 0.05  # s one read of the port waits before the deadline is checked again
 # mpy native architectures by number (sys.implementation._mpy >> 10, .mpy header byte 2 >> 2)
@@ -431,16 +433,31 @@ def esptool_command(bin_path, port, erase=False, baud=460800):
     return cmds
 
 
+# refuse (one line, exit 2) a file that cannot be an ESP32 firmware image: its header
+# (magic 0xE9, 1..16 segments, SPI mode 0..5: esptool's image format) and its size
+def check_esp_image(bin_path):
+    with open(bin_path, "rb") as f:
+        head = f.read(4)
+    size = os.path.getsize(bin_path)
+    if head[:1] != b"\xe9":  # ESP image magic byte
+        raise UserError("%s is not an ESP32 firmware image (first byte is not 0xE9)" % bin_path, 2)
+    if len(head) < 4:
+        raise UserError("%s is not an ESP32 firmware image (%d B, shorter than the image header)" % (bin_path, size), 2)
+    if not 1 <= head[1] <= ESP_MAX_SEGMENTS or head[2] > 5:
+        raise UserError("%s is not an ESP32 firmware image (its header says %d segments, SPI mode %d)"
+                        % (bin_path, head[1], head[2]), 2)
+    if size < MIN_IMAGE_BYTES:
+        raise UserError("%s is %d B: too small for a MicroPython image (at least %d B; a real one is about 1.5 MiB)"
+                        % (bin_path, size, MIN_IMAGE_BYTES), 2)
+
+
 def flash_firmware(bin_path, port=None, erase=False, board_name=paths.DEFAULT_BOARD, dry_run=False, out=print):
     # write a MicroPython firmware image to an ESP32-S3 with esptool; returns the commands
     if os.path.isdir(bin_path):
         raise UserError("firmware image %s is a folder; give the .bin file" % bin_path, 2)
     if not os.path.isfile(bin_path):
         raise UserError("firmware image %s does not exist" % bin_path, 2)
-    with open(bin_path, "rb") as f:
-        head = f.read(1)
-    if head != b"\xe9":  # ESP image magic byte
-        raise UserError("%s is not an ESP32 firmware image (first byte is not 0xE9)" % bin_path, 2)
+    check_esp_image(bin_path)
     board = boards.load(board_name)
     if port is None:
         port = usb_port(board)
@@ -450,7 +467,8 @@ def flash_firmware(bin_path, port=None, erase=False, board_name=paths.DEFAULT_BO
         raise UserError("no serial port at %s" % port, 2)
     cmds = esptool_command(bin_path, port, erase=erase)
     if dry_run:
-        out("flash-firmware: would run%s:" % ("" if port else " (no ESP32-S3 on USB now: esptool will search every serial port)"))
+        out("flash-firmware: would run%s:" % ("" if port else " (no ESP32-S3 on USB now: without one, or --port, the real run"
+                                               " refuses; pasted as printed, esptool searches every serial port)"))
     for cmd in cmds:
         out(shlex.join(cmd))  # a whole shell command: pasteable as printed
         if not dry_run:

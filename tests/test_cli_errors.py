@@ -9,6 +9,9 @@ from host import flash
 from vboard_util import FakeBoard, kv, one_line_error, start
 
 
+FAKE_IMAGE = b"\xe9\x03\x02\x4f" + bytes(64 * 1024)  # an ESP image header (3 segments, DIO) and a plausible size
+
+
 def test_unknown_board():
     r = kv("flash", "--board", "esp32s3_nonexistent")
     assert one_line_error(r) and r.returncode == 2 and "unknown board 'esp32s3_nonexistent'" in r.stderr, r.stderr
@@ -103,7 +106,7 @@ def test_esptool_accepts_the_command_it_is_given(tmp_path):
     # esptool parses our argv and gets as far as talking to the port: against a port
     # with no ESP32 ROM bootloader it fails to connect, and we say so in one line
     img = tmp_path / "fw.bin"
-    img.write_bytes(b"\xe9" + bytes(4095))
+    img.write_bytes(FAKE_IMAGE)
     with start(tmp_path) as vb:
         r = kv("flash-firmware", "--bin", str(img), "--port", vb.port, timeout=300)
     assert r.returncode == 1 and "esptool failed" in r.stderr.splitlines()[-1], r.stderr[-2000:]
@@ -354,7 +357,7 @@ def test_paths_resolve_where_kv_ran_and_esptool_commands_paste_into_a_shell(tmp_
 
     d = tmp_path / "my dir"
     d.mkdir()
-    (d / "fw 1.bin").write_bytes(b"\xe9" + bytes(64))
+    (d / "fw 1.bin").write_bytes(FAKE_IMAGE)
     # --dry-run with no board attached: esptool's own search, the command runnable as printed
     r = kv("flash-firmware", "--bin", "fw 1.bin", "--dry-run", "--erase", cwd=str(d))
     assert r.returncode == 0, r.stdout + r.stderr
@@ -560,3 +563,24 @@ def test_generate_a_prompt_past_the_models_context_names_the_context():
 def test_mp32_src_resolves_where_kv_ran(tmp_path):
     r = kv("mp32", "--src", "nosuch", cwd=str(tmp_path))
     assert r.returncode == 2 and line(r) == "kv mp32: %s is not a MicroPython source tree (no py/mpconfig.h)" % (tmp_path / "nosuch"), r.stderr
+
+
+@pytest.mark.parametrize("data, says", [
+    (b"\xe9\x03", "is not an ESP32 firmware image (2 B, shorter than the image header)"),
+    (b"\xe9\x00\x02\x4f" + bytes(64 * 1024), "is not an ESP32 firmware image (its header says 0 segments, SPI mode 2)"),
+    (b"\xe9\x03\x09\x4f" + bytes(64 * 1024), "is not an ESP32 firmware image (its header says 3 segments, SPI mode 9)"),
+    (b"\xe9\x03\x02\x4f" + bytes(1000), "is 1004 B: too small for a MicroPython image (at least 65536 B"),
+])
+def test_flash_firmware_checks_the_image_header_and_size(tmp_path, data, says):
+    (tmp_path / "tiny.bin").write_bytes(data)
+    r = kv("flash-firmware", "--bin", "tiny.bin", "--dry-run", cwd=str(tmp_path))
+    assert r.returncode == 2 and line(r).startswith("kv flash-firmware: %s %s" % (tmp_path / "tiny.bin", says)), r.stderr
+    assert r.stdout == ""
+
+
+def test_flash_firmware_dry_run_without_a_board_says_what_the_real_run_does(tmp_path):
+    (tmp_path / "fw.bin").write_bytes(FAKE_IMAGE)
+    r = kv("flash-firmware", "--bin", "fw.bin", "--dry-run", cwd=str(tmp_path))
+    assert r.returncode == 0 and "without one, or --port, the real run refuses" in r.stdout, r.stdout + r.stderr
+    r = kv("flash-firmware", "--bin", "fw.bin", cwd=str(tmp_path))
+    assert r.returncode == 1 and "no ESP32-S3 found on USB (VID 0x303A); plug one in or pass --port" in line(r), r.stderr
