@@ -55,6 +55,20 @@ def settings(context):
     return out
 
 
+# fp32 window and sinks settings holding the KV bytes int8 holds at each budget and at
+# the whole context (tokens x 480 / 1280 for stories260K: 48, 96, 192 of 512): the same
+# memory spent on a shorter fp32 cache instead of a longer int8 one
+def equal_bytes(cfg, context):
+    per = {dt: kv.Layout(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, dt).kv_bytes_per_token for dt in ("fp32", "int8")}
+    out = []
+    for b in budgets(context) + (context,):
+        eq = b * per["int8"] // per["fp32"]
+        for pol in ("window", "sinks"):
+            if eq > kv.min_budget(pol) and eq not in budgets(context):
+                out.append(Setting("fp32", pol, eq))
+    return out
+
+
 class Runner:
     # one booted cache + Model for a setting, reused for every prompt (a sequence per prompt)
     def __init__(self, weights, setting, context):
@@ -134,7 +148,7 @@ def measure(weights, prompt_ids, context=0, only=None, log=None):
     t0 = time.perf_counter()
     ref = Runner(weights, Setting("fp32", "full"), context)
     refs = [ref.replay(ids, greedy=context) for ids in prompt_ids]  # [(tokens, logits)] per prompt
-    todo = settings(context) if only is None else only
+    todo = settings(context) + equal_bytes(cfg, context) if only is None else only
     out = {}
     for s in todo:
         t1 = time.perf_counter()

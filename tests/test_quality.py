@@ -116,6 +116,12 @@ def test_json_has_every_figure_the_issue_names():
             assert 0 <= f["top1_" + name] <= 1, name
             assert f["kv_bytes_" + name] == held * per[dt], name
     assert f["kl_fp32_full"] == 0.0 and f["top1_fp32_full"] == 1.0
+    # the equal-bytes comparison: fp32 windows holding no more than int8's bytes, within one token
+    for b, int8_name in ((CTX // 4, "int8_window%d" % (CTX // 4)), (CTX // 2, "int8_window%d" % (CTX // 2)),
+                         (CTX, "int8_full")):
+        eq = b * per["int8"] // per["fp32"]
+        held = f["kv_bytes_" + int8_name]
+        assert held - per["fp32"] < f["kv_bytes_fp32_window%d" % eq] <= held, b
     assert "kl_int8_full_ropecache" not in f  # full never evicts: one RoPE mode
     assert f["kl_int4_full"] > f["kl_int8_full"] > 0  # both quantize (as the cache stores them today)
 

@@ -80,8 +80,8 @@ def run(as_json=False, model="", tokenizer_path="", prompts=None, context=0, onl
     command = COMMAND + args + (" --json" if as_json else "")
     log = (lambda s: sys.stderr.write("bench quality: %s\n" % s)) if not as_json else None
     if log:
-        log("model %s, %d prompts, context %d, %d settings" % (desc, len(prompts), ctx,
-                                                               len(only or quality.settings(ctx))))
+        n = len(only or quality.settings(ctx) + quality.equal_bytes(w.cfg, ctx))
+        log("model %s, %d prompts, context %d, %d settings" % (desc, len(prompts), ctx, n))
     result = quality.measure(w, ids, ctx, only, log)
     f = figures(result, desc, mp, tp, prompts, [len(i) for i in ids], w.cfg, command)
     if as_json:
@@ -127,4 +127,25 @@ def render(f):
                          if "kl_" + stem + suf in f else "| - | -")
                 L.append("| %s | %s | %s | {:,} | %s | %.3f %s |".format(f["kv_bytes_" + stem])
                          % (dt, pol, b or ctx, _kl(f["kl_" + stem]), f["top1_" + stem], other))
-    return L
+    return L + [""] + _equal_bytes(f)
+
+
+# the same KV bytes spent two ways: int8 at a budget against fp32 at the budget
+# int8's bytes buy (absolute RoPE); rows only where both were measured
+def _equal_bytes(f):
+    per8, per32 = f["kv_bytes_per_token_int8"], f["kv_bytes_per_token_fp32"]
+    rows = []
+    for b in tuple(f["budgets"]) + (f["context"],):
+        eq = b * per8 // per32
+        for pol in ("window", "sinks"):
+            a = "int8_%s%d" % (pol, b) if b != f["context"] else "int8_full"
+            o = "fp32_%s%d" % (pol, eq)
+            if "kl_" + a in f and "kl_" + o in f:
+                rows.append("| {:,} | `{}` | {} | {:.3f} | `{}` | {} | {:.3f} |".format(
+                    f["kv_bytes_" + a], a, _kl(f["kl_" + a]), f["top1_" + a], o, _kl(f["kl_" + o]), f["top1_" + o]))
+    if not rows:
+        return []
+    return ["The same KV bytes spent two ways: int8 over a longer cache, or fp32 over the shorter one those bytes "
+            "buy (%d B against %d B per token; RoPE absolute)." % (per8, per32), "",
+            "| KV bytes | int8 setting | KL | top-1 | fp32 setting | KL | top-1 |",
+            "| --- | --- | --- | --- | --- | --- | --- |"] + rows
