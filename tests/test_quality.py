@@ -144,3 +144,15 @@ def test_cli_bad_input_is_one_line():
     r = subprocess.run([os.path.join(paths.ROOT, "kv"), "bench", "quality", "--model", os.path.join(TINY, "model.bin"),
                         "--prompt", "Once upon a time " * 100], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "longer than the context" in r.stderr
+
+
+def test_the_guide_quotes_the_committed_table():
+    # docs/kv-quality.md holds every table row bench quality renders from docs/bench/quality.json
+    with open(os.path.join(paths.ROOT, "docs", "bench", "quality.json")) as fh:
+        f = json.load(fh)["figures"]
+    with open(os.path.join(paths.ROOT, "docs", "kv-quality.md")) as fh:
+        guide = fh.read().splitlines()
+    rows = [line for line in bench.render(f) if line.startswith("|")]
+    assert len(rows) > 20
+    missing = [r for r in rows if r not in guide]
+    assert not missing, missing[:3]
