@@ -347,7 +347,7 @@ eq((cm.reserve(hm + 4 * 4), cm.status), (status.E_STALE, status.E_STALE), "reser
 free0 = pm.blocks_free
 for kw in ({"watermark_pct": 50.5}, {"sinks": 2.5}, {"budget": 8.0}, {"recent": 1.5}):
     pol = "sinks" if "sinks" in kw else "h2o" if "recent" in kw else "window"
-    raises(kv.KVError, lambda: cm.open(rm, pol, **dict({"budget": 8}, **kw)))
+    raises(kv.KVError, lambda pol=pol, kw=kw: cm.open(rm, pol, **dict({"budget": 8}, **kw)))
 eq(pm.blocks_free, free0, "refused opens took no block")
 st0 = pm.stats()
 pn = pool.Pool(lm.block_bytes, 4)
