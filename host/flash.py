@@ -22,7 +22,7 @@ import time
 
 import serial
 
-from host import boards, monitor, paths, vboard
+from host import boardmodel, boards, monitor, paths, vboard
 from host.errors import UserError
 
 MANIFEST = "kvrtos_manifest.json"  # path -> sha256 of what the last good flash wrote
@@ -84,6 +84,7 @@ class _Answering:
         self.__dict__["ser"] = ser  # the pyserial port
         self.__dict__["timeout"] = timeout  # s of silence allowed
         self.__dict__["last"] = time.monotonic()  # when a byte last went either way
+        self.__dict__["until"] = None  # monotonic deadline for the whole exchange (raw-REPL entry), or None
 
     # forward what is not wrapped (close, rts, dtr, is_open, ...) to the port
     def __getattr__(self, name):
@@ -97,6 +98,16 @@ class _Answering:
     def _due(self):
         if time.monotonic() - self.last > self.timeout:
             raise BoardSilent("no answer for %g s" % self.timeout)
+
+    # give the exchange that starts now `seconds` in all (None: no overall deadline)
+    def deadline(self, seconds):
+        self.__dict__["until"] = None if seconds is None else time.monotonic() + seconds
+
+    # raise BoardSilent once the whole exchange is past its deadline, even while bytes
+    # keep coming (a port that streams noise never goes silent)
+    def _overall(self):
+        if self.until is not None and time.monotonic() > self.until:
+            raise BoardSilent("no raw REPL prompt within %g s" % self.timeout)
 
     # the port's own call, an OS error turned into SerialException (the port is gone)
     def _call(self, fn, *args):
@@ -117,6 +128,7 @@ class _Answering:
     def read(self, n=1):
         got = b""
         while len(got) < n:
+            self._overall()
             chunk = self._call(self.ser.read, n - len(got))
             if chunk:
                 got += chunk
@@ -127,6 +139,7 @@ class _Answering:
 
     # bytes waiting; raises BoardSilent when none came for the answer timeout
     def inWaiting(self):  # noqa: N802 (mpremote's name)
+        self._overall()
         n = self._call(lambda: self.ser.in_waiting)
         if n == 0:
             self._due()
@@ -263,12 +276,18 @@ def connect(port, answer_timeout=ANSWER_TIMEOUT):
         # soft reset on the way in, as mpremote does: a running firmware (and the KV arena
         # it allocated) is gone, so the copy has the whole heap to work in; mpremote
         # prints what it got on failure: our one line says it instead
+        # the whole entry (interrupt, soft reset, banner) within the answer timeout
+        # (mpremote checks its own timeouts only while nothing arrives: noise never ends it)
+        t.serial.deadline(answer_timeout)
         with contextlib.redirect_stdout(io.StringIO()):
-            t.enter_raw_repl(soft_reset=True)
+            t.enter_raw_repl(soft_reset=True, timeout_overall=answer_timeout)
+        t.serial.deadline(None)
     except (TransportError, serial.SerialException, OSError) as e:
         _close(t)
         if not os.path.exists(port):
             raise UserError("port %s vanished while entering the raw REPL" % port) from None
+        if isinstance(e, BoardSilent) or "could not enter raw repl" in str(e):
+            raise UserError("no MicroPython raw REPL on %s: no prompt within %g s (--timeout)" % (port, answer_timeout)) from None
         raise UserError("no MicroPython raw REPL on %s (%s)" % (port, str(e).strip() or type(e).__name__)) from None
     return t
 
@@ -313,7 +332,8 @@ def _remove_stale(t, dests, out):
         raise  # the port, not the manifest, failed
     except (OSError, ValueError):
         return []
-    stale = sorted(p for p in old if p not in set(dests))
+    keep = set(dests) | set(boardmodel.FILES)  # a model flashed before stays until another replaces it
+    stale = sorted(p for p in old if p not in keep)
     for p in stale:
         t.exec(_REMOVE_SCRIPT % p)
         out("  rm    %s  (no longer in the firmware)" % p)
@@ -321,14 +341,24 @@ def _remove_stale(t, dests, out):
 
 
 def flash(port=None, board_name=paths.DEFAULT_BOARD, src=paths.FIRMWARE, out=print, reset=True, keep_open=False,
-          answer_timeout=ANSWER_TIMEOUT):
-    # flash the firmware; returns a summary dict (and the open serial port when keep_open)
+          answer_timeout=ANSWER_TIMEOUT, model=None, tokenizer=""):
+    # flash the firmware (and with model, a checkpoint and its tokenizer: host/boardmodel.py);
+    # returns a summary dict (and the open serial port when keep_open)
     from mpremote.transport import TransportError, TransportExecError
 
     board = boards.load(board_name)
     if board.kind != "mcu":
         raise UserError("board %s is a %s: kvrtos flashes microcontrollers only" % (board.name, board.kind), 2)
     check_firmware_src(src)
+    model_files = []
+    if model is not None:
+        # checked (files, then the budget) before a board is even looked for: a model
+        # that cannot fit is refused with the calculator's figures, nothing copied
+        model_files, fit, model_path = boardmodel.files_for(board.name, model, tokenizer)
+        out("flash: model %s fits %s: KV budget %d tokens (%s KV), generation stops at %d (%s)"
+            % (os.path.relpath(model_path, paths.ROOT) if model_path.startswith(paths.ROOT) else model_path, board.name,
+               fit["max_tokens"], fit["kv_dtype"], fit["decode_tokens"],
+               "the model's context" if fit["limited_by"] == "context" else "the KV budget"))
     if port is None:
         port = find_port(board)
         if port is None:
@@ -336,7 +366,7 @@ def flash(port=None, board_name=paths.DEFAULT_BOARD, src=paths.FIRMWARE, out=pri
             h = vboard.start(board.name, detach=True)
             port = h.port
     virtual = is_virtual(port)
-    arts = build(board, src, virtual=virtual)
+    arts = build(board, src, virtual=virtual) + [Artifact(dest, data) for dest, data in model_files]
     t = connect(port, answer_timeout)
     copied = skipped = 0
     copied_bytes = skipped_bytes = 0

@@ -584,3 +584,42 @@ def test_flash_firmware_dry_run_without_a_board_says_what_the_real_run_does(tmp_
     assert r.returncode == 0 and "without one, or --port, the real run refuses" in r.stdout, r.stdout + r.stderr
     r = kv("flash-firmware", "--bin", "fw.bin", cwd=str(tmp_path))
     assert r.returncode == 1 and "no ESP32-S3 found on USB (VID 0x303A); plug one in or pass --port" in line(r), r.stderr
+
+
+def test_flash_to_a_port_that_streams_noise_stops_at_the_timeout():
+    # bytes never stop coming, so no gap ever ends mpremote's wait for the raw REPL
+    # banner: the whole entry is under --timeout
+    import os
+    import pty
+    import select
+    import threading
+    import time
+    import tty
+
+    master, slave = pty.openpty()
+    tty.setraw(slave)
+    stop = []
+
+    def noise():
+        while not stop:
+            r, w, _ = select.select([master], [master], [], 0.05)
+            if r:
+                os.read(master, 4096)
+            if w:
+                os.write(master, os.urandom(64))
+            time.sleep(0.01)
+
+    port = os.ttyname(slave)
+    th = threading.Thread(target=noise, daemon=True)
+    th.start()
+    try:
+        t0 = time.monotonic()
+        r = kv("flash", "--port", port, "--timeout", "3", timeout=90)
+        took = time.monotonic() - t0
+    finally:
+        stop.append(1)
+        th.join(2)
+        os.close(master)
+        os.close(slave)
+    assert r.returncode == 1 and "no MicroPython raw REPL on %s: no prompt within 3 s (--timeout)" % port in line(r), r.stderr
+    assert took < 3 + 15, took  # the build before it, and a loaded machine
