@@ -71,7 +71,7 @@ class Session:
         else:
             low = kv.min_budget(policy, sinks)
             if window < low:
-                raise DecodeError("policy %s needs a window of at least %d tokens, got %d" % (policy, low, window))
+                raise DecodeError("policy %s needs a window of at least %d token%s, got %d" % (policy, low, "" if low == 1 else "s", window))
             n_blocks = (window + t - 1) // t
             cap = window
             self.limit = ""

@@ -48,7 +48,7 @@ def compute(board, model, kv_dtype="fp32", policy="full", window=0, batch=1, tok
     else:
         lowest = kv.min_budget(policy)  # what KVCache.open accepts with the default sinks and h2o split
         if window < lowest:
-            raise UserError("--policy %s needs --window of at least %d tokens, got %d" % (policy, lowest, window), 2)
+            raise UserError("--policy %s needs --window of at least %d token%s, got %d" % (policy, lowest, "" if lowest == 1 else "s", window), 2)
     if batch < 1 or tokens < 0:
         raise UserError("--batch must be >= 1 and --tokens >= 0", 2)
     cfg = m.cfg

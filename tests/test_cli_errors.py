@@ -623,3 +623,10 @@ def test_flash_to_a_port_that_streams_noise_stops_at_the_timeout():
         os.close(slave)
     assert r.returncode == 1 and "no MicroPython raw REPL on %s: no prompt within 3 s (--timeout)" % port in line(r), r.stderr
     assert took < 3 + 15, took  # the build before it, and a loaded machine
+
+
+@pytest.mark.parametrize("cmd, says", [(["budget"], "kv budget: --policy window needs --window of at least 1 token, got 0"),
+                                       (["generate", "--tokens", "1"], "kv generate: policy window needs a window of at least 1 token, got 0")])
+def test_the_window_floor_is_said_in_the_singular(cmd, says):
+    r = kv(*cmd, "--policy", "window")
+    assert r.returncode == 2 and line(r) == says, r.stderr
