@@ -81,7 +81,7 @@ def running_pid(home):
 def forget_stale(home):
     # remove a pid file and port link that no live virtual board owns; the stale pid or None
     entry = _pid_file(home)
-    if entry is None or running_pid(home) is not None:
+    if entry is None or (running_pid(home) is not None and _is_vboard(entry[0])):
         return None
     for p in (os.path.join(home, "vboard.pid"), os.path.join(home, "port")):
         try:
@@ -98,11 +98,74 @@ def stop_hint(board_arg, home=None):
     return "./kv vboard%s --stop" % ("" if board_arg == paths.DEFAULT_BOARD else " --board " + shlex.quote(board_arg))
 
 
+# kernel filesystems: files cannot live there (or should not: /dev), so no board's either
+SPECIAL_FS = ("proc", "sysfs", "devtmpfs", "devpts", "cgroup", "cgroup2", "debugfs", "tracefs", "securityfs",
+              "pstore", "bpf", "configfs", "fusectl", "mqueue", "hugetlbfs", "efivarfs", "binfmt_misc", "autofs")
+
+
+def _fs_type(path):
+    # the type of the filesystem path lies on (/proc/self/mounts, longest mount point), or None
+    real = os.path.realpath(path)
+    best, kind = "", None
+    try:
+        with open("/proc/self/mounts") as f:
+            for ln in f:
+                parts = ln.split()
+                if len(parts) < 3:
+                    continue
+                mnt = parts[1].replace("\\040", " ")
+                if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
+                    best, kind = mnt, parts[2]
+    except OSError:
+        return None
+    return kind
+
+
 def check_fs(fs_dir):
-    # fs_dir, when it is a folder or can become one; else a one-line UserError
-    if fs_dir and os.path.exists(fs_dir) and not os.path.isdir(fs_dir):
+    # fs_dir, when it is a folder we can create files in, or can become one in a folder
+    # that exists (only the last level is created); else a one-line UserError
+    if not fs_dir:
+        return fs_dir
+    if os.path.exists(fs_dir) and not os.path.isdir(fs_dir):
         raise UserError("--fs %s is a file; the board's filesystem must be a folder" % fs_dir, 2)
+    where = fs_dir if os.path.isdir(fs_dir) else os.path.dirname(os.path.abspath(fs_dir))
+    if not os.path.isdir(where):
+        raise UserError("--fs %s: folder %s does not exist (only the last level is created)" % (fs_dir, where), 2)
+    kind = _fs_type(where)
+    if kind in SPECIAL_FS:
+        raise UserError("--fs %s is on %s, a kernel filesystem; give a folder on a disk" % (fs_dir, kind), 2)
+    if not os.access(where, os.W_OK | os.X_OK) or not _can_create(where):
+        raise UserError("--fs %s: cannot create files in %s" % (fs_dir, where), 2)
     return fs_dir
+
+
+def _can_create(folder):
+    # True when a file can be created (and removed) in folder
+    import tempfile
+
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".kvrtos-probe-", dir=folder)
+    except OSError:
+        return False
+    os.close(fd)
+    try:
+        os.remove(probe)
+    except OSError:
+        pass
+    return True
+
+
+def _is_vboard(pid):
+    # True when process pid's command line is a virtual board's (python -m host.vboard,
+    # or ./kv vboard, which serves in its own process); True without /proc to read
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            args = f.read().split(b"\0")
+    except FileNotFoundError:
+        return not os.path.isdir("/proc")
+    except OSError:
+        return False
+    return b"host.vboard" in args or b"vboard" in args
 
 
 def running_port(name):
@@ -116,8 +179,8 @@ def running_port(name):
 def stop_running(home, timeout=5.0):
     # stop the virtual board running from state directory home; its pid, or None if none ran
     pid = running_pid(home)
-    if pid is None:
-        return None
+    if pid is None or not _is_vboard(pid):
+        return None  # pid and start time match, but the process is not a virtual board: not ours to kill
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while running_pid(home) == pid and time.monotonic() < deadline:
@@ -155,7 +218,8 @@ class VirtualBoard:
     def open_port(self):
         check_fs(self.fs_dir)
         try:
-            os.makedirs(self.fs_dir, exist_ok=True)
+            if not os.path.isdir(self.fs_dir):
+                os.mkdir(self.fs_dir)  # the last level only: check_fs saw its parent
             os.makedirs(self.home, exist_ok=True)
         except OSError as e:
             raise UserError("cannot make the board's folders (%s): %s" % (e.filename, e.strerror), 2) from None
@@ -336,9 +400,9 @@ class VirtualBoard:
         signal.signal(signal.SIGINT, stop)
         self.spawn(raw=False)
         if not self.quiet:
-            print("vboard %s: port %s (stable path %s)" % (self.board.name, path, os.path.relpath(self.link)))
+            print("vboard %s: port %s (stable path %s)" % (self.board.name, path, os.path.abspath(self.link)))
             print("vboard %s: heap %d B usable (-X heapsize=%d), filesystem %s; Ctrl-C to stop"
-                  % (self.board.name, self.board.mpy_heap, self.heap, os.path.relpath(self.fs_dir)))
+                  % (self.board.name, self.board.mpy_heap, self.heap, self.fs_dir))
             sys.stdout.flush()
         try:
             self.serve()

@@ -630,3 +630,56 @@ def test_flash_to_a_port_that_streams_noise_stops_at_the_timeout():
 def test_the_window_floor_is_said_in_the_singular(cmd, says):
     r = kv(*cmd, "--policy", "window")
     assert r.returncode == 2 and line(r) == says, r.stderr
+
+
+@pytest.mark.parametrize("fs, says", [
+    ("/nonexistent/dir/x", "--fs /nonexistent/dir/x: folder /nonexistent/dir does not exist (only the last level is created)"),
+    ("/proc/self", "--fs /proc/self is on proc, a kernel filesystem"),
+    ("/sys/kvrtos-fs", "--fs /sys/kvrtos-fs is on sysfs, a kernel filesystem"),
+])
+def test_vboard_fs_must_be_a_folder_we_can_create_files_in(tmp_path, fs, says):
+    import os
+
+    r = kv("vboard", "--fs", fs, env=dict(os.environ, KVRTOS_VBOARD_HOME=str(tmp_path / "vb")))
+    assert r.returncode == 2 and line(r).startswith("kv vboard: " + says), r.stderr
+    assert not os.path.exists("/nonexistent")
+
+
+def test_vboard_stop_does_not_kill_a_process_that_is_not_a_virtual_board(tmp_path):
+    # pid and start time both match (a pid file written for this very process), but its
+    # command line is `sleep`: not ours to kill, and the file is removed as stale
+    import os
+    import subprocess
+
+    from host import vboard
+
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        pidf = _pid_file(tmp_path, "%d %d\n" % (other.pid, vboard._started(other.pid)))
+        r = kv("vboard", "--stop", env=dict(os.environ, KVRTOS_VBOARD_HOME=str(tmp_path)))
+        assert r.returncode == 0 and "none was running (removed a stale pid file naming pid %d" % other.pid in r.stdout, r.stdout + r.stderr
+        assert other.poll() is None and not pidf.exists()
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_vboard_prints_absolute_paths_when_run_from_another_folder(tmp_path):
+    import os
+    import signal
+    import subprocess
+
+    from conftest import ROOT
+
+    home = tmp_path / "vb"
+    env = dict(os.environ, KVRTOS_VBOARD_HOME=str(home))
+    env.pop("KVRTOS_CALLER_CWD", None)
+    p = subprocess.Popen([os.path.join(ROOT, "kv"), "vboard", "--fs", "relfs"], cwd=str(tmp_path), env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first, second = p.stdout.readline(), p.stdout.readline()
+    finally:
+        p.send_signal(signal.SIGINT)
+        p.wait(timeout=30)
+    assert "(stable path %s)" % (home / "esp32s3_n8r8" / "port") in first, first + p.stderr.read()
+    assert "filesystem %s;" % (tmp_path / "relfs") in second, second
