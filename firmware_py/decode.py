@@ -9,19 +9,33 @@
 import sys
 
 from firmware_py import compat, kv, llama2c, pool, tokenizer
+from firmware_py.clock import RealClock
 from firmware_py.compat import const
+from firmware_py import model as fw_model
 from firmware_py.model import Model
 from firmware_py.sample import Sampler
+from firmware_py.sched import Kernel  # imported before the pool takes the heap: compiling it later may not fit
 from firmware_py.status import E_FULL, E_NO_BLOCK
 
-# What a decoding firmware keeps besides weights, activations and the KV pool, measured
-# on the unix port (docs/model.md): its modules compiled from source (113 KB live on
-# 64-bit, 80 KB on 32-bit, plus the holes compiling leaves), the tokenizer (170 / 85 B
-# per vocabulary token), the model's run state and the plain backend's float garbage
-# between collections. kvlayout.BOOT_BYTES (128 KiB) is the reserve of a firmware that
-# only boots the cache; a board profile's firmware_reserved_bytes overrides both.
-FIRMWARE_BYTES = const(393216)  # modules + run state + boot transients + headroom
-TOKEN_BYTES = const(192)  # tokenizer heap per vocabulary token (64-bit figure)
+# What a decoding firmware keeps besides weights, activations and the KV pool: its
+# modules (114 KB live on 64-bit, 84 KB on 32-bit, compiled from source), the holes
+# compiling them leaves below the pool (free, but too small for a KV block), the
+# tokenizer (170 / 85 B per vocabulary token), the model's run state and the plain
+# backend's float garbage between collections. Set from `./kv bench budget`, which
+# boots the decoding firmware with one pool size per process and finds the largest
+# that decodes and fills to FULL (docs/budget.md): the 64-bit port keeps more (bigger
+# objects, more fragmentation), and the integer path's modules and tables more again.
+# kvlayout.BOOT_BYTES is the reserve of a firmware that only boots the cache.
+WORD_BYTES = 8 if sys.maxsize > 0xFFFFFFFF else 4  # this interpreter's machine word (the ESP32-S3: 4)
+FIRMWARE_BYTES_32 = const(393216)  # 32-bit: modules + holes + run state + transients + headroom
+FIRMWARE_BYTES_64 = const(557056)  # 64-bit (the PyPI unix port, the virtual board)
+Q8_BYTES_32 = const(0)  # the integer path (qmodel, kernels_q, QForward's tables): within the above on 32-bit
+Q8_BYTES_64 = const(98304)  # ... on 64-bit
+TOKEN_BYTES = const(192)  # tokenizer heap per vocabulary token (the 64-bit figure, for both)
+_HOLD_BYTES = const(131072)  # heap held in one piece across the pool's allocation, for the run state
+PROFILE = "board.json"  # the board profile `kv flash` writes beside main.py
+MODEL_FILE = "model.bin"  # where `kv flash --model` puts the checkpoint on the board
+TOKENIZER_FILE = "tokenizer.bin"  # ... and its tokenizer
 
 SUMMARY = "generate: "  # the summary line starts with this
 STOP = "generate: stopped: "  # a clear stop (budget, context) starts with this
@@ -35,7 +49,12 @@ class DecodeError(ValueError):
 class Session:
     # everything one generation needs, allocated at boot
     def __init__(self, model_path, tok_path, kv_dtype="fp32", policy="full", window=0, backend="auto",
-                 rope="absolute", heap=0, temperature=0.0, top_p=1.0, seed=0, sinks=kv.SINKS, reserve=0):
+                 rope="absolute", heap=0, temperature=0.0, top_p=1.0, seed=0, sinks=kv.SINKS, reserve=0, blocks=0,
+                 word_bytes=0):
+        # heap: the usable heap the pool is sized from (0: the board profile's, else this
+        # interpreter's); reserve: the profile's firmware_reserved_bytes (0: the profile's
+        # or none); blocks: a fixed pool size that bypasses the rule (measurements only);
+        # word_bytes: the word size the rule assumes (0: this interpreter's)
         try:
             self.weights = llama2c.load(model_path)  # llama2c.Weights (read-only)
         except OSError:
@@ -53,21 +72,22 @@ class Session:
         t = lay.tokens_per_block
         self.layout = lay  # kv.Layout
         self.policy = policy  # KV policy of the sequence
-        self.heap = heap or _heap_total()  # the board's usable heap the pool is sized from (B)
-        self.reserve = kv.boot_reserve(reserve or reserve_bytes(cfg))  # heap kept for the firmware (B)
-        # the budget rule (kv.blocks_for: what host/budget.py computes in advance, given
-        # this reserve as the board's firmware_reserved_bytes)
-        avail = (self.heap - self.reserve - llama2c.read_config(model_path)[1] - cfg.activation_bytes()
-                 - lay.row_bytes)
-        fit = kv.blocks_for(avail, lay, 1, policy == "h2o")
+        self.heap, fw = board_heap(heap, reserve)  # usable heap the pool is sized from (B), profile's reserve
+        # the budget rule (budget_blocks: what host/budget.py computes in advance)
+        q8 = compat.IS_MICROPYTHON and uses_q8(backend, self.weights.dtype == "int8", kv_dtype)
+        self.reserve, fit = budget_blocks(self.heap, cfg, self.weights.nbytes, lay, fw, policy == "h2o", 1,
+                                          word_bytes or WORD_BYTES, q8)
+        self.fit_blocks = fit  # KV blocks the rule gives this heap (the calculator's pool_blocks)
+        if blocks:
+            fit = blocks
         if policy == "full":
             if window:
                 raise DecodeError("--window applies to the window, sinks and h2o policies, not full")
             ctx = (cfg.seq_len + t - 1) // t  # more blocks than the context would never be used
-            n_blocks = fit if fit < ctx else ctx
-            cap = n_blocks * t if n_blocks * t < cfg.seq_len else cfg.seq_len
+            n_blocks = fit if fit < ctx or blocks else ctx
+            cap = n_blocks * t if n_blocks * t < cfg.seq_len or blocks else cfg.seq_len
             self.limit = "the KV budget (%d tokens in %d blocks of %d B)" % (cap, n_blocks, lay.block_bytes) \
-                if n_blocks < ctx else "the model's context (seq_len %d)" % cfg.seq_len
+                if n_blocks * t < cfg.seq_len else "the model's context (seq_len %d)" % cfg.seq_len
         else:
             low = kv.min_budget(policy, sinks)
             if window < low:
@@ -76,31 +96,45 @@ class Session:
             cap = window
             self.limit = ""
         if n_blocks < 1 or n_blocks > fit:
-            raise DecodeError("the KV budget is too small: %d blocks of %d B fit in a heap of %d B, %s needs %d"
-                              % (fit, lay.block_bytes, self.heap, "one token" if policy == "full" else "a window of %d" % window,
-                                 n_blocks if n_blocks > 0 else 1))
+            raise DecodeError("the KV budget is too small: %d blocks of %d B fit in a heap of %d B (weights %d, reserve %d), %s needs %d"
+                              % (fit, lay.block_bytes, self.heap, self.weights.nbytes, self.reserve,
+                                 "one token" if policy == "full" else "a window of %d" % window, n_blocks if n_blocks > 0 else 1))
         self.cap = cap  # tokens the sequence may cache
+        if backend == "q8" or (backend == "auto" and fw_model.auto_backend(self.weights, kv_dtype) == "q8"):
+            fw_model._qmodel()  # compile the integer path now: after the pool there may be no room to
         compat.collect()  # the garbage of loading and compiling, before the largest allocation
+        # Hold one piece of the heap for the run state: compiling leaves the free heap
+        # below the pool in holes too small for its arrays (QForward's 32 KB RoPE table
+        # failed with 500 KB free on the 64-bit port); freed again right after the pool
+        try:
+            hold = bytearray(_HOLD_BYTES)
+        except MemoryError:
+            hold = None
         try:
             self.pool = pool.Pool(lay.block_bytes, n_blocks)  # the KV arena: n_blocks blocks
             self.cache = kv.KVCache(self.pool, lay, max_seqs=1, h2o=policy == "h2o")  # kv.KVCache
         except (pool.PoolError, MemoryError) as e:
-            raise DecodeError("the KV pool of %d blocks of %d B does not fit: %s" % (n_blocks, lay.block_bytes, e))
-        # the tokenizer's many small objects after the two large arenas (weights, pool)
-        try:
-            self.tok = tokenizer.load(tok_path, cfg.vocab_size)  # tokenizer.Tokenizer
-        except tokenizer.TokenizerError as e:
-            raise DecodeError(str(e))
+            raise DecodeError("the KV pool of %d blocks of %d B does not fit (%s: %s)" % (n_blocks, lay.block_bytes, type(e).__name__, e))
+        del hold  # the held piece is free again, in one piece, for the run state
+        compat.collect()
         self.region = self.pool.add_region(n_blocks)  # the sequence's region (quota: all blocks)
         try:
             self.h = self.cache.open(self.region, policy, cap, sinks)  # sequence handle
         except kv.KVError as e:
             raise DecodeError(str(e))
         try:
+            # the run state's arrays (~20 KB each at most) before the tokenizer's many
+            # small objects, which would leave the heap in pieces too small for them
             self.model = Model(self.weights, self.cache, backend, rope)  # the forward pass
             self.sampler = Sampler(cfg.vocab_size, temperature, top_p, seed)  # next-token choice
+            self.tok = tokenizer.load(tok_path, cfg.vocab_size)  # tokenizer.Tokenizer
+        except tokenizer.TokenizerError as e:
+            raise DecodeError(str(e))
         except ValueError as e:
             raise DecodeError(str(e))
+        except MemoryError:
+            raise DecodeError("the heap ran out after the KV pool of %d blocks (%d B free): the firmware's reserve of %d B "
+                              "is too small for this model and interpreter" % (n_blocks, compat.mem_free() or 0, self.reserve))
         self.tokens = None  # array('i') of the ids generated (the prompt excluded), sized by task()
         self.n_new = 0  # ids generated so far
         self.n_prompt = 0  # prompt ids (BOS included)
@@ -181,9 +215,60 @@ class Session:
         return ""
 
 
-# heap a decoding firmware keeps for itself with model cfg (B): see FIRMWARE_BYTES
-def reserve_bytes(cfg):
-    return FIRMWARE_BYTES + TOKEN_BYTES * cfg.vocab_size
+# heap a decoding firmware keeps for itself with model cfg (B) on an interpreter whose
+# word is word_bytes (4: the board), q8: the integer backend runs; see FIRMWARE_BYTES_32
+def reserve_bytes(cfg, word_bytes=WORD_BYTES, q8=False):
+    if word_bytes == 4:
+        base = FIRMWARE_BYTES_32 + (Q8_BYTES_32 if q8 else 0)
+    else:
+        base = FIRMWARE_BYTES_64 + (Q8_BYTES_64 if q8 else 0)
+    return base + TOKEN_BYTES * cfg.vocab_size
+
+
+# the boot reserve of a decoding firmware on a board whose profile reserves
+# firmware_bytes: the largest of the profile's figure, the decode reserve and BOOT_BYTES
+def reserve_for(cfg, firmware_bytes=0, word_bytes=WORD_BYTES, q8=False):
+    r = reserve_bytes(cfg, word_bytes, q8)
+    return kv.boot_reserve(firmware_bytes if firmware_bytes > r else r)
+
+
+# True when backend runs the integer path for int8 weights (weights_int8) and KV kv_dtype
+# on MicroPython (model.auto_backend's choice, without loading anything)
+def uses_q8(backend, weights_int8, kv_dtype):
+    return backend == "q8" or (backend == "auto" and weights_int8 and kv_dtype == "int8")
+
+
+# The one sizing rule of a decoding firmware, which host/budget.py computes in advance:
+# (reserve B, KV blocks) for a usable heap of `heap` B, model cfg whose weights take
+# weights_bytes in memory (llama2c.Layout.memory_bytes), cache layout lay, `batch`
+# sequences (one run state and one token row each), on an interpreter of word_bytes
+# words (the calculator asks for the board's 4) running the integer path when q8
+def budget_blocks(heap, cfg, weights_bytes, lay, firmware_bytes=0, h2o=False, batch=1, word_bytes=WORD_BYTES, q8=False):
+    reserve = reserve_for(cfg, firmware_bytes, word_bytes, q8)
+    avail = heap - reserve - weights_bytes - batch * (cfg.activation_bytes() + lay.row_bytes)
+    return reserve, kv.blocks_for(avail, lay, batch, h2o)
+
+
+# (usable heap B, profile's firmware_reserved_bytes) a decode boot sizes from: `heap`
+# when given, else the board profile's (board.json beside main.py) when this
+# interpreter really has that much, else this interpreter's own total; `reserve` when
+# given, else the profile's (0 without one)
+def board_heap(heap=0, reserve=0):
+    brd = None
+    if not heap or not reserve:
+        try:
+            from firmware_py import board  # noqa: PLC0415
+
+            brd = board.load(PROFILE)
+        except (OSError, ValueError):
+            brd = None  # no profile beside the firmware (the host, a bare unix port)
+    if not heap:
+        heap = _heap_total()
+        if brd is not None and brd.kind == "mcu" and brd.mpy_heap and brd.mpy_heap <= heap:
+            heap = brd.mpy_heap  # the calculator's figure: the same blocks as `kv budget`
+    if not reserve and brd is not None and brd.kind == "mcu":
+        reserve = brd.firmware_bytes
+    return heap, reserve
 
 
 # the usable heap of this interpreter (B): free + allocated; CPython: the default board's
@@ -220,9 +305,6 @@ def write_out(b):
 # the text, the stop line if any, and the summary; returns the Session. DecodeError
 # for a user's mistake (the caller prints it as one line)
 def run(model_path, tok_path, prompt, n, out=write_out, clock=None, on_token=None, **opts):
-    from firmware_py.clock import RealClock  # noqa: PLC0415
-    from firmware_py.sched import Kernel  # noqa: PLC0415
-
     s = Session(model_path, tok_path, **opts)
     s.on_token = on_token
     ids = s.encode(prompt)

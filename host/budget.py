@@ -5,10 +5,11 @@
 import argparse
 import json
 import math
+import os
 import sys
 
-from firmware_py import kv
-from host import boards, models
+from firmware_py import decode, kv
+from host import boards, models, mp32, paths
 from host.errors import UserError
 
 EXIT_DOES_NOT_FIT = 3  # exit status of `kv budget` when the model does not fit (2: bad input)
@@ -16,19 +17,21 @@ _ABSURD_BYTES = 1 << 50  # 1 PiB: a size past this is a typo or a broken profile
 _ABSURD_RATIO = 1000  # weights 1000x the board's memory: nothing to budget, refused in one line
 
 KV_DTYPES = kv.DTYPES  # one home: firmware_py/kv.py
-# -X heapsize / a port's GC heap spends 1 byte of allocation table per 4 blocks and 1
-# of finaliser table per 8: with the ESP32's 16-byte blocks usable = heap x 128/131
-# (the unix port's 32-byte blocks lose half that); heap_bytes_needed uses the worse
-_GC_TABLES_NUM = 131
-_GC_TABLES_DEN = 128
+# The MCU boards (ESP32-S3, RP2350) are 32-bit: 4-byte words and 16-byte GC blocks,
+# whose allocation and finaliser tables cost 3 bits per block (heap = usable x 131/128).
+# The reserve and the bookkeeping are bounds measured on the 32-bit unix port (and
+# the 64-bit PyPI one, which keeps more); `./kv bench budget` checks them on both.
+BOARD_WORD_BYTES = 4
 # bytes per weight by storage type; int8/int4 as llama.cpp q8_0 / q4_0 (a 2-byte scale
 # per 32 weights: 8.5 and 4.5 bits)
 WEIGHT_BYTES = {"fp32": 4.0, "fp16": 2.0, "int8": 8.5 / 8, "int4": 4.5 / 8}
 
 
-def compute(board, model, kv_dtype="fp32", policy="full", window=0, batch=1, tokens=0, weights_dtype="", weights_bytes=0):
+def compute(board, model, kv_dtype="fp32", policy="full", window=0, batch=1, tokens=0, weights_dtype="", weights_bytes=0,
+            word_bytes=0):
     # the budget as a dict (see docs/budget.md for every field); UserError on bad input.
-    # weights_dtype re-prices the model's parameters; weights_bytes overrides both
+    # weights_dtype re-prices the model's parameters; weights_bytes overrides both;
+    # word_bytes: the MicroPython build's word (0: the board's, 4; 8: the 64-bit unix port)
     brd = boards.load(board)
     m = models.load(model)
     if weights_dtype:
@@ -58,14 +61,24 @@ def compute(board, model, kv_dtype="fp32", policy="full", window=0, batch=1, tok
     if brd.kind == "mcu":
         memory = brd.mpy_heap  # the MicroPython GC heap holds weights, activations and the pool
         where = "micropython_heap_bytes"
+        # the decoding firmware's own rule (firmware_py/decode.py budget_blocks): its
+        # reserve (modules, tokenizer, run state; the profile's figure when larger)
+        word = word_bytes or BOARD_WORD_BYTES
+        if word not in (4, 8):
+            raise UserError("--word-bytes must be 4 (the board) or 8 (the 64-bit unix port), got %d" % word, 2)
+        int8_weights = weights_dtype == "int8" or (not weights_dtype and m.cfg.groups is not None)
+        q8 = decode.uses_q8("auto", int8_weights, kv_dtype)  # the board's auto backend
+        reserved = decode.reserve_for(cfg, brd.firmware_bytes, word, q8)
     else:
         memory = brd.total_bytes("dram") or brd.total_bytes("psram") or brd.total_bytes("sram")
         where = "dram"
-    # MCU: the profile's firmware reserve, or what this firmware's boot measurably keeps
-    reserved = kv.boot_reserve(brd.firmware_bytes) if brd.kind == "mcu" else brd.firmware_bytes
+        reserved = brd.firmware_bytes
     _refuse_absurd(brd, m, memory, reserved, batch, tokens, layout)
     avail = memory - reserved - m.weights_bytes - acts
-    blocks = kv.blocks_for(avail, layout, batch, h2o)
+    if brd.kind == "mcu":
+        blocks = decode.budget_blocks(memory, cfg, m.weights_bytes, layout, brd.firmware_bytes, h2o, batch, word, q8)[1]
+    else:
+        blocks = kv.blocks_for(avail, layout, batch, h2o)
     cap = (blocks // batch) * layout.tokens_per_block  # tokens per sequence, each with its own blocks
     out = {
         "board": brd.name,
@@ -102,7 +115,8 @@ def compute(board, model, kv_dtype="fp32", policy="full", window=0, batch=1, tok
     }
     if avail <= 0:
         out["fits"] = False
-        out["note"] = "weights (%s) and activations do not fit in %s after the reserve" % (_mib(m.weights_bytes), _mib(memory))
+        out["note"] = "weights (%s) and activations do not fit in %s after the firmware's reserve of %s" % (
+            _mib(m.weights_bytes), _mib(memory), _mib(reserved))
     if policy != "full":
         need_blocks = batch * ((window + layout.tokens_per_block - 1) // layout.tokens_per_block)
         out["max_tokens"] = window if need_blocks <= blocks else 0
@@ -113,7 +127,10 @@ def compute(board, model, kv_dtype="fp32", policy="full", window=0, batch=1, tok
         pool_blocks = need_blocks
     else:
         pool_blocks = blocks
-        out["decode_tokens"] = cap
+        # a full-policy generation stops at the KV budget or at the model's trained
+        # context, whichever comes first (the firmware's pool never exceeds the context)
+        out["decode_tokens"] = min(cap, cfg.seq_len)
+        out["limited_by"] = "context" if cap >= cfg.seq_len else "kv_budget"
         if out["fits"] and cap < 1:
             out["fits"] = False
             out["note"] = "no room for one block of %d B" % layout.block_bytes
@@ -125,10 +142,26 @@ def compute(board, model, kv_dtype="fp32", policy="full", window=0, batch=1, tok
     if brd.kind == "mcu":
         usable = reserved + m.weights_bytes + acts + kv.heap_for(pool_blocks, layout, batch, h2o)
         out["heap_bytes_needed_usable"] = usable
-        # as a GC heap size (-X heapsize=, the port's heap): tables on top, whole KiB
-        out["heap_bytes_needed"] = -(-usable * _GC_TABLES_NUM // _GC_TABLES_DEN) + 1023 & ~1023
+        # as a GC heap size (-X heapsize=) of the board's word size (16 B GC blocks:
+        # the larger tables), whole KiB
+        out["heap_bytes_needed"] = boards.unix_heapsize(usable, word) + 1023 & ~1023
+        out["word_bytes"] = word
+        out["backend"] = "q8" if q8 else "plain"
+        out["heap_figures_from"] = heap_figures_from(word)
         out["heap_overhead_bytes"] = out["heap_bytes_needed"] - reserved - m.weights_bytes - acts - pool_blocks * layout.block_bytes
     return out
+
+
+def heap_figures_from(word=BOARD_WORD_BYTES):
+    # which build the MCU heap figures are for and where they are checked, in words
+    # (never builds the 32-bit port: a calculator answers at once)
+    if word == 8:
+        return "64-bit MicroPython (the PyPI unix port and the virtual board), checked on it by ./kv bench budget"
+    b = mp32.cached()
+    if b:
+        return "32-bit MicroPython (the board's word size), checked on the 32-bit unix port %s" % os.path.relpath(b, paths.ROOT)
+    return ("32-bit MicroPython (the board's word size); the 32-bit unix port is not built here "
+            "(./kv mp32), so only the 64-bit figures (--word-bytes 8) can be checked on this machine")
 
 
 def _refuse_absurd(brd, m, memory, reserved, batch, tokens, layout):
@@ -142,7 +175,7 @@ def _refuse_absurd(brd, m, memory, reserved, batch, tokens, layout):
             raise UserError("%s would take %s B, more than 1 PiB: not a real board or model (check the numbers)" % (what, _n(n)), 2)
     if m.weights_bytes < 1:
         raise UserError("the weights take %d B: give --weights-bytes a positive size" % m.weights_bytes, 2)
-    if reserved >= memory:
+    if brd.firmware_bytes >= memory:
         raise UserError("board %s reserves %s of its %s: its profile leaves nothing to run in" % (brd.name, _mib(reserved), _mib(memory)), 2)
     if brd.kind == "mcu":
         ram = brd.total_bytes("sram") + brd.total_bytes("psram")
@@ -159,7 +192,7 @@ def _params_of(m):
 
 
 def main(board="esp32s3_n8r8", model="stories260K", kv_dtype="fp32", policy="full", window=0, as_json=False,
-         batch=1, tokens=0, out=None, weights_dtype="", weights_bytes=0):
+         batch=1, tokens=0, out=None, weights_dtype="", weights_bytes=0, word_bytes=0):
     # print the budget (one JSON object with as_json); UserError on bad input
     out = out or sys.stdout
     try:
@@ -170,7 +203,7 @@ def main(board="esp32s3_n8r8", model="stories260K", kv_dtype="fp32", policy="ful
     from firmware_py import llama2c
 
     try:
-        r = compute(board, model, kv_dtype, policy, window, batch, tokens, weights_dtype, weights_bytes)
+        r = compute(board, model, kv_dtype, policy, window, batch, tokens, weights_dtype, weights_bytes, word_bytes)
     except (kv.KVError, llama2c.CheckpointError, fw_board.BoardError) as e:
         raise UserError(str(e), 2) from None
     if as_json:
@@ -186,9 +219,13 @@ def main(board="esp32s3_n8r8", model="stories260K", kv_dtype="fp32", policy="ful
       % (_mib(r["weights_bytes"]), _mib(r["activations_bytes"]), _mib(r["reserved_bytes"]), _mib(r["memory_bytes"]), r["memory_from"]))
     w("  left for KV       %s = %d blocks\n" % (_mib(r["kv_avail_bytes"]), r["pool_blocks"]))
     if policy == "full":
-        w("  max tokens        %s%s\n" % (_n(r["max_tokens"]), " per sequence x %d" % batch if batch > 1 else ""))
-        if r["max_tokens"] > r["seq_len"]:
-            w("                    (more than the model's trained context of %d)\n" % r["seq_len"])
+        w("  max tokens        %s%s (what the KV memory holds)\n" % (_n(r["max_tokens"]), " per sequence x %d" % batch if batch > 1 else ""))
+        if r["fits"] and r["limited_by"] == "context":
+            w("  limit             the model's context: generation stops at %s tokens (seq_len), before the KV budget\n"
+              % _n(r["seq_len"]))
+        elif r["fits"]:
+            w("  limit             the KV budget: generation stops at %s tokens, below the model's context of %s\n"
+              % (_n(r["max_tokens"]), _n(r["seq_len"])))
     else:
         w("  cached tokens     %s, decode %s\n" % (_n(r["max_tokens"]), "unbounded (the ring evicts)" if r["fits"] else "impossible"))
     if tokens:
@@ -196,6 +233,7 @@ def main(board="esp32s3_n8r8", model="stories260K", kv_dtype="fp32", policy="ful
     if "heap_bytes_needed" in r:
         w("  heap needed       %s B (micropython -X heapsize=%d; usable %s B)\n"
           % (_n(r["heap_bytes_needed"]), r["heap_bytes_needed"], _n(r["heap_bytes_needed_usable"])))
+        w("  heap figures      %s\n" % r["heap_figures_from"])
     if r["note"]:
         w("  note: %s\n" % r["note"])
     return r
@@ -223,10 +261,12 @@ def _cli(argv=None):
     ap.add_argument("--tokens", type=int, default=0)
     ap.add_argument("--weights-dtype", default="", help="re-price the weights: fp32, fp16, int8 (q8_0) or int4 (q4_0)")
     ap.add_argument("--weights-bytes", type=int, default=0, help="weights take exactly this many bytes")
+    ap.add_argument("--word-bytes", type=int, default=0, help="MCU: 4 the board (default), 8 the 64-bit unix port")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     try:
-        r = main(a.board, a.model, a.kv_dtype, a.policy, a.window, a.json, a.batch, a.tokens, None, a.weights_dtype, a.weights_bytes)
+        r = main(a.board, a.model, a.kv_dtype, a.policy, a.window, a.json, a.batch, a.tokens, None, a.weights_dtype, a.weights_bytes,
+                 a.word_bytes)
     except UserError as e:
         sys.stderr.write("budget: %s\n" % e)
         return e.code

@@ -39,7 +39,7 @@ class Model:
         self.name = name  # catalog name or checkpoint path
         self.cfg = cfg  # firmware_py.llama2c.Config
         self.weights_bytes = weights_bytes  # bytes the weights take as stored
-        self.bytes_per_weight = bytes_per_weight  # 4 fp32 (llama2.c), 2 fp16/bf16 (published HF)
+        self.bytes_per_weight = bytes_per_weight  # 4 fp32 (llama2.c), 2 fp16/bf16 (published HF), ~1 int8 files
         self.published_params = published_params  # the figure the model card gives
         self.source = source  # where the shape comes from
         self.params = 0  # weight parameters (set by load)
@@ -57,11 +57,17 @@ def load(name_or_path):
             return _from_catalog(name, row)
     if os.path.exists(name_or_path):
         try:
-            cfg, wbytes = llama2c.read_config(name_or_path)
+            cfg, lay = llama2c.plan(name_or_path)
         except llama2c.CheckpointError as e:
             raise UserError(str(e), 2) from None
-        m = Model(name_or_path, cfg, wbytes, 4, cfg.params(), "llama2.c header of %s" % name_or_path)
-        m.params = cfg.params()
+        # what the firmware's loader keeps in memory (llama2c.Weights: int8 stays int8,
+        # the unused freq_cis table is skipped), not the file's size
+        wbytes = lay.memory_bytes()
+        params = lay.params()
+        kind = "int8 (%s)" % cfg.format if cfg.groups else "fp32"
+        m = Model(name_or_path, cfg, wbytes, wbytes / params, cfg.params(),
+                  "llama2.c %s header of %s, %s weights" % (cfg.format, name_or_path, kind))
+        m.params = params
         return m
     raise UserError("unknown model %r: not a catalog name (%s) nor a file" % (name_or_path, ", ".join(CATALOG)), 2)
 
@@ -73,11 +79,9 @@ def _from_catalog(name, row):
         cfg.head_dim = head_dim
         cfg.kv_dim = kv_heads * head_dim
     params = _params(cfg) + extra
-    if bpw == 4:
-        # llama2.c legacy files hold the unused freq_cis table too
-        wbytes = 4 * (params + cfg.seq_len * cfg.head_dim)
-    else:
-        wbytes = bpw * params
+    # in memory: llama2.c legacy files also hold a freq_cis table, which the firmware's
+    # loader skips (firmware_py/llama2c.py), so a file and its catalog row agree
+    wbytes = bpw * params
     m = Model(name, cfg, wbytes, bpw, published, source)
     m.params = params
     return m

@@ -340,7 +340,6 @@ def test_micropython_decodes_lily_128_tokens(interp):
 def _board(tmp_path, heap):
     d = json.load(open(os.path.join(paths.BOARDS, paths.DEFAULT_BOARD + ".json")))
     d["micropython_heap_bytes"] = heap
-    d["firmware_reserved_bytes"] = RESERVE  # what a decoding firmware keeps (decode.reserve_bytes)
     f = tmp_path / "small.json"
     f.write_text(json.dumps(d))
     return str(f)
@@ -348,18 +347,30 @@ def _board(tmp_path, heap):
 
 TINY_ARGS = ["--model", os.path.join(TINY, "model.bin"), "--tokenizer", os.path.join(TINY, "tokenizer.bin"),
              "--prompt", "Once upon a time", "--backend", "plain", "--trace-heap"]
-RESERVE = decode.FIRMWARE_BYTES + decode.TOKEN_BYTES * 512  # kvrtos-tiny's decode reserve
-SMALL_HEAP = 1460000  # kvrtos-tiny's 866,560 B of weights + RESERVE + 5 KV blocks: budget 80 < context 256
+WORD = {"micropython": 8, "micropython32": 4}  # word size of each build (the rule's reserve differs)
+
+
+# kvrtos-tiny's 858,368 B of weights + the decode reserve + 5 KV blocks on a build of
+# `word`-byte words: a KV budget of 80 tokens < the context of 256
+def small_heap(word):
+    cfg, lay = llama2c.plan(os.path.join(TINY, "model.bin"))
+    kl = kv.Layout(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, "fp32")
+    return (decode.reserve_for(cfg, 0, word) + lay.memory_bytes() + cfg.activation_bytes() + kl.row_bytes
+            + kv.heap_for(5, kl) + 1000)
+
+
+SMALL_HEAP = small_heap(8)  # the 64-bit figure (the larger)
 
 
 @pytest.mark.parametrize("interp", INTERPS)
 def test_memory_promise_full_stops_at_the_calculators_max_tokens(tmp_path, interp):
     if interp == "micropython32":
         mp32_or_skip()
-    calc = budget.compute(_board(tmp_path, SMALL_HEAP), os.path.join(TINY, "model.bin"), "fp32", "full")
-    assert calc["fits"] and 16 <= calc["max_tokens"] < calc["seq_len"]
-    r = run_firmware(os.path.join(ROOT, ENTRY), interp, heap=SMALL_HEAP,
-                     args=TINY_ARGS + ["--tokens", "400", "--heap", str(SMALL_HEAP), "--reserve", str(RESERVE)])
+    heap = small_heap(WORD[interp])
+    calc = budget.compute(_board(tmp_path, heap), os.path.join(TINY, "model.bin"), "fp32", "full", word_bytes=WORD[interp])
+    assert calc["fits"] and calc["max_tokens"] == 80 < calc["seq_len"] and calc["limited_by"] == "kv_budget"
+    r = run_firmware(os.path.join(ROOT, ENTRY), interp, heap=heap,
+                     args=TINY_ARGS + ["--tokens", "400", "--heap", str(heap)])
     out = r.stdout + r.stderr
     assert r.returncode == 0 and "MemoryError" not in out and "Traceback" not in out, out
     stops = [ln for ln in r.stdout.splitlines() if ln.startswith(decode.STOP)]
@@ -374,8 +385,9 @@ def test_memory_promise_rings_run_4x_capacity_with_a_flat_heap(tmp_path, interp,
     if interp == "micropython32":
         mp32_or_skip()
     W = 16
-    r = run_firmware(os.path.join(ROOT, ENTRY), interp, heap=SMALL_HEAP,
-                     args=TINY_ARGS + ["--tokens", str(4 * W + 4), "--heap", str(SMALL_HEAP), "--policy", policy,
+    heap = small_heap(WORD[interp])
+    r = run_firmware(os.path.join(ROOT, ENTRY), interp, heap=heap,
+                     args=TINY_ARGS + ["--tokens", str(4 * W + 4), "--heap", str(heap), "--policy", policy,
                                        "--window", str(W)])
     out = r.stdout + r.stderr
     assert r.returncode == 0 and "MemoryError" not in out and "Traceback" not in out, out
@@ -417,7 +429,7 @@ def test_generate_cli_micropython_runtime():
     (["--policy", "window"], "needs a window of at least"),
     (["--window", "8"], "--window applies to"),
     (["--backend", "gpu"], "--backend must be one of"),
-    (["--runtime", "board"], "not built yet"),
+    (["--runtime", "board", "--port", "/dev/kvrtos-no-such-port"], "/dev/kvrtos-no-such-port"),
     (["--runtime", "micropython", "--backend", "numpy"], "needs CPython"),
     (["--model", "/nonexistent/m.bin"], "no model file"),
     (["--prompt", "Once upon a time " * 100], "the prompt is"),

@@ -6,13 +6,18 @@
 # Prints one line "kvprobe: ..." and exits 0; a boot that does not fit prints one line
 # saying what was needed and what there is, and exits 1 (no traceback); bad arguments 2.
 #
-# size=measure checks the calculator without using it: after the boot allocations
-# (weights read from the file, activations, one token row) it binary-searches the
-# largest block count whose real Pool + KVCache boots and then takes appends under
-# heap_lock to FULL, and from there keeps allocating what decode would need next (one
-# more KV block per 16 tokens) until a real MemoryError. It prints one line
-# "kvprobe: measured blocks=B tokens=T status=FULL limit=E extra_blocks=X
-# memory_error_tokens=M block_bytes=S heap_free=F" (limit: what refused B + 1 blocks).
+# size=try checks the calculator without using it, one pool size per process (a board
+# boots once: a second pool in the same process could find the first one's arena still
+# held by a stale pointer that the conservative GC scans, and measure too little). It
+# boots the decoding firmware (decode.Session: weights as llama2c.load keeps them, the
+# tokenizer, the model's run state) with a pool of exactly blocks=B blocks, generates
+# decode=K tokens through the kernel task (the forward pass's own garbage included),
+# appends under heap_lock to FULL, then keeps allocating what decode would need next
+# (one more KV block per 16 tokens) until a real MemoryError. It prints one line
+# "kvprobe: tried blocks=B booted=1 tokens=T status=FULL extra_blocks=X
+# memory_error_tokens=M block_bytes=S heap_free=F", or "kvprobe: tried blocks=B
+# booted=0 limit=WHAT" (WHAT: the exception that refused it). host/bench/budget.py
+# searches B across processes.
 import sys
 
 from firmware_py import board, compat, kv, llama2c, pool
@@ -22,14 +27,17 @@ from firmware_py.status import E_FULL, E_NO_BLOCK
 
 # parse key=value arguments into a dict; unknown keys are the caller's mistake
 def _args(argv):
-    opts = {"size": "calc", "policy": "full", "kv_dtype": "fp32", "window": "0", "tokens": "0", "arena": "0", "model": "", "board": ""}
+    opts = {"size": "calc", "policy": "full", "kv_dtype": "fp32", "window": "0", "tokens": "0", "arena": "0", "model": "", "board": "",
+            "blocks": "0", "tokenizer": "", "decode": "8", "backend": "auto"}
     for a in argv:
         k, sep, v = a.partition("=")
         if not sep or k not in opts:
             raise ValueError("unknown argument %r (want key=value with key in %s)" % (a, ", ".join(sorted(opts))))
         opts[k] = v
-    if opts["size"] not in ("calc", "measure"):
-        raise ValueError("size must be calc or measure, got %r" % opts["size"])
+    if opts["size"] not in ("calc", "try"):
+        raise ValueError("size must be calc or try, got %r" % opts["size"])
+    if opts["size"] == "try" and (int(opts["blocks"]) < 1 or not opts["tokenizer"]):
+        raise ValueError("size=try needs blocks=N (>= 1) and tokenizer=PATH")
     if not opts["board"] or not opts["model"]:
         raise ValueError("board=PATH and model=PATH are required")
     return opts
@@ -41,7 +49,8 @@ def main(argv):
     try:
         o = _args(argv)
         brd = board.load(o["board"])
-        cfg, wbytes = llama2c.read_config(o["model"])
+        cfg, lay = llama2c.plan(o["model"])
+        wbytes = lay.memory_bytes()  # what the firmware's loader keeps (freq_cis skipped, int8 as int8)
         layout = kv.Layout(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, o["kv_dtype"])
         policy = o["policy"]
         window = int(o["window"])
@@ -53,19 +62,22 @@ def main(argv):
         return 2
     h2o = policy == "h2o"
     acts_bytes = cfg.activation_bytes()
-    if o["size"] == "measure":
+    if o["size"] == "try":
         if policy != "full":
-            print("kvprobe: size=measure sizes a full-policy pool")
+            print("kvprobe: size=try sizes a full-policy pool")
             return 2
-        return _measure(o["model"], cfg, wbytes, acts_bytes, layout)
+        return _try(o, layout)
     arena = int(o["arena"])
     if arena:
         n_blocks = arena // layout.block_bytes
     elif policy != "full":
         n_blocks = (window + layout.tokens_per_block - 1) // layout.tokens_per_block  # a ring needs no more
     else:
-        # the pool takes what the board profile leaves after firmware, weights, activations
-        n_blocks = kv.blocks_for_board(brd, layout, wbytes, acts_bytes, 1, h2o)
+        # the pool takes what the board profile leaves after the decoding firmware's
+        # reserve, weights, activations: the rule host/budget.py computes in advance
+        from firmware_py import decode  # noqa: PLC0415
+
+        n_blocks = decode.budget_blocks(brd.mpy_heap, cfg, wbytes, layout, brd.firmware_bytes, h2o)[1]
     if n_blocks < 1:
         print("kvprobe: boot refused: board %s leaves no room for one KV block of %d B" % (brd.name, layout.block_bytes))
         return 1
@@ -84,9 +96,9 @@ def main(argv):
         print("kvprobe: boot refused: %s" % e)
         return 1
     try:
-        weights = bytearray(wbytes)  # the fp32 weights, read into the heap as esp32-llm does
+        weights = bytearray(wbytes)  # the weights' bytes, read into the heap as esp32-llm does
         with open(o["model"], "rb") as f:
-            f.seek(llama2c.V2_HEADER_BYTES if cfg.version else llama2c.HEADER_BYTES)
+            f.seek(cfg.header_bytes)
             f.readinto(weights)
         acts = bytearray(acts_bytes)  # run.c's RunState, fp32
         row = bytearray(layout.row_bytes)  # one token's K/V row, filled by the model
@@ -133,42 +145,37 @@ def _fill(cache, seq, row, limit, box):
     box[1] = st
 
 
-# boot weights, activations and a row, then measure what really fits (see the top);
-# the calculator (kv.blocks_for*, kv.heap_for) is not consulted; returns the exit code
-def _measure(model, cfg, wbytes, acts_bytes, layout):
-    try:
-        weights = bytearray(wbytes)  # the fp32 weights, read into the heap as esp32-llm does
-        with open(model, "rb") as f:
-            f.seek(llama2c.V2_HEADER_BYTES if cfg.version else llama2c.HEADER_BYTES)
-            f.readinto(weights)
-        acts = bytearray(acts_bytes)  # run.c's RunState, fp32
-        row = bytearray(layout.row_bytes)  # one token's K/V row, filled by the model
-    except MemoryError:
-        print("kvprobe: boot refused: weights and activations do not fit, heap has %s B free" % compat.mem_free())
-        return 1
+# boot the decoding firmware with exactly n blocks, decode k tokens, fill to FULL,
+# then find where a MemoryError starts (see the top); the calculator is not consulted
+# (blocks= bypasses decode's sizing rule); returns the exit code
+def _try(o, layout):
+    from firmware_py import decode  # noqa: PLC0415 - the decoding firmware's boot
+
+    n = int(o["blocks"])
+    k = int(o["decode"])
     box = [0, 0]  # tokens appended, last status
-    lo, hi = 0, 1  # lo boots; hi is an upper bound found by doubling
-    limit = ""
-    while True:
-        e = _boot_fill(layout, hi, row, box)
-        if e:
-            limit = e
-            break
-        lo = hi
-        hi *= 2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        e = _boot_fill(layout, mid, row, box)
-        if e:
-            hi, limit = mid, e
-        else:
-            lo = mid
-    if lo < 1:
-        print("kvprobe: boot refused: no pool of one %d B block boots after weights and activations (%s)" % (layout.block_bytes, limit))
-        return 1
-    _boot_fill(layout, lo, row, box)  # the largest again: its status and count are reported
-    p = pool.Pool(layout.block_bytes, lo)  # and kept live while decode asks for more
-    cache = kv.KVCache(p, layout, max_seqs=1)
+    s = None
+    try:
+        s = decode.Session(o["model"], o["tokenizer"], o["kv_dtype"], "full", backend=o["backend"], blocks=n)
+        ids = s.encode("Once upon a time")
+        if k:
+            _decode(s, ids, k)
+        row = bytearray(layout.row_bytes)  # the rest of the fill: a zero K/V row per token
+    except MemoryError:
+        return _refused(n, "MemoryError", s)
+    except decode.DecodeError as e:
+        why = str(e)
+        return _refused(n, "PoolError" if "PoolError" in why else "MemoryError" if "MemoryError" in why or "ran out" in why
+                        else "DoesNotFit" if "need" in why else "DecodeError", s)
+    compat.heap_lock()  # appends must not allocate: a MemoryError here is a bug
+    try:
+        _fill(s.cache, s.h, row, n * layout.tokens_per_block + 1 - s.cache.length(s.h), box)
+    except MemoryError:
+        compat.heap_unlock()
+        return _refused(n, "MemoryError_in_the_locked_fill", s)
+    compat.heap_unlock()
+    tokens = s.cache.length(s.h)
+    status = "FULL" if box[1] == E_FULL else "NO_BLOCK" if box[1] == E_NO_BLOCK else "OK"
     extra = []  # what decode would need next: one more block per 16 tokens
     try:
         while True:
@@ -177,47 +184,31 @@ def _measure(model, cfg, wbytes, acts_bytes, layout):
         pass
     n_extra = len(extra)
     extra = None
-    status = "FULL" if box[1] == E_FULL else "NO_BLOCK" if box[1] == E_NO_BLOCK else "OK"
-    print("kvprobe: measured blocks=%d tokens=%d status=%s limit=%s extra_blocks=%d memory_error_tokens=%d block_bytes=%d heap_free=%s"
-          % (lo, box[0], status, limit, n_extra, (lo + n_extra) * layout.tokens_per_block, layout.block_bytes, compat.mem_free()))
-    del weights, acts, cache, p
+    print("kvprobe: tried blocks=%d booted=1 tokens=%d status=%s decoded=%d extra_blocks=%d memory_error_tokens=%d block_bytes=%d heap_free=%s"
+          % (n, tokens, status, s.n_new, n_extra, (n + n_extra) * layout.tokens_per_block, layout.block_bytes, compat.mem_free()))
     return 0
 
 
-# boot a pool of n blocks + its cache and fill one full sequence under heap_lock;
-# "" when it booted and stopped at FULL after n * T tokens (box = [count, status]),
-# else the name of what refused it; everything is released again
-def _boot_fill(layout, n, row, box):
-    p = cache = None
-    try:
-        p = pool.Pool(layout.block_bytes, n)
-        cache = kv.KVCache(p, layout, max_seqs=1)
-        seq = cache.open(p.add_region(n), "full", 0)
-    except MemoryError:
-        return "MemoryError"
-    except pool.PoolError:
-        return "PoolError"
-    except kv.KVError:
-        return "KVError"
-    finally:
-        if cache is None:
-            p = None
-            compat.collect()
-    if seq < 0:
-        return "open"
-    compat.heap_lock()  # the decode loop must not allocate: a MemoryError here is a bug
-    try:
-        _fill(cache, seq, row, n * layout.tokens_per_block + 1, box)
-    except MemoryError:
-        box[1] = 0
-        return "MemoryError in the locked fill"
-    finally:
-        compat.heap_unlock()
-    cache = p = None
-    compat.collect()
-    if box[1] != E_FULL or box[0] != n * layout.tokens_per_block:
-        return "fill stopped at %d tokens" % box[0]
-    return ""
+# generate k tokens of ids through the decode kernel task (as decode.run, silently)
+def _decode(s, ids, k):
+    from firmware_py import decode  # noqa: PLC0415 - imported by _try before the boot
+
+    kern = decode.Kernel(decode.RealClock(), max_tasks=4)
+    t = kern.spawn("decode", 1, s.task(kern, ids, k, _drop))
+    kern.run()
+    if t.exc is not None:
+        raise t.exc
+
+
+# discard decoded text (the probe prints one line)
+def _drop(b):
+    pass
+
+
+# the one line of a pool size that does not boot; exit 0 (a measurement, not a failure)
+def _refused(n, what, s):
+    print("kvprobe: tried blocks=%d booted=0 limit=%s" % (n, what))
+    return 0
 
 
 if __name__ == "__main__":

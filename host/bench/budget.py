@@ -1,10 +1,12 @@
 # `./kv bench budget [--json]`: the budget calculator (host/budget.py) checked without
-# its own sizing functions. For each board and KV dtype, the interpreter gets the heap
-# the calculator asks for (heap_bytes_needed, as -X heapsize) and, separately, the
-# board's own usable heap; firmware_py/tools/kvprobe.py size=measure then boots the
-# real firmware path (weights read from the checkpoint, activations, a token row),
-# binary-searches the largest pool whose Pool + KVCache boots and fills to FULL under
-# heap_lock, and keeps allocating KV blocks until a real MemoryError. The prediction
+# its own sizing functions. For each board, KV dtype and weights type, the interpreter
+# gets the heap the calculator asks for (heap_bytes_needed, as -X heapsize) and,
+# separately, the board's own usable heap; firmware_py/tools/kvprobe.py size=try then
+# boots the decoding firmware (decode.Session with a fixed pool of B blocks: weights,
+# tokenizer, run state), decodes 8 tokens through the kernel task, appends to FULL under
+# heap_lock and keeps allocating KV blocks until a real MemoryError. One B per process
+# (a board boots once; see kvprobe.py), searched from the prediction outwards: the
+# largest B that boots is the same wherever the search starts. The prediction
 # (max_tokens) must be <= what fits; the slack says how tight it is.
 import json
 import os
@@ -16,26 +18,41 @@ from host import boards, budget, mp32, paths
 from host import interp as interp_mod
 from host.errors import UserError
 
-CASES = (("esp32s3_n8r8", "fp32"), ("esp32s3_n8r8", "int8"), ("esp32s3_n4r2", "fp32"), ("esp32s3_n4r2", "int8"))
+CASES = (  # (board, KV dtype, weights: fp32 checkpoint or its q8row int8 conversion)
+    ("esp32s3_n8r8", "fp32", "fp32"), ("esp32s3_n8r8", "int8", "fp32"), ("esp32s3_n8r8", "int8", "int8"),
+    ("esp32s3_n4r2", "fp32", "fp32"), ("esp32s3_n4r2", "int8", "fp32"), ("esp32s3_n4r2", "int8", "int8"),
+)
 STORIES260K = (64, 172, 5, 8, 4, 512, 512)  # dim, hidden, layers, heads, kv_heads, vocab, seq_len
 PROBE = os.path.join(paths.FIRMWARE, "tools", "kvprobe.py")
-_LINE = re.compile(r"kvprobe: measured blocks=(\d+) tokens=(\d+) status=(\w+) limit=(.+?) extra_blocks=(\d+) "
-                   r"memory_error_tokens=(\d+) block_bytes=(\d+) heap_free=(\S+)")
+_LINE = re.compile(r"kvprobe: tried blocks=(\d+) booted=(\d)(?: limit=(\S+))?(?: tokens=(\d+) status=(\w+) decoded=(\d+) "
+                   r"extra_blocks=(\d+) memory_error_tokens=(\d+) block_bytes=(\d+))?")
+TINY_TOKENIZER = os.path.join(paths.ROOT, "models", "kvrtos-tiny", "tokenizer.bin")  # 512 tokens, as tok512.bin
 
 
-def model_path(tmp):
-    # ../shared/models/stories260K.bin when present, else a checkpoint of its exact shape
-    # and size (zero weights: memory does not depend on their values) written into tmp
+def model_path(tmp, weights="fp32"):
+    # (checkpoint, tokenizer, words): ../shared/models/stories260K.bin and tok512.bin when
+    # present, else a checkpoint of its exact shape and size (zero weights: memory does
+    # not depend on their values) written into tmp with kvrtos-tiny's 512-token
+    # tokenizer; weights "int8": its q8row conversion (host/convert.py) written into tmp
     d = paths.shared_models()
     p = d and os.path.join(d, "stories260K.bin")
-    if p and os.path.exists(p):
-        return p, "stories260K.bin"
-    cfg = llama2c.Config(*STORIES260K)
-    p = os.path.join(tmp, "stories260K_shape.bin")
-    with open(p, "wb") as f:
-        f.write(_header(cfg))
-        f.write(bytes(4 * cfg.weight_floats()))
-    return p, "a zero checkpoint of stories260K's shape (stories260K.bin not in ../shared/models)"
+    if p and os.path.exists(p) and os.path.exists(os.path.join(d, "tok512.bin")):
+        tok, desc = os.path.join(d, "tok512.bin"), "stories260K.bin"
+    else:
+        cfg = llama2c.Config(*STORIES260K)
+        p = os.path.join(tmp, "stories260K_shape.bin")
+        with open(p, "wb") as f:
+            f.write(_header(cfg))
+            f.write(bytes(4 * cfg.weight_floats()))
+        tok, desc = TINY_TOKENIZER, "a zero checkpoint of stories260K's shape (stories260K.bin not in ../shared/models)"
+    if weights == "int8":
+        from host import convert
+
+        q = os.path.join(tmp, "stories260K_q8row.bin")
+        if not os.path.exists(q):
+            convert.convert(p, q, "q8row")
+        return q, tok, desc + " converted to q8row int8"
+    return p, tok, desc
 
 
 def _header(cfg):
@@ -55,43 +72,104 @@ def interpreters():
     return out
 
 
-def probe(interp, heapsize, board, model, dtype):
-    # one kvprobe size=measure run: its figures as a dict; UserError when it fails
+def probe(interp, heapsize, board, model, tok, dtype, blocks):
+    # one kvprobe size=try run with a pool of `blocks`: its figures as a dict (booted
+    # False: what refused it); UserError when the probe itself fails
     r = interp_mod.run(PROBE, interp, heapsize=heapsize, args=[
-        "board=" + os.path.join(paths.BOARDS, board + ".json"), "model=" + model, "kv_dtype=" + dtype, "size=measure"])
+        "board=" + os.path.join(paths.BOARDS, board + ".json"), "model=" + model, "tokenizer=" + tok,
+        "kv_dtype=" + dtype, "size=try", "blocks=%d" % blocks])
     m = _LINE.search(r.stdout)
     if r.returncode != 0 or not m:
-        raise UserError("kvprobe on %s (%s, %s) failed: %s" % (interp, board, dtype, (r.stdout + r.stderr).strip()[-300:]), 1)
-    blocks, tokens, status, limit, extra, me_tokens, block_bytes, free = m.groups()
-    return {"fit_blocks": int(blocks), "fit_tokens": int(tokens), "fill_status": status, "fit_limited_by": limit,
+        raise UserError("kvprobe on %s (%s, %s, %d blocks) failed: %s" % (interp, board, dtype, blocks, (r.stdout + r.stderr).strip()[-300:]), 1)
+    n, booted, limit, tokens, status, decoded, extra, me_tokens, block_bytes = m.groups()
+    if booted == "0":
+        return {"booted": False, "limit": limit}
+    return {"booted": True, "tokens": int(tokens), "status": status, "decoded": int(decoded),
             "memory_error_tokens": int(me_tokens), "block_bytes": int(block_bytes)}
 
 
-def measure_case(interp, board, dtype, model, heap_from):
+def search(interp, heapsize, board, model, tok, dtype, start):
+    # (largest pool that boots and fills to FULL, its probe, what refused one block more),
+    # galloping from `start` outwards and bisecting; one process per size tried
+    def ok(b):
+        if b < 1:
+            return True, None
+        r = probe(interp, heapsize, board, model, tok, dtype, b)
+        good = r["booted"] and r["status"] == "FULL" and r["tokens"] == 16 * b
+        if r["booted"] and not good:
+            r["limit"] = "fill stopped at %d tokens (%s)" % (r["tokens"], r["status"])
+        return good, r
+    start = max(start, 1)
+    tried = {}
+    good, r = ok(start)
+    tried[start] = (good, r)
+    step = 1
+    if good:
+        lo, hi = start, None
+        while hi is None:
+            g, r = ok(lo + step)
+            tried[lo + step] = (g, r)
+            if g:
+                lo += step
+                step *= 2
+            else:
+                hi = lo + step
+    else:
+        hi, lo = start, None
+        while lo is None:
+            b = max(hi - step, 0)
+            g, r = ok(b)
+            tried[b] = (g, r)
+            if g:
+                lo = b
+            else:
+                hi = b
+                step *= 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        g, r = ok(mid)
+        tried[mid] = (g, r)
+        if g:
+            lo = mid
+        else:
+            hi = mid
+    return lo, tried.get(lo, (True, None))[1], tried[hi][1].get("limit", "?"), len(tried)
+
+
+def measure_case(interp, board, dtype, weights, model, tok, heap_from):
     # one row: prediction against measurement at the calculator's or the board's heap
-    d = budget.compute(board, model, dtype)
-    word = 4 if interp == "micropython32" else None
+    word = 4 if interp == "micropython32" else 8
+    d = budget.compute(board, model, dtype, word_bytes=word)  # the figures for this build's word size
     heapsize = d["heap_bytes_needed"] if heap_from == "calculator" else boards.unix_heapsize(boards.load(board).mpy_heap, word)
-    m = probe(interp, heapsize, board, model, dtype)
-    row = {"interp": interp, "board": board, "kv_dtype": dtype, "heap_from": heap_from, "heapsize": heapsize,
-           "predicted_tokens": d["max_tokens"]}
-    row.update(m)
-    per_token = m["block_bytes"] / d["tokens_per_block"]
-    row["slack_tokens"] = m["fit_tokens"] - d["max_tokens"]
+    fit, r, limit, runs = search(interp, heapsize, board, model, tok, dtype, d["pool_blocks"])
+    t = d["tokens_per_block"]
+    row = {"interp": interp, "word_bytes": word, "board": board, "kv_dtype": dtype, "weights": weights, "weights_bytes": d["weights_bytes"],
+           "heap_from": heap_from, "heapsize": heapsize, "predicted_blocks": d["pool_blocks"],
+           "predicted_tokens": d["max_tokens"], "fit_blocks": fit, "fit_tokens": fit * t,
+           "fill_status": r["status"] if r else "none", "fit_limited_by": limit, "probe_runs": runs,
+           "memory_error_tokens": r["memory_error_tokens"] if r else 0, "block_bytes": d["block_bytes"]}
+    per_token = d["block_bytes"] / t
+    row["slack_tokens"] = row["fit_tokens"] - d["max_tokens"]
     row["slack_bytes"] = int(row["slack_tokens"] * per_token)
-    row["predicted_over_fit"] = round(d["max_tokens"] / m["fit_tokens"], 4)
-    row["memory_error_slack_tokens"] = m["memory_error_tokens"] - d["max_tokens"]
+    row["predicted_over_fit"] = round(d["max_tokens"] / row["fit_tokens"], 4) if fit else 0.0
+    row["memory_error_slack_tokens"] = row["memory_error_tokens"] - d["max_tokens"]
     return row
 
 
 def measure():
     # every case on every interpreter, at both heaps
     with tempfile.TemporaryDirectory() as tmp:
-        model, model_desc = model_path(tmp)
-        rows = [measure_case(i, b, dt, model, h) for i in interpreters() for b, dt in CASES for h in ("calculator", "board")]
-    return {"model": model_desc, "policy": "full", "rows": rows,
+        rows = []
+        for i in interpreters():
+            for b, dt, w in CASES:
+                model, tok, desc = model_path(tmp, w)
+                for h in ("calculator", "board"):
+                    rows.append(measure_case(i, b, dt, w, model, tok, h))
+        desc = model_path(tmp)[2]
+    return {"model": desc, "policy": "full", "rows": rows, "interpreters": interpreters(),
             "safe": all(r["slack_tokens"] >= 0 for r in rows),
-            "max_slack_fraction_of_heap": round(max(r["slack_bytes"] / r["heapsize"] for r in rows), 4)}
+            "max_slack_fraction_of_heap": round(max(r["slack_bytes"] / r["heapsize"] for r in rows), 4),
+            "min_slack_fraction_of_heap": round(min(r["slack_bytes"] / r["heapsize"] for r in rows), 4)}
 
 
 def run(as_json=False):
