@@ -683,3 +683,22 @@ def test_vboard_prints_absolute_paths_when_run_from_another_folder(tmp_path):
         p.wait(timeout=30)
     assert "(stable path %s)" % (home / "esp32s3_n8r8" / "port") in first, first + p.stderr.read()
     assert "filesystem %s;" % (tmp_path / "relfs") in second, second
+
+
+def test_readme_lists_every_task_every_budget_option_and_every_benchmark():
+    import pkgutil
+    import re
+
+    import host.bench
+    from host import paths
+
+    readme = open(paths.ROOT + "/README.md").read()
+    tasks = re.findall(r"^  (\S+)\s", kv("--list").stdout, re.M)
+    assert "flash-firmware" in tasks and "mp32" in tasks
+    assert [t for t in tasks if "`./kv %s" % t not in readme] == []
+    row = next(ln for ln in readme.splitlines() if ln.startswith("| `./kv budget"))
+    flags = re.findall(r"^  -\w(?: STRING)?, (--[\w-]+)", kv("budget", "--help").stdout, re.M)
+    assert "--weights-bytes" in flags and [f for f in flags if f not in row] == []
+    row = next(ln for ln in readme.splitlines() if ln.startswith("| `./kv bench sched"))
+    names = [m.name for m in pkgutil.iter_modules(host.bench.__path__) if not m.name.startswith("_") and m.name != "quality"]
+    assert [n for n in names if n not in row] == []  # quality has its own row
