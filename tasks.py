@@ -137,15 +137,17 @@ def convert(c, model="", out="", format="q8row", group="0"):
             "temperature": "0 = greedy", "top_p": "nucleus mass kept, (0, 1]", "seed": "sampling seed (same seed, same tokens)",
             "kv_dtype": "fp32, fp16, int8 or int4", "policy": "full, window, sinks or h2o", "window": "tokens kept by window/sinks/h2o",
             "backend": "auto, numpy, plain or q8", "runtime": "cpython, micropython (the unix port, default board heap) or board",
-            "rope": "absolute (keys at their own position) or cache (StreamingLLM: rank in the cache)"})
+            "rope": "absolute (keys at their own position) or cache (StreamingLLM: rank in the cache)",
+            "port": "--runtime board: serial port (default: ESP32-S3 by USB VID, else the virtual board)"})
 @one_line_errors
 def generate(c, model="", prompt="", tokens="64", tokenizer="", temperature="0", top_p="1", seed="0", kv_dtype="fp32",
-             policy="full", window="0", backend="auto", runtime="cpython", rope="absolute"):
+             policy="full", window="0", backend="auto", runtime="cpython", rope="absolute", port=None):
     """Generate text with a llama2.c model as a kernel task: the text token by token, then one summary line."""
     from host import generate as gen
 
     gen.main(model=model, prompt=prompt, tokens=tokens, tokenizer_path=tokenizer, temperature=temperature, top_p=top_p,
-             seed=seed, kv_dtype=kv_dtype, policy=policy, window=window, backend=backend, runtime=runtime, rope=rope)
+             seed=seed, kv_dtype=kv_dtype, policy=policy, window=window, backend=backend, runtime=runtime, rope=rope,
+             port=port and paths_user(port))
 
 
 def paths_user(p):
@@ -191,15 +193,17 @@ def vboard(c, board="esp32s3_n8r8", fs=None, stop=False):
 
 
 @task(help={"port": "serial port (default: ESP32-S3 by USB VID, else the virtual board)", "board": "board profile name", "src": "firmware source directory (a copy of firmware_py/)",
-            "timeout": "seconds the board may stay silent in any exchange (default 10)"})
+            "timeout": "seconds the board may stay silent in any exchange (default 10)",
+            "model": "also copy this llama2.c checkpoint (kvrtos-tiny: models/kvrtos-tiny/model.bin; stories260K: ../shared/models) as model.bin, refused first when it cannot fit",
+            "tokenizer": "its tokenizer.bin (default: beside the model)"})
 @one_line_errors
-def flash(c, port=None, board="esp32s3_n8r8", src=None, timeout="10"):
-    """Compile firmware_py/ with mpy-cross and copy what changed to the board (mpremote), verify, soft-reset."""
+def flash(c, port=None, board="esp32s3_n8r8", src=None, timeout="10", model=None, tokenizer=""):
+    """Compile firmware_py/ with mpy-cross and copy what changed to the board (mpremote), verify, soft-reset; --model puts a model there too."""
     from host import flash as fl
     from host import paths
 
     fl.flash(port=port and paths_user(port), board_name=board, src=paths_user(src) if src else paths.FIRMWARE,
-             answer_timeout=_seconds(timeout, "--timeout"))
+             answer_timeout=_seconds(timeout, "--timeout"), model=model, tokenizer=tokenizer)
 
 
 @task(help={"bin": "MicroPython firmware image for the ESP32-S3 (.bin)", "port": "serial port", "board": "board profile name (its USB VID finds the port)",
@@ -252,7 +256,7 @@ def mp32(c, src=None):
 @task(help={"board": "board profile name"})
 @one_line_errors
 def demo(c, board="esp32s3_n8r8"):
-    """The main job on the virtual board: start it, flash the firmware through mpremote, show the boot report."""
+    """The main job: flash the virtual board with the firmware and kvrtos-tiny, then decode on its MicroPython, text as it comes."""
     from host import demo as demo_mod
 
     demo_mod.run(board)

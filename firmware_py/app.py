@@ -1,4 +1,5 @@
-# Boot: the board profile flashed beside the firmware -> boot report -> (later issues)
+# Boot: the board profile flashed beside the firmware -> boot report (board, heap, the
+# model flashed beside it) -> generation runs over the raw REPL (decode.run) -> (later issues)
 # pool, KV cache, model and tasks -> kernel.run().
 import gc
 import sys
@@ -8,6 +9,7 @@ from firmware_py import board as board_mod
 
 PROFILE = "board.json"  # written next to main.py by `kv flash`
 REPORT_END = "kvrtos: boot report end"  # the host waits for this line
+MODEL_FILE = "model.bin"  # where `kv flash --model` puts a checkpoint (decode.MODEL_FILE)
 
 
 def _port_sizes():
@@ -61,8 +63,24 @@ def boot_report(out=print):
         want_psram = b.total_bytes("psram")
         out("  flash        %s (profile: %d B)" % (_seen(flash), want_flash))
         out("  psram        %s (profile: %d B)" % (_seen(psram), want_psram))
+    _model_report(out)
     out(REPORT_END)
     return b
+
+
+def _model_report(out):
+    # one line on the model `kv flash --model` put here (decode.MODEL_FILE), header only
+    from firmware_py import llama2c  # noqa: PLC0415 - small; decode itself loads on demand
+
+    try:
+        cfg, lay = llama2c.plan(MODEL_FILE)
+    except llama2c.CheckpointError as e:
+        msg = str(e)
+        out("  model        %s" % ("none (./kv flash --model PATH puts one here)" if "cannot be read" in msg else msg))
+        return
+    out("  model        %s: %s, dim %d, %d layers, vocab %d, context %d, %d B of weights in memory"
+        % (MODEL_FILE, "int8 " + cfg.format if cfg.groups else "fp32", cfg.dim, cfg.n_layers, cfg.vocab_size,
+           cfg.seq_len, lay.memory_bytes()))
 
 
 def _seen(n):

@@ -301,12 +301,39 @@ def write_out(b):
         fl()
 
 
+class HeapTrace:
+    # free heap (after a collection) and pool blocks in use, sampled after every token
+    def __init__(self, n):
+        self.free = compat.new_array("i", n + 1)  # [token] free heap bytes
+        self.used = compat.new_array("i", n + 1)  # [token] pool blocks in use
+        self.n = 0  # samples taken
+
+    # sample now (called by the decode task after each new token)
+    def __call__(self, s):
+        if self.n < len(self.free):
+            compat.collect()
+            self.free[self.n] = compat.mem_free() or 0
+            self.used[self.n] = s.pool.blocks_used
+            self.n += 1
+
+    # "heap: ..." line: samples, free min/max, pool used min/max
+    def line(self):
+        if not self.n:
+            return "heap: no samples"
+        f = self.free[:self.n]
+        u = self.used[:self.n]
+        return "heap: %d samples, free min %d max %d B, pool used min %d max %d blocks" % (
+            self.n, min(f), max(f), min(u), max(u))
+
+
 # boot a Session, decode n tokens of prompt as a kernel task beside nothing else, print
-# the text, the stop line if any, and the summary; returns the Session. DecodeError
+# the text, the stop line if any, and the summary (trace_heap: then the "heap: ..."
+# line of a HeapTrace sampled after every token); returns the Session. DecodeError
 # for a user's mistake (the caller prints it as one line)
-def run(model_path, tok_path, prompt, n, out=write_out, clock=None, on_token=None, **opts):
+def run(model_path, tok_path, prompt, n, out=write_out, clock=None, on_token=None, trace_heap=False, **opts):
     s = Session(model_path, tok_path, **opts)
-    s.on_token = on_token
+    trace = HeapTrace(n) if trace_heap else None
+    s.on_token = trace if trace is not None else on_token
     ids = s.encode(prompt)
     k = Kernel(clock or RealClock(), max_tasks=4, verbose=True)
     t = k.spawn("decode", 1, s.task(k, ids, n, out))
@@ -318,4 +345,6 @@ def run(model_path, tok_path, prompt, n, out=write_out, clock=None, on_token=Non
     if line:
         print(line)
     print(s.summary())
+    if trace is not None:
+        print(trace.line())
     return s

@@ -22,7 +22,7 @@ import time
 
 import serial
 
-from host import boards, monitor, paths, vboard
+from host import boardmodel, boards, monitor, paths, vboard
 from host.errors import UserError
 
 MANIFEST = "kvrtos_manifest.json"  # path -> sha256 of what the last good flash wrote
@@ -332,7 +332,8 @@ def _remove_stale(t, dests, out):
         raise  # the port, not the manifest, failed
     except (OSError, ValueError):
         return []
-    stale = sorted(p for p in old if p not in set(dests))
+    keep = set(dests) | set(boardmodel.FILES)  # a model flashed before stays until another replaces it
+    stale = sorted(p for p in old if p not in keep)
     for p in stale:
         t.exec(_REMOVE_SCRIPT % p)
         out("  rm    %s  (no longer in the firmware)" % p)
@@ -340,14 +341,24 @@ def _remove_stale(t, dests, out):
 
 
 def flash(port=None, board_name=paths.DEFAULT_BOARD, src=paths.FIRMWARE, out=print, reset=True, keep_open=False,
-          answer_timeout=ANSWER_TIMEOUT):
-    # flash the firmware; returns a summary dict (and the open serial port when keep_open)
+          answer_timeout=ANSWER_TIMEOUT, model=None, tokenizer=""):
+    # flash the firmware (and with model, a checkpoint and its tokenizer: host/boardmodel.py);
+    # returns a summary dict (and the open serial port when keep_open)
     from mpremote.transport import TransportError, TransportExecError
 
     board = boards.load(board_name)
     if board.kind != "mcu":
         raise UserError("board %s is a %s: kvrtos flashes microcontrollers only" % (board.name, board.kind), 2)
     check_firmware_src(src)
+    model_files = []
+    if model is not None:
+        # checked (files, then the budget) before a board is even looked for: a model
+        # that cannot fit is refused with the calculator's figures, nothing copied
+        model_files, fit, model_path = boardmodel.files_for(board_name, model, tokenizer)
+        out("flash: model %s fits %s: KV budget %d tokens (%s KV), generation stops at %d (%s)"
+            % (os.path.relpath(model_path, paths.ROOT) if model_path.startswith(paths.ROOT) else model_path, board.name,
+               fit["max_tokens"], fit["kv_dtype"], fit["decode_tokens"],
+               "the model's context" if fit["limited_by"] == "context" else "the KV budget"))
     if port is None:
         port = find_port(board)
         if port is None:
@@ -355,7 +366,7 @@ def flash(port=None, board_name=paths.DEFAULT_BOARD, src=paths.FIRMWARE, out=pri
             h = vboard.start(board.name, detach=True)
             port = h.port
     virtual = is_virtual(port)
-    arts = build(board, src, virtual=virtual)
+    arts = build(board, src, virtual=virtual) + [Artifact(dest, data) for dest, data in model_files]
     t = connect(port, answer_timeout)
     copied = skipped = 0
     copied_bytes = skipped_bytes = 0

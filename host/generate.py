@@ -84,7 +84,7 @@ def _check_text(prompt):
 
 # check everything, then generate on the chosen runtime; the Session (cpython) or None
 def main(model="", prompt="", tokens="64", tokenizer_path="", temperature="0", top_p="1", seed="0", kv_dtype="fp32",
-         policy="full", window="0", backend="auto", runtime="cpython", rope="absolute", out=None):
+         policy="full", window="0", backend="auto", runtime="cpython", rope="absolute", out=None, port=None):
     if runtime not in RUNTIMES:
         raise UserError("--runtime must be one of %s, got %r" % (", ".join(RUNTIMES), runtime), 2)
     n = _int(tokens, "--tokens", 1, 1 << 20)
@@ -107,12 +107,17 @@ def main(model="", prompt="", tokens="64", tokenizer_path="", temperature="0", t
         tokenizer.load(tp, cfg.vocab_size)
     except (llama2c.CheckpointError, tokenizer.TokenizerError) as e:
         raise UserError(str(e), 2)
-    if runtime == "board":
-        raise UserError("--runtime board is not built yet: flash, then call firmware_py.decode.run(...) over the raw REPL (docs/model.md)", 2)
+    if runtime == "board" and backend == "numpy":
+        raise UserError("--backend numpy needs CPython: the board runs plain, q8 or auto", 2)
     if backend == "numpy" and runtime == "micropython":
         raise UserError("--backend numpy needs CPython: use --runtime cpython, or plain/q8/auto on micropython", 2)
     opts = {"kv_dtype": kv_dtype, "policy": policy, "window": w, "backend": backend, "rope": rope,
             "temperature": t, "top_p": p, "seed": s}
+    if runtime == "board":
+        from host import boardrun  # noqa: PLC0415 - the serial side, only for this runtime
+
+        boardrun.run(port, mp, tp, prompt, n, opts, out)
+        return None
     heap = boards.load(paths.DEFAULT_BOARD).mpy_heap
     if runtime == "cpython":
         try:

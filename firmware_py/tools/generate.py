@@ -11,7 +11,7 @@
 # new token and prints "heap: ..." (free heap and pool use, min and max) at the end.
 import sys
 
-from firmware_py import compat, decode
+from firmware_py import decode
 
 _OPTS = {"--model": "", "--tokenizer": "", "--prompt": "", "--tokens": "32", "--temperature": "0",
          "--top-p": "1", "--seed": "0", "--kv-dtype": "fp32", "--policy": "full", "--window": "0",
@@ -46,31 +46,6 @@ def _num(o, flag, kind):
         raise ValueError("%s must be a number, got %r" % (flag, o[flag]))
 
 
-class HeapTrace:
-    # free heap (after a collection) and pool blocks in use, sampled after every token
-    def __init__(self, n):
-        self.free = compat.new_array("i", n + 1)  # [token] free heap bytes
-        self.used = compat.new_array("i", n + 1)  # [token] pool blocks in use
-        self.n = 0  # samples taken
-
-    # sample now (called by the decode task after each new token)
-    def __call__(self, s):
-        if self.n < len(self.free):
-            compat.collect()
-            self.free[self.n] = compat.mem_free() or 0
-            self.used[self.n] = s.pool.blocks_used
-            self.n += 1
-
-    # "heap: ..." line: samples, free min/max, pool used min/max
-    def line(self):
-        f = self.free[:self.n]
-        u = self.used[:self.n]
-        if not self.n:
-            return "heap: no samples"
-        return "heap: %d samples, free min %d max %d B, pool used min %d max %d blocks" % (
-            self.n, min(f), max(f), min(u), max(u))
-
-
 # one line on stderr (the host reads the reason there; the text stays on stdout)
 def _err(line):
     sys.stderr.write(line + "\n")
@@ -91,14 +66,11 @@ def main(argv):
     except ValueError as e:
         _err("generate: %s" % e)
         return 2
-    trace = HeapTrace(n) if o["--trace-heap"] else None
     try:
-        decode.run(o["--model"], o["--tokenizer"], o["--prompt"], n, on_token=trace, **opts)
+        decode.run(o["--model"], o["--tokenizer"], o["--prompt"], n, trace_heap=o["--trace-heap"], **opts)
     except decode.DecodeError as e:
         _err("generate: %s" % e)
         return 2
-    if trace is not None:
-        print(trace.line())
     return 0
 
 

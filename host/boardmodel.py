@@ -1,0 +1,62 @@
+# Models on the board: `kv flash --model PATH [--tokenizer PATH]` puts a llama2.c
+# checkpoint and its tokenizer on the board's filesystem as model.bin and
+# tokenizer.bin (decode.MODEL_FILE, decode.TOKENIZER_FILE), where the firmware's
+# decode.run loads them. A model that cannot fit the board is refused before anything
+# is copied, in one line with the budget calculator's figures (exit 3, as `kv budget`).
+import os
+
+from firmware_py import decode, llama2c, tokenizer
+from host import budget
+from host.errors import UserError
+
+FILES = (decode.MODEL_FILE, decode.TOKENIZER_FILE)  # what a model flash writes (kept by a plain flash)
+FIT_KV_DTYPES = ("fp32", "int8")  # a model fits when one of these KV element types leaves room for a block
+
+
+# (model path, tokenizer path) for what the user typed: "" is models/kvrtos-tiny,
+# "stories260K" is ../shared/models, a path takes its tokenizer from beside it
+def resolve(model_arg, tok_arg=""):
+    from host import generate  # noqa: PLC0415 - the one resolver of model names and paths
+
+    return generate.resolve(model_arg, tok_arg)
+
+
+# the budget (host/budget.compute) under which model_path runs on board_name: the first
+# KV dtype of FIT_KV_DTYPES that fits; UserError (exit 3) naming the calculator's
+# figures when none does
+def check_fits(board_name, model_path):
+    first = None
+    for dtype in FIT_KV_DTYPES:
+        r = budget.compute(board_name, model_path, dtype)
+        if r["fits"]:
+            return r
+        first = first or r
+    r = first
+    name = os.path.basename(model_path)
+    raise UserError(
+        "%s does not fit board %s: heap %s B - firmware reserve %s B - weights %s B - activations %s B leaves %s B "
+        "for the KV cache, one block of %s B needed even with int8 KV (./kv budget --board %s --model %s)"
+        % (name, r["board"], _n(r["memory_bytes"]), _n(r["reserved_bytes"]), _n(r["weights_bytes"]),
+           _n(r["activations_bytes"]), _n(r["kv_avail_bytes"]), _n(r["block_bytes"]), r["board"], model_path),
+        budget.EXIT_DOES_NOT_FIT)
+
+
+# [(device path, bytes)] of the model and tokenizer after checking both files and the
+# budget; the budget dict too. Everything is refused here, before a port is opened
+def files_for(board_name, model_arg, tok_arg=""):
+    mp, tp = resolve(model_arg, tok_arg)
+    try:
+        cfg = llama2c.plan(mp)[0]
+        tokenizer.load(tp, cfg.vocab_size)
+    except (llama2c.CheckpointError, tokenizer.TokenizerError) as e:
+        raise UserError(str(e), 2) from None
+    r = check_fits(board_name, mp)
+    out = []
+    for dest, path in ((decode.MODEL_FILE, mp), (decode.TOKENIZER_FILE, tp)):
+        with open(path, "rb") as f:
+            out.append((dest, f.read()))
+    return out, r, mp
+
+
+def _n(v):
+    return "{:,}".format(v)

@@ -1,0 +1,102 @@
+# `kv generate --runtime board`: generation on the (virtual or real) board over its
+# serial port. The host enters the raw REPL (host/flash.connect: mpremote's transport,
+# every read under a deadline), checks that the board holds the firmware and the
+# model asked for (sha256 of model.bin and tokenizer.bin against the local files: a
+# board without them is refused in one line naming the `kv flash --model` command),
+# then runs firmware_py.decode.run over the raw REPL and copies the board's output
+# here as it arrives: the text token by token, then the same summary line as the
+# other runtimes (decode.run prints it on the board).
+import hashlib
+import os
+import sys
+
+from firmware_py import decode
+from host import boards, flash, paths
+from host.errors import UserError
+
+SILENCE_S = 60.0  # s the board may stay silent: its boot (weights, tokenizer) and one token
+_ERR = "DecodeError: "  # the board's one-line mistake, last line of its traceback
+
+
+# sha256 hex of a local file
+def _sha(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 16), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# the port of the board: the one given, else an ESP32-S3 on USB, else the running virtual board
+def port_of(port, board_name=paths.DEFAULT_BOARD):
+    if port:
+        return port
+    b = boards.load(board_name)
+    p = flash.find_port(b)
+    if p is None:
+        raise UserError("no ESP32-S3 on USB and no virtual board running: start one (./kv vboard) and "
+                        "./kv flash --model PATH, or give --port", 2)
+    return p
+
+
+# the Python the board runs: decode.run over model.bin / tokenizer.bin with the options
+def command(prompt, n, opts):
+    args = ", ".join("%s=%r" % (k, opts[k]) for k in sorted(opts))
+    return ("from firmware_py import decode\n"
+            "decode.run(%r, %r, %r, %d, %s)\n" % (decode.MODEL_FILE, decode.TOKENIZER_FILE, prompt, n, args))
+
+
+# run generation on the board at port with the local model files (mp, tp) and the
+# decode options; the board's output is written to out (bytes) as it comes
+def run(port, mp, tp, prompt, n, opts, out=None, silence_s=SILENCE_S, board_name=paths.DEFAULT_BOARD):
+    from mpremote.transport import TransportError
+
+    import serial
+
+    dst = out or sys.stdout.buffer
+    port = port_of(port, board_name)
+    try:
+        t = flash.connect(port, silence_s)
+    except UserError as e:
+        if "raw REPL" not in str(e):
+            raise
+        # a board still rebooting (right after `kv flash` soft-reset it) can drop the
+        # interrupt that starts the raw REPL: ask once more
+        t = flash.connect(port, silence_s)
+    try:
+        have = flash.device_hashes(t, ["firmware_py/decode.mpy", decode.MODEL_FILE, decode.TOKENIZER_FILE])
+        if have[0] is None:
+            raise UserError("the board on %s has no kvrtos firmware: run ./kv flash --model %s first" % (port, _shown(mp)), 2)
+        if have[1] != _sha(mp) or have[2] != _sha(tp):
+            what = "no model" if have[1] is None else "another model (or tokenizer)"
+            raise UserError("the board on %s has %s, not %s: run ./kv flash --model %s first"
+                            % (port, what, os.path.basename(mp), _shown(mp)), 2)
+
+        def consume(b):
+            b = b.replace(b"\x04", b"")  # the raw REPL's end-of-output marker comes through here too
+            if b:
+                dst.write(b)
+                dst.flush()
+
+        _, err = t.exec_raw(command(prompt, n, opts), timeout=None, data_consumer=consume)
+    except (TransportError, serial.SerialException, OSError) as e:
+        flash._close(t)
+        if isinstance(e, flash.BoardSilent):
+            raise UserError("the board on %s sent nothing for %g s while generating" % (port, silence_s)) from None
+        raise UserError("port %s vanished or stopped answering while generating [%s]" % (port, type(e).__name__)) from None
+    except BaseException:
+        flash._close(t)
+        raise
+    flash._close(t)
+    err = err.decode("utf-8", "replace").strip()
+    if err:
+        last = err.splitlines()[-1]
+        if last.startswith(_ERR):
+            raise UserError("board: %s" % last[len(_ERR):], 2)
+        raise UserError("the board failed while generating: %s" % last)
+
+
+# a model path as the user would type it again (relative to the repository when inside it)
+def _shown(mp):
+    return os.path.relpath(mp, paths.ROOT) if mp.startswith(paths.ROOT + os.sep) else mp
+
