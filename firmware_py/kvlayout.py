@@ -19,11 +19,13 @@ GROUP = const(32)  # default int4 scale group (KIVI's 32), cut to a divisor of h
 TOKENS_PER_BLOCK = const(16)  # default tokens per pool block (vLLM's 16)
 
 # the heap this firmware's boot keeps before the pool: live module objects plus the
-# holes compiling them leaves. Measured on the unix port (-X heapsize=1000000) importing
-# board, pool, kv, kvlayout, llama2c and tools.kvprobe from source: 121,760 B unusable
-# for one large block (docs/memory.md: the command); 128 KiB leaves ~9 KiB of margin.
-# A board loading .mpy files keeps less. A profile's firmware_reserved_bytes counts when larger.
-BOOT_BYTES = const(131072)
+# holes compiling them leaves. Measured on the unix ports (-X heapsize=1000000 and
+# 2000000) importing board, pool, kv, kvlayout, llama2c and tools.kvprobe from source:
+# 129,569 B (64-bit) / 84,388 B (32-bit) unusable for one large block (docs/memory.md:
+# the command); 144 KiB leaves ~18 KiB of margin. A board loading .mpy files keeps
+# less. A profile's firmware_reserved_bytes, or a decoding firmware's reserve
+# (decode.reserve_for), counts when larger.
+BOOT_BYTES = const(147456)
 KV_FIXED_BYTES = const(2048)  # KVCache object + its per-sequence arrays (measured ~1.3 KiB for 4 seqs)
 
 
