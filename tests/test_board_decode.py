@@ -162,3 +162,16 @@ def test_when_the_budget_is_above_the_context_the_context_is_the_limit():
     assert calc["max_tokens"] > 256 and calc["decode_tokens"] == 256 and calc["limited_by"] == "context"
     s = decode.Session(TINY_MODEL, TINY_TOK, "fp32", "full", backend="plain", heap=calc["memory_bytes"], word_bytes=4)
     assert s.cap == 256 and s.limit == "the model's context (seq_len 256)" and s.fit_blocks == calc["pool_blocks"]
+
+
+def test_demo_flashes_the_virtual_board_and_decodes_on_it(tmp_path):
+    # the main job from a fresh state: a virtual board of its own, firmware and
+    # kvrtos-tiny flashed, the boot report, the text decoded on the board, the summary
+    r = vb.kv("demo", timeout=300, env=dict(os.environ, KVRTOS_VBOARD_HOME=str(tmp_path / "vb")))
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert any("copy  model.bin" in ln for ln in lines) and any("model        model.bin: fp32" in ln for ln in lines), r.stdout
+    i = [n for n, ln in enumerate(lines) if ln.startswith("demo: decoding")][0]
+    assert lines[i + 1].startswith("Once upon a time") and len(lines[i + 1]) > 200, lines[i + 1]
+    assert lines[i + 2].startswith(decode.SUMMARY) and "(5 prompt + 96 new)" in lines[i + 2], lines[i + 2]
+    assert lines[-2].startswith("demo: done in") and lines[-1] == "demo: virtual board stopped", lines[-3:]
