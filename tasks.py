@@ -97,11 +97,13 @@ def bench_docs(c, render=False, only=""):
         "tokens": "also report the memory for this many tokens per sequence",
         "weights_dtype": "weights element type (default: the checkpoint's or the catalog's)",
         "weights_bytes": "weights size in bytes, overriding what the model implies",
+        "word_bytes": "MCU heap figures for this word size: 4 the board (default), 8 the 64-bit unix port / virtual board",
         "json": "print one JSON object",
     }
 )
 @one_line_errors
-def budget(c, board="esp32s3_n8r8", model="stories260K", kv_dtype="fp32", policy="full", window="0", batch="1", tokens="0", weights_dtype="", weights_bytes="0", json=False):
+def budget(c, board="esp32s3_n8r8", model="stories260K", kv_dtype="fp32", policy="full", window="0", batch="1", tokens="0", weights_dtype="", weights_bytes="0", json=False,
+           word_bytes="0"):
     """How many KV tokens fit on a board with a model, and the heap the firmware needs."""
     from host import budget as budget_mod
     from host import models
@@ -111,7 +113,7 @@ def budget(c, board="esp32s3_n8r8", model="stories260K", kv_dtype="fp32", policy
     r = budget_mod.main(
         board=board, model=model, kv_dtype=kv_dtype, policy=policy, window=window,
         batch=_whole(batch, "--batch"), tokens=_whole(tokens, "--tokens"), weights_dtype=weights_dtype,
-        weights_bytes=_whole(weights_bytes, "--weights-bytes"), as_json=json,
+        weights_bytes=_whole(weights_bytes, "--weights-bytes"), as_json=json, word_bytes=_whole(word_bytes, "--word-bytes"),
     )
     if not r["fits"]:
         # the figures are on stdout; exit 3 says "does not fit" (2: bad input)

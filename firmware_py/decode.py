@@ -105,9 +105,10 @@ class Session:
         compat.collect()  # the garbage of loading and compiling, before the largest allocation
         # Hold one piece of the heap for the run state: compiling leaves the free heap
         # below the pool in holes too small for its arrays (QForward's 32 KB RoPE table
-        # failed with 500 KB free on the 64-bit port); freed again right after the pool
+        # failed with 500 KB free on the 64-bit port, its max_slots arrays too); freed
+        # again right after the pool
         try:
-            hold = bytearray(_HOLD_BYTES)
+            hold = bytearray(_HOLD_BYTES + n_blocks * t * slot_bytes(cfg, q8))  # + the per-slot buffers
         except MemoryError:
             hold = None
         try:
@@ -246,7 +247,30 @@ def uses_q8(backend, weights_int8, kv_dtype):
 def budget_blocks(heap, cfg, weights_bytes, lay, firmware_bytes=0, h2o=False, batch=1, word_bytes=WORD_BYTES, q8=False):
     reserve = reserve_for(cfg, firmware_bytes, word_bytes, q8)
     avail = heap - reserve - weights_bytes - batch * (cfg.activation_bytes() + lay.row_bytes)
-    return reserve, kv.blocks_for(avail, lay, batch, h2o)
+    n = (avail - pool.POOL_FIXED_BYTES - kv.KV_FIXED_BYTES) // block_cost(cfg, lay, batch, h2o, q8, word_bytes)
+    return reserve, n if n > 0 else 0
+
+
+# run-state bytes per cache slot: the model sizes its attention buffers by the cache's
+# max_slots, not by seq_len (plain/numpy: n_heads floats of scores + 8 B; q8: scores,
+# head sums and ranks, int32, + one more while each is built from a zero bytes object,
+# + the rope=cache table's 2 x head_dim B, + what those large arrays lose to the heap's
+# fragmentation: 12 B per slot on 32-bit, 20 B on 64-bit, measured at 8 MB)
+def slot_bytes(cfg, q8=False, word_bytes=WORD_BYTES):
+    if q8:
+        return 16 + 2 * cfg.head_dim + (12 if word_bytes == 4 else 20)
+    return 4 * cfg.n_heads + 8
+
+
+# heap bytes one KV block costs a decoding firmware: the block, its bookkeeping
+# (kv.bytes_per_block) and the run state of its slots
+def block_cost(cfg, lay, batch=1, h2o=False, q8=False, word_bytes=WORD_BYTES):
+    return kv.bytes_per_block(lay, batch, h2o) + lay.tokens_per_block * slot_bytes(cfg, q8, word_bytes)
+
+
+# heap bytes a pool of n_blocks + its cache + its slots' run state needs (the inverse of budget_blocks)
+def pool_heap(n_blocks, cfg, lay, batch=1, h2o=False, q8=False, word_bytes=WORD_BYTES):
+    return pool.POOL_FIXED_BYTES + kv.KV_FIXED_BYTES + n_blocks * block_cost(cfg, lay, batch, h2o, q8, word_bytes)
 
 
 # (usable heap B, profile's firmware_reserved_bytes) a decode boot sizes from: `heap`

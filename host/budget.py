@@ -140,7 +140,7 @@ def compute(board, model, kv_dtype="fp32", policy="full", window=0, batch=1, tok
         out["kv_bytes_wanted"] = need
         out["fits_wanted"] = out["fits"] and cap >= tokens if policy == "full" else out["fits"]
     if brd.kind == "mcu":
-        usable = reserved + m.weights_bytes + acts + kv.heap_for(pool_blocks, layout, batch, h2o)
+        usable = reserved + m.weights_bytes + acts + decode.pool_heap(pool_blocks, cfg, layout, batch, h2o, q8, word)
         out["heap_bytes_needed_usable"] = usable
         # as a GC heap size (-X heapsize=) of the board's word size (16 B GC blocks:
         # the larger tables), whole KiB

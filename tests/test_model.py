@@ -356,7 +356,7 @@ def small_heap(word):
     cfg, lay = llama2c.plan(os.path.join(TINY, "model.bin"))
     kl = kv.Layout(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, "fp32")
     return (decode.reserve_for(cfg, 0, word) + lay.memory_bytes() + cfg.activation_bytes() + kl.row_bytes
-            + kv.heap_for(5, kl) + 1000)
+            + decode.pool_heap(5, cfg, kl) + 1000)
 
 
 SMALL_HEAP = small_heap(8)  # the 64-bit figure (the larger)
