@@ -584,9 +584,11 @@ class KVCache:
         if i < 0:
             return i
         # compared before any arithmetic (a big int would allocate); the arena itself is
-        # never a destination (that would write another sequence's rows)
+        # never a destination (that would write another sequence's rows), nor an immutable
+        # bytes or str (viper would write into it on MicroPython: a literal in the code)
         if (layer.__class__ is not int or layer < 0 or layer >= self.n_layers or dst_off.__class__ is not int
-                or dst_off < 0 or dst_off > _HMAX or dst is None or dst is self.arena):
+                or dst_off < 0 or dst_off > _HMAX or dst is None or dst is self.arena
+                or dst.__class__ is bytes or dst.__class__ is str):
             return E_RANGE
         if dst_off & 3 or dst_off + self.layer_row > len(dst):
             return E_RANGE

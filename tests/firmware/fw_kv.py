@@ -335,6 +335,20 @@ eq(MR, [status.E_RANGE, status.E_RANGE, status.E_RANGE, status.OK, status.OK, st
         status.E_RANGE, status.E_RANGE], "each refused with its status (odd lengths accepted: whole words used)")
 check(gm[:64] == b"\xa5" * 64 and gm[-64:] == b"\xa5" * 64, "guards intact")
 eq(cm.append(hm, oddrow), 0, "an odd-length token row appends (its whole words)")
+# an immutable destination (bytes, str) is refused without a write: on MicroPython viper
+# would copy into it (a str literal in the code would change)
+lit = "abcdefgh" * (lm.layer_row // 8 + 1)
+imm = bytes(lm.layer_row)
+
+
+def immutable_dsts():
+    MR[0] = cm.read(hb, 0, 0, imm, 0)
+    MR[1] = cm.read(hb, 0, 0, lit, 0)
+
+
+no_alloc("read into bytes or str", immutable_dsts)
+eq(MR[:2], [status.E_RANGE, status.E_RANGE], "read into bytes or str: E_RANGE")
+check(imm == bytes(lm.layer_row) and lit == "abcdefgh" * (lm.layer_row // 8 + 1), "the immutable destinations are unchanged")
 # a src that is not a buffer is the caller's contract: TypeError on every interpreter
 raises(TypeError, cm.append, hm, None)
 raises(TypeError, cm.append, hm, [0] * lm.row_bytes)
