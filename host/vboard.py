@@ -196,6 +196,7 @@ class VirtualBoard:
         self.board = board  # validated firmware_py.board.Board
         self.home = home or state_dir(board.name)  # holds port link and pid file
         self.fs_dir = os.path.abspath(fs_dir or os.path.join(self.home, "fs"))  # the board's filesystem
+        self.fs_given = fs_dir is not None  # the user named the folder (else it is ours, under home)
         self.heap = boards.unix_heapsize(board.mpy_heap or 2 * 1024 * 1024)  # -X heapsize giving the profile's usable heap
         self.vanish_after = vanish_after  # fault injection: vanish after this many host bytes, or None
         self.quiet = quiet  # no status lines on stdout
@@ -216,6 +217,12 @@ class VirtualBoard:
 
     # open the user-facing pty and publish its path; returns the pty path
     def open_port(self):
+        if not self.fs_given:
+            # the default filesystem sits in our own state folder: make it (a fresh clone has none)
+            try:
+                os.makedirs(self.home, exist_ok=True)
+            except OSError as e:
+                raise UserError("cannot make the board's folder %s: %s" % (self.home, e.strerror), 2) from None
         check_fs(self.fs_dir)
         try:
             if not os.path.isdir(self.fs_dir):

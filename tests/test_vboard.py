@@ -1,10 +1,14 @@
 # The virtual board speaks the raw REPL so the real mpremote works against it, takes
 # its heap from the board profile, and soft-resets like a board (boot.py/main.py).
 import hashlib
+import os
+import signal
 import subprocess
+import time
 
 import pytest
 
+from conftest import ROOT
 from host import paths
 from vboard_util import fs_path, open_serial, read_until, start
 
@@ -87,3 +91,25 @@ def test_second_vboard_for_the_same_board_is_refused_and_stop_stops_it(tmp_path)
         assert r.returncode == 0 and "stopped (pid" in r.stdout, r.stdout + r.stderr
         vb.proc.wait(timeout=10)
         assert not os.path.exists(vb.port)
+
+
+def test_vboard_starts_with_no_state_folder_yet(tmp_path):
+    # a fresh clone has no .vboard/: `./kv vboard` makes its own folders and starts
+    home = tmp_path / "fresh" / ".vboard"
+    env = dict(os.environ, KVRTOS_VBOARD_HOME=str(home))
+    env.pop("KVRTOS_CALLER_CWD", None)
+    p = subprocess.Popen([os.path.join(ROOT, "kv"), "vboard"], cwd=ROOT, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        port = home / "esp32s3_n8r8" / "port"
+        end = time.monotonic() + 60
+        while not port.exists() and p.poll() is None and time.monotonic() < end:
+            time.sleep(0.1)
+        assert port.exists(), "no port appeared; stderr: %s" % (p.stderr.read() if p.poll() is not None else "")
+        assert (home / "esp32s3_n8r8" / "fs").is_dir()
+    finally:
+        p.send_signal(signal.SIGINT)
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
