@@ -4,13 +4,29 @@ import functools
 import os
 import sys
 
-from invoke import Exit, task
+import invoke
+from invoke import Exit
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 from host.errors import UserError  # noqa: E402
+
+
+class KvTask(invoke.Task):
+    # invoke's Task without the short flag "-" it picks for a name like top_p when the
+    # letters before the dash are taken (shown as `--=STRING` in --help)
+    def arg_opts(self, name, default, taken_names):
+        opts = super().arg_opts(name, default, taken_names)
+        opts["names"] = [n for n in opts["names"] if n != "-"]
+        return opts
+
+
+def task(*args, **kwargs):
+    # invoke.task with KvTask
+    kwargs.setdefault("klass", KvTask)
+    return invoke.task(*args, **kwargs)
 
 
 def one_line_errors(fn):
@@ -112,7 +128,7 @@ def budget(c, board="esp32s3_n8r8", model="stories260K", kv_dtype="fp32", policy
         model = paths_user(model)  # a checkpoint path, typed relative to where ./kv ran
     r = budget_mod.main(
         board=board, model=model, kv_dtype=kv_dtype, policy=policy, window=window,
-        batch=_whole(batch, "--batch"), tokens=_whole(tokens, "--tokens"), weights_dtype=weights_dtype,
+        batch=_whole(batch, "--batch", 1), tokens=_whole(tokens, "--tokens"), weights_dtype=weights_dtype,
         weights_bytes=_whole(weights_bytes, "--weights-bytes"), as_json=json, word_bytes=_whole(word_bytes, "--word-bytes"),
     )
     if not r["fits"]:
@@ -121,16 +137,19 @@ def budget(c, board="esp32s3_n8r8", model="stories260K", kv_dtype="fp32", policy
 
 
 @task(help={"model": "fp32 llama2.c checkpoint to read", "out": "int8 checkpoint to write",
-            "format": "v2 (llama2.c ak42, one group size) or q8row (kvq8, a group size per matrix)",
-            "group": "v2: the group size (default: the largest dividing every row, up to 64); q8row: each matrix takes the divisor of its row nearest this (default 64)"})
+            "format": "q8row (default; kvq8, a group size per matrix) or v2 (llama2.c ak42, one group size)",
+            "group": "a whole number >= 1; leave it out for the format's default. v2: the group size (default: the largest dividing every row, up to 64); q8row: each matrix takes the divisor of its row nearest this (default 64)"})
 @one_line_errors
-def convert(c, model="", out="", format="q8row", group="0"):
+def convert(c, model="", out="", format="q8row", group=""):
     """Write an int8 checkpoint from an fp32 one and print its size, bytes per weight and worst dequantization error."""
     from host import convert as convert_mod
 
     if not model or not out:
         raise UserError("--model IN.bin and --out OUT.bin are required", 2)
-    r = convert_mod.convert(paths_user(model), paths_user(out), format, _whole(group, "--group"))
+    g = 0  # 0: the format's default
+    if group != "":
+        g = _whole(group, "--group", 1)
+    r = convert_mod.convert(paths_user(model), paths_user(out), format, g)
     print(convert_mod.report(r))
 
 
@@ -172,14 +191,16 @@ def _seconds(text, flag):
     return v
 
 
-def _whole(text, flag):
-    # a non-negative whole number from a command-line string, or a one-line UserError
+def _whole(text, flag, lo=0):
+    # a whole number >= lo from a command-line string, or a one-line UserError
     try:
         n = int(text)
     except ValueError:
-        n = -1
-    if n < 0:
-        raise UserError("%s must be a whole number, got %r" % (flag, text), 2)
+        raise UserError("%s must be a whole number >= %d, got %r" % (flag, lo, text), 2) from None
+    if n < lo:
+        if flag == "--group":
+            raise UserError("--group must be >= 1, or leave it out for the format's default (got %d)" % n, 2)
+        raise UserError("%s must be a whole number >= %d, got %d" % (flag, lo, n), 2)
     return n
 
 
@@ -204,6 +225,8 @@ def flash(c, port=None, board="esp32s3_n8r8", src=None, timeout="10", model=None
     from host import flash as fl
     from host import paths
 
+    if tokenizer and not model:
+        raise UserError("--tokenizer needs --model (the tokenizer is flashed with its model)", 2)
     fl.flash(port=port and paths_user(port), board_name=board, src=paths_user(src) if src else paths.FIRMWARE,
              answer_timeout=_seconds(timeout, "--timeout"), model=model, tokenizer=tokenizer)
 

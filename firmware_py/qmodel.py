@@ -70,7 +70,7 @@ class QForward:
             raise QModelError("the KV layout (%d layers, %d kv heads, head_dim %d) does not match the model (%d, %d, %d)"
                               % (lay.n_layers, lay.n_kv_heads, lay.head_dim, cfg.n_layers, cfg.n_kv_heads, cfg.head_dim))
         if lay.dtype != "int8":
-            raise QModelError("the integer path reads int8 KV rows, this cache holds %s" % lay.dtype)
+            raise QModelError("the integer path reads int8 KV rows, this cache holds %s: give --kv-dtype int8" % lay.dtype)
         d, hid, kvd, hd = cfg.dim, cfg.hidden_dim, cfg.kv_dim, cfg.head_dim
         self.cfg = cfg  # llama2c.Config (static)
         self.weights = weights  # llama2c.Weights (read-only)

@@ -67,10 +67,20 @@ def run(port, mp, tp, prompt, n, opts, out=None, silence_s=SILENCE_S, board_name
         have = flash.device_hashes(t, ["firmware_py/decode.mpy", decode.MODEL_FILE, decode.TOKENIZER_FILE])
         if have[0] is None:
             raise UserError("the board on %s has no kvrtos firmware: run ./kv flash --model %s first" % (port, _shown(mp)), 2)
-        if have[1] != _sha(mp) or have[2] != _sha(tp):
-            what = "no model" if have[1] is None else "another model (or tokenizer)"
-            raise UserError("the board on %s has %s, not %s: run ./kv flash --model %s first"
-                            % (port, what, os.path.basename(mp), _shown(mp)), 2)
+        model_differs, tok_differs = have[1] != _sha(mp), have[2] != _sha(tp)
+        if model_differs or tok_differs:
+            fix = "./kv flash --model %s" % _shown(mp)
+            if tok_differs:
+                fix += " --tokenizer %s" % _shown(tp)
+            if have[1] is None:
+                what = "no model, not %s" % os.path.basename(mp)
+            elif model_differs:
+                what = "another model, not %s" % os.path.basename(mp)
+            elif have[2] is None:
+                what = "no tokenizer, not %s" % _shown(tp)
+            else:
+                what = "another tokenizer, not %s (its model matches)" % _shown(tp)
+            raise UserError("the board on %s has %s: run %s first" % (port, what, fix), 2)
 
         def consume(b):
             b = b.replace(b"\x04", b"")  # the raw REPL's end-of-output marker comes through here too

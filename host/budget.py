@@ -55,6 +55,8 @@ def compute(board, model, kv_dtype="fp32", policy="full", window=0, batch=1, tok
     if batch < 1 or tokens < 0:
         raise UserError("--batch must be >= 1 and --tokens >= 0", 2)
     cfg = m.cfg
+    if policy != "full" and window > cfg.seq_len:
+        raise UserError("--window %d is more than the model's context: it must be at most seq_len %d" % (window, cfg.seq_len), 2)
     layout = kv.Layout(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, kv_dtype)
     h2o = policy == "h2o"
     acts = cfg.activation_bytes() * batch + layout.row_bytes * batch
@@ -123,7 +125,7 @@ def compute(board, model, kv_dtype="fp32", policy="full", window=0, batch=1, tok
         out["decode_tokens"] = None if need_blocks <= blocks else 0  # None: unbounded (the ring evicts)
         if need_blocks > blocks:
             out["fits"] = False
-            out["note"] = out["note"] or "a %s window of %d tokens needs %d blocks, %d fit" % (policy, window, need_blocks, blocks)
+            out["note"] = out["note"] or "%s of %d tokens needs %d blocks, %d fit" % ("a window" if policy == "window" else "a %s window" % policy, window, need_blocks, blocks)
         pool_blocks = need_blocks
     else:
         pool_blocks = blocks
@@ -211,7 +213,7 @@ def main(board="esp32s3_n8r8", model="stories260K", kv_dtype="fp32", policy="ful
         return r
     w = out.write
     w("%s on %s (%s), KV %s, policy %s%s\n" % (r["model"], r["board"], r["board_kind"], kv_dtype, policy,
-                                             " window %d" % window if window else ""))
+                                             ", window %d" % window if window else ""))
     w("  KV per token      %s B  (%s)\n" % (_n(r["kv_bytes_per_token"]), r["kv_formula"]))
     w("  in the cache      %s B/token with the slot header; blocks of %d tokens = %s B\n"
       % (_n(r["cache_bytes_per_token"]), r["tokens_per_block"], _n(r["block_bytes"])))

@@ -30,11 +30,18 @@ class KvProgram(Program):
         try:
             super().parse_tasks()
         except ParseError as e:
-            raise Exit(explain(e, self.argv), code=USAGE_EXIT) from None
+            raise Exit(explain(e, self.argv, chain=self.args.chain.value), code=USAGE_EXIT) from None
         if len(self.tasks) > 1 and not self.args.chain.value:
             names = [t.name for t in self.tasks]
             raise Exit("kv: one task per command line, got %s; run them one at a time, or ./kv --chain %s"
                        % (", ".join(names), " ".join(names)), code=USAGE_EXIT)
+
+    # `./kv --chain` alone: nothing to chain is a mistake, not a request for help
+    def no_tasks_given(self):
+        if self.args.chain.value:
+            raise Exit("kv: --chain needs the tasks to run, in order (e.g. ./kv --chain lint test; ./kv --list shows them)",
+                       code=USAGE_EXIT)
+        super().no_tasks_given()
 
     # `--help NOSUCH` is a parse error raised after parsing: same one line
     def parse_cleanup(self):
@@ -49,8 +56,9 @@ def _flag(name):
     return ("-" if len(name) == 1 else "--") + name.replace("_", "-")
 
 
-# one line for an invoke ParseError; argv: the whole command line (to spot --flag=VALUE)
-def explain(e, argv):
+# one line for an invoke ParseError; argv: the whole command line (to spot --flag=VALUE);
+# chain: under --chain, where a bare word after a task names the next task
+def explain(e, argv, chain=False):
     ctx = getattr(e, "context", None)
     task = getattr(ctx, "name", None)
     who = "kv %s" % task if task else "kv"
@@ -73,7 +81,7 @@ def explain(e, argv):
         glued = [a for a in (argv or []) if a.startswith("-") and "=" in a and a.split("=", 1)[1] == word]
         if glued:
             return "%s: %s takes no value (got %s; %s)" % (who, glued[0].split("=", 1)[0], glued[0], helper)
-        if task:
+        if task and not chain:
             return "%s: unexpected argument %r (%s)" % (who, word, helper)
         return "kv: no task %r (./kv --list shows them)" % word
     return "%s: %s" % (who, msg.rstrip("!"))

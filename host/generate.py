@@ -100,6 +100,10 @@ def main(model="", prompt="", tokens="64", tokenizer_path="", temperature="0", t
         raise UserError("--backend must be one of %s, got %r" % (", ".join(fw_model.BACKENDS), backend), 2)
     if rope not in fw_model.ROPE_MODES:
         raise UserError("--rope must be one of %s, got %r" % (", ".join(fw_model.ROPE_MODES), rope), 2)
+    if port and runtime != "board":
+        raise UserError("--port applies to --runtime board, not %s" % runtime, 2)
+    if backend == "q8" and kv_dtype != "int8":
+        raise UserError("--backend q8 reads int8 KV rows, not %s: add --kv-dtype int8" % kv_dtype, 2)
     _check_text(prompt)
     mp, tp = resolve(model, tokenizer_path)
     try:
@@ -107,6 +111,8 @@ def main(model="", prompt="", tokens="64", tokenizer_path="", temperature="0", t
         tokenizer.load(tp, cfg.vocab_size)
     except (llama2c.CheckpointError, tokenizer.TokenizerError) as e:
         raise UserError(str(e), 2)
+    if policy != "full" and w > cfg.seq_len:
+        raise UserError("--window %d is more than the model's context: it must be at most seq_len %d" % (w, cfg.seq_len), 2)
     if runtime == "board" and backend == "numpy":
         raise UserError("--backend numpy needs CPython: the board runs plain, q8 or auto", 2)
     if backend == "numpy" and runtime == "micropython":

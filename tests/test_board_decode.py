@@ -94,6 +94,18 @@ def test_generate_refuses_a_model_the_board_does_not_have(flashed, tmp_path):
     assert "has another model" in r.stderr and "./kv flash --model" in r.stderr, r.stderr
 
 
+def test_generate_names_the_tokenizer_when_only_the_tokenizer_differs(flashed, tmp_path):
+    h, _ = flashed
+    tok = tmp_path / "tok.bin"
+    data = bytearray(open(TINY_TOK, "rb").read())
+    data[4] ^= 1  # the first token's score: still a tokenizer, not the one on the board
+    tok.write_bytes(bytes(data))
+    r = vb.kv("generate", "--tokenizer", str(tok), "--runtime", "board", "--port", h.port, "--tokens", "1", timeout=120)
+    assert vb.one_line_error(r) and r.returncode == 2, r.stderr
+    assert "has another tokenizer, not %s (its model matches)" % tok in r.stderr, r.stderr
+    assert "./kv flash --model models/kvrtos-tiny/model.bin --tokenizer %s first" % tok in r.stderr, r.stderr
+
+
 @pytest.fixture(scope="module")
 def small_board(tmp_path_factory):
     # a virtual board whose heap puts kvrtos-tiny's KV budget (80 tokens) below its

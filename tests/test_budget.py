@@ -271,7 +271,7 @@ def test_heapsize_needed_window_policy(tmp_path):
     # a ring needs only its window's blocks: a much smaller heap, and decode goes on
     # past the window. (The 96 KiB boot reserve dominates so small a heap, so 90 % of
     # it still boots: the refusal is pinned by the full-policy cases above.)
-    m = write_checkpoint(str(tmp_path / "m.bin"))
+    m = write_checkpoint(str(tmp_path / "m.bin"), seq_len=512)  # a window is at most the context
     d = check_heapsize("esp32s3_n4r2", m, "int8", "sinks", 200, refuse_at_90=False)
     full = budget.compute("esp32s3_n4r2", m, "int8")
     assert d["heap_bytes_needed"] - d["reserved_bytes"] < (full["heap_bytes_needed"] - full["reserved_bytes"]) // 4

@@ -702,3 +702,70 @@ def test_readme_lists_every_task_every_budget_option_and_every_benchmark():
     row = next(ln for ln in readme.splitlines() if ln.startswith("| `./kv bench sched"))
     names = [m.name for m in pkgutil.iter_modules(host.bench.__path__) if not m.name.startswith("_") and m.name != "quality"]
     assert [n for n in names if n not in row] == []  # quality has its own row
+
+
+# --- issue: silently accepted flags and muddled messages -------------------------
+
+
+def test_flash_tokenizer_without_model_is_refused():
+    r = kv("flash", "--tokenizer", "models/kvrtos-tiny/tokenizer.bin", "--port", "/dev/null")
+    assert r.returncode == 2 and line(r).startswith("kv flash: --tokenizer needs --model"), r.stderr
+
+
+@pytest.mark.parametrize("runtime", ["cpython", "micropython"])
+def test_generate_port_needs_runtime_board(runtime):
+    r = kv("generate", "--port", "/dev/null", "--tokens", "5", "--runtime", runtime)
+    assert r.returncode == 2 and line(r) == "kv generate: --port applies to --runtime board, not %s" % runtime, r.stderr
+    assert r.stdout == ""
+
+
+@pytest.mark.parametrize("cmd", [["generate", "--tokens", "5"], ["budget", "--model", "models/kvrtos-tiny/model.bin"]])
+def test_a_window_past_the_models_context_is_refused(cmd):
+    r = kv(*cmd, "--policy", "window", "--window", "300")
+    says = "kv %s: --window 300 is more than the model's context: it must be at most seq_len 256" % cmd[0]
+    assert r.returncode == 2 and line(r) == says and r.stdout == "", r.stderr
+
+
+@pytest.mark.parametrize("group, says", [("0", "--group must be >= 1, or leave it out for the format's default (got 0)"),
+                                         ("-4", "--group must be >= 1, or leave it out for the format's default (got -4)"),
+                                         ("x", "--group must be a whole number >= 1, got 'x'")])
+def test_convert_group_must_be_at_least_one(tmp_path, group, says):
+    r = kv("convert", "--model", "models/kvrtos-tiny/model.bin", "--out", str(tmp_path / "o.bin"), "--group", group)
+    assert r.returncode == 2 and line(r) == "kv convert: " + says, r.stderr
+    assert not (tmp_path / "o.bin").exists()
+    h = " ".join(kv("convert", "--help").stdout.split())
+    assert "leave it out for the format's default" in h and "q8row (default" in h, h
+
+
+@pytest.mark.parametrize("args, says", [(["--chain", "budget", "nosuch"], "kv: no task 'nosuch'"),
+                                        (["--chain"], "kv: --chain needs the tasks to run")])
+def test_chain_with_an_unknown_or_no_task_is_one_line(args, says):
+    r = kv(*args)
+    assert r.returncode == 2 and line(r).startswith(says) and r.stdout == "", (r.stdout, r.stderr)
+
+
+@pytest.mark.parametrize("args, says", [(["--word-bytes", "-8"], "--word-bytes must be a whole number >= 0, got -8"),
+                                        (["--tokens", "-5"], "--tokens must be a whole number >= 0, got -5"),
+                                        (["--weights-bytes", "-1"], "--weights-bytes must be a whole number >= 0, got -1"),
+                                        (["--batch", "0"], "--batch must be a whole number >= 1, got 0")])
+def test_budget_negative_numbers_say_the_floor(args, says):
+    r = kv("budget", *args)
+    assert r.returncode == 2 and line(r) == "kv budget: " + says, r.stderr
+
+
+def test_budget_window_note_does_not_double_the_word():
+    r = kv("budget", "--policy", "window", "--window", "250", "--model", "models/kvrtos-tiny/model.bin", "--board", "esp32s3_n4r2")
+    r2 = kv("budget", "--board", "esp32s3_n4r2", "--policy", "window", "--window", "512", "--batch", "4")
+    for x in (r, r2):
+        assert "window window" not in x.stdout + x.stderr, x.stdout + x.stderr
+    assert r2.returncode == 3 and "does not fit: a window of 512 tokens needs 128 blocks" in line(r2), r2.stderr
+
+
+def test_generate_help_has_no_broken_short_flag():
+    h = kv("generate", "--help").stdout
+    assert "--=" not in h and "--top-p=STRING" in h, h
+
+
+def test_generate_q8_with_fp32_kv_suggests_int8_kv():
+    r = kv("generate", "--backend", "q8", "--tokens", "1")
+    assert r.returncode == 2 and line(r) == "kv generate: --backend q8 reads int8 KV rows, not fp32: add --kv-dtype int8", r.stderr
