@@ -343,17 +343,17 @@ def rmsnorm_v(dst, x, n: int, g, goff: int, b: int, eps0: int, sn: int, eg: int)
 # twin of rmsnorm_v; O(n)
 def rmsnorm_py(dst, x, n, g, goff, b, eps0, sn, eg):
     mx = max(abs(x[i]) for i in range(n))
-    k = max(_bitlen(mx) - b, 0)
+    k = max(bitlen(mx) - b, 0)
     ss = 0
     for i in range(n):
         v = x[i] >> k
         ss += v * v
     v = max(ss + (eps0 >> min(2 * k, 31)), 1)
     r = _isqrt(v)
-    p = _bitlen(r) + 14 - _bitlen(sn)
+    p = bitlen(r) + 14 - bitlen(sn)
     c = (sn << p) // r if p >= 0 else (sn >> -p) // r
     u = [((x[i] >> k) * g[goff + i] * c) >> 16 for i in range(n)]
-    bl = _bitlen(max(abs(e) for e in u))
+    bl = bitlen(max(abs(e) for e in u))
     sh = bl - 14 if bl else 0
     for i in range(n):
         dst[i] = (u[i] + (1 << (sh - 1))) >> sh if sh > 0 else u[i] << -sh
@@ -361,7 +361,7 @@ def rmsnorm_py(dst, x, n, g, goff, b, eps0, sn, eg):
 
 
 # bits of a non-negative int (0 for 0); O(bits)
-def _bitlen(v):
+def bitlen(v):
     n = 0
     while v:
         v >>= 1
@@ -371,7 +371,7 @@ def _bitlen(v):
 
 # floor(sqrt(v)) for v >= 1, Newton from a power of two above it (as rmsnorm_v); O(log v)
 def _isqrt(v):
-    r = 1 << ((_bitlen(v) + 1) >> 1)
+    r = 1 << ((bitlen(v) + 1) >> 1)
     while True:
         y = (r + v // r) >> 1
         if y >= r:
@@ -661,7 +661,7 @@ def pack_py(row, doff, soff, v, n, group, ex, qmax):
         amax = max(abs(v[j + i]) for i in range(group))
         bits = 0
         if amax > 0:
-            s = 31 - _bitlen(amax)
+            s = 31 - bitlen(amax)
             mant = (amax << s) // qmax
             while mant >= 0x1000000:
                 mant >>= 1

@@ -48,15 +48,6 @@ def _zeros(n):
     return array("i", bytes(4 * n))
 
 
-# bits of a non-negative int; O(bits)
-def _bitlen(v):
-    n = 0
-    while v:
-        v >>= 1
-        n += 1
-    return n
-
-
 class QForward:
     # the integer forward pass over int8 weights and an int8 KV cache; all state made here
     def __init__(self, weights, cache, rope="absolute"):
@@ -109,7 +100,7 @@ class QForward:
         self.g_att = [j * d for j in range(L)]  # gains offset of rms_att[l]
         self.g_ffn = [(L + j) * d for j in range(L)]  # gains offset of rms_ffn[l]
         self.g_fin = 2 * L * d  # gains offset of rms_final
-        self.nb = min(15, (30 - _bitlen(d - 1)) // 2)  # bits per element in rmsnorm's sum of squares
+        self.nb = min(15, (30 - K.bitlen(d - 1)) // 2)  # bits per element in rmsnorm's sum of squares
         self.eps0 = int(d * _EPS * 4294967296.0 + 0.5)  # n * eps * 2**32
         self.sn = int(d ** 0.5 * 4096.0 + 0.5)  # sqrt(dim) * 2**12
         # tables (Q14 cos/sin, exp2, sigmoid)
@@ -155,7 +146,7 @@ class QForward:
         p[K.P_HD] = hd
         p[K.P_H2O] = 1 if self.h2o else 0
         p[K.P_ROT] = 1 if rope == "cache" else 0
-        p[K.P_KSH] = _bitlen(hd) + 5  # keeps hd * 2**13 * |rotated key| below 2**30
+        p[K.P_KSH] = K.bitlen(hd) + 5  # keeps hd * 2**13 * |rotated key| below 2**30
         p[K.P_RLEN] = slots
         self.layer_off = [t * 8 + layer * t * lay.layer_row for layer in range(L)]  # row of (layer, slot 0) in a block
         self.h = -1  # sequence of the step under way

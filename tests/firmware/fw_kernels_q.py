@@ -7,22 +7,12 @@
 import math
 from array import array
 
-from fwtest import check, eq, done
+from fwtest import check, eq, done, xorshift
 from firmware_py import compat
 from firmware_py import kernels_q as K
 
 VIPER = compat.IS_MICROPYTHON
-_seed = [0x2545F491]
-
-
-def rnd(n):
-    # xorshift32: an int in 0..n-1, the same on every interpreter
-    x = _seed[0]
-    x ^= (x << 13) & 0xFFFFFFFF
-    x ^= x >> 17
-    x ^= (x << 5) & 0xFFFFFFFF
-    _seed[0] = x
-    return x % n
+rnd = xorshift(0x2545F491)  # test inputs, the same on every interpreter
 
 
 def ints(n, lo, hi, extreme=False):
@@ -86,7 +76,7 @@ for lo, hi in ((-2 ** 30 + 1, 2 ** 30 - 1), (-2 ** 30, 2 ** 30), (-100, 100), (-
 for n, xlo in ((64, 2 ** 21), (172, 2 ** 26), (64, 300), (16, 2 ** 30 - 1)):
     x = ints(n, -xlo, xlo, n == 16)
     g = ints(n, -32767, 32767)
-    b = min(15, (30 - K._bitlen(n - 1)) // 2)
+    b = min(15, (30 - K.bitlen(n - 1)) // 2)
     eps0 = int(n * 1e-5 * 4294967296.0 + 0.5)
     sn = int(math.sqrt(n) * 4096 + 0.5)
     dv, dp = array("i", [0] * n), array("i", [0] * n)

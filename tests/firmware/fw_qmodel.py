@@ -8,7 +8,7 @@ import os
 import struct
 from array import array
 
-from fwtest import check, eq, raises, no_alloc, done
+from fwtest import check, eq, raises, no_alloc, done, xorshift
 from firmware_py import compat, kv, llama2c, pool, qmodel
 from firmware_py import kernels_q as K
 from firmware_py.status import E_FULL, E_RANGE, E_STALE
@@ -16,17 +16,7 @@ from firmware_py.status import E_FULL, E_RANGE, E_STALE
 D, HID, NL, NH, NKV, V, S = 16, 24, 2, 4, 2, 40, 64  # head_dim 4, kv_dim 8
 G = (16, 8, 16, 16, 16, 8, 12, 8)  # groups: token_embedding, wq, wk, wv, wo, w1, w2, w3
 TMP = "/tmp/kvrtos_fw_qmodel_%d.bin" % struct.unpack("<I", os.urandom(4))[0]
-_seed = [0x1234567]
-
-
-def rnd(n):
-    # xorshift32: an int in 0..n-1, the same on every interpreter
-    x = _seed[0]
-    x ^= (x << 13) & 0xFFFFFFFF
-    x ^= x >> 17
-    x ^= (x << 5) & 0xFFFFFFFF
-    _seed[0] = x
-    return x % n
+rnd = xorshift(0x1234567)  # test inputs, the same on every interpreter
 
 
 def write_model(path):

@@ -58,3 +58,19 @@ def no_alloc(what, fn):
 def done():
     # closing line that tests/test_firmware.py looks for
     print("PASS %d checks" % _n)
+
+
+# a seeded xorshift32 for test inputs: rng(n) is an int in 0..n-1, the same sequence on
+# every interpreter for the same seed
+def xorshift(seed):
+    state = [seed]
+
+    def rng(n):
+        x = state[0]
+        x ^= (x << 13) & 0xFFFFFFFF
+        x ^= x >> 17
+        x ^= (x << 5) & 0xFFFFFFFF
+        state[0] = x
+        return x % n
+
+    return rng
