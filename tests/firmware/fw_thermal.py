@@ -1,0 +1,93 @@
+# The thermal guard on the virtual clock: a ModelTemp driven by the kernel's measured
+# load crosses shrink_c (KV budgets shrink) and throttle_c (decode pauses after each
+# token), leaves each with hysteresis when the load stops, counts every change; the
+# per-sample path does not allocate.
+from fwtest import check, eq, raises, no_alloc, done
+from firmware_py.clock import VirtualClock
+from firmware_py.sched import Kernel
+from firmware_py.thermal import Guard, ModelTemp, ThermalError, NORMAL, SHRINK, SLOW
+
+# --- the model alone: constant load converges on ambient + rise * load ---
+clk = VirtualClock()
+m = ModelTemp(clk, ambient_c=25, rise_c=40, tau_us=10000000)
+eq(m.read_mc(), 25000, "starts at ambient")
+m.set_load(500)
+clk.charge(100000000)  # 10 tau
+t = m.read_mc()
+check(44500 <= t <= 45000, "10 tau at half load: within 0.5 C of 45 C (%d)" % t)
+m.set_load(0)
+clk.charge(10000000)  # 1 tau
+t1 = m.read_mc()
+check(31000 <= t1 <= 33000, "one tau of cooling covers ~63 %% of the way (%d)" % t1)
+raises(ThermalError, ModelTemp, clk, 25, 40, 10)
+raises(ThermalError, ModelTemp, clk, 25.0)
+
+# --- the guard in a kernel: busy 90 % -> hot -> SLOW; the load stops -> NORMAL ---
+clk = VirtualClock()
+k = Kernel(clock=clk, verbose=False)
+src = ModelTemp(clk, ambient_c=40, rise_c=60, tau_us=5000000)  # 90 % load -> 94 C
+g = Guard(k, src, throttle_c=85, shrink_c=65, hysteresis_c=3, period_us=250000)
+seen = []
+g.on_event = lambda st, mc: seen.append((st, mc // 1000))
+busy_on = [True]
+
+
+def busy():
+    while busy_on[0]:
+        k.charge(900)
+        yield k.sleep_us(100)
+
+
+def control():
+    yield k.sleep_us(60000000)  # one minute hot
+    hot = g.state
+    busy_on[0] = False
+    yield k.sleep_us(60000000)  # one minute idle
+    seen.append(("hot", hot))
+    k.stop()
+
+
+k.spawn("busy", 1, busy())
+k.spawn("guard", 3, g.task())
+k.spawn("control", 2, control())
+k.run()
+states = [s for s, _ in seen if s != "hot"]
+eq(states, [SHRINK, SLOW, SHRINK, NORMAL], "normal -> shrink -> slow, then back down in order")
+eq(seen[-1], ("hot", SLOW), "hot after a busy minute")
+check(seen[0][1] >= 65 and seen[1][1] >= 85, "each threshold crossed at or above it: %r" % seen)
+check(seen[2][1] < 85 - 3 + 1 and seen[3][1] < 65 - 3 + 1, "left only below the hysteresis: %r" % seen)
+eq(g.events, 4, "four state changes counted")
+eq((g.entered[SHRINK], g.entered[SLOW]), (2, 1), "entries per state")
+check(g.peak_mc >= 90000, "peak near 94 C (%d)" % g.peak_mc)
+eq(g.state, NORMAL, "cool again")
+
+# --- actions ---
+g.state = SHRINK
+eq(g.budget(512), 256, "shrink: half the KV budget")
+eq(g.pause_us(10000), 0, "shrink does not slow decode")
+g.state = SLOW
+eq(g.pause_us(10000), 10000, "slow: sleep as long as the token took")
+eq(g.budget(1), 1, "a budget never shrinks below one token")
+eq(g.budget(0), -5, "a zero budget is E_RANGE")
+eq(g.budget(3.0), -5, "a float budget is E_RANGE")
+g.state = NORMAL
+eq(g.budget(512), 512, "normal: the budget asked for")
+eq(g.pause_us(10000), 0, "normal: no pause")
+
+
+def per_sample():
+    g.sample()
+    g.budget(512)
+    g.pause_us(1000)
+    src.read_mc()
+
+
+g.on_event = None
+no_alloc("guard sample, budget, pause and the model's read", per_sample)
+
+# --- configuration mistakes: one-line errors ---
+raises(ThermalError, Guard, k, src, 85, 90)  # shrink above throttle
+raises(ThermalError, Guard, k, src, 85, 65, 3, 0)  # shrink_pct 0
+raises(ThermalError, Guard, k, src, 85, 65, 3, 50, 100, 10)  # period too short
+raises(ThermalError, Guard, k, src, 85.0)
+done()
