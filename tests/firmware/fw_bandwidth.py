@@ -1,0 +1,201 @@
+# The bandwidth tracker on the firmware interpreters: charge / charge_copy / move count
+# into the sliding window and the stats with the heap locked; admission blocks a task
+# under a VirtualClock kernel and wakes it at exactly the start of the bucket where the
+# window has room; counters carry on the 32-bit build; the cost model's integer figures.
+from array import array
+from fwtest import check, eq, raises, no_alloc, done
+from firmware_py import board, bandwidth as bwm
+from firmware_py.bandwidth import KV_READ, KV_WRITE, WEIGHTS, IO, K_READ, K_WRITE, K_DMA, K_LINE
+from firmware_py.clock import VirtualClock
+from firmware_py.sched import Kernel
+from firmware_py.status import OK, E_RANGE, E_FULL, CARRY_N
+
+# a two-tier board with the measured ESP32-S3 figures (docs/tiers.md)
+PROFILE = ('{"name":"t","title":"t","kind":"mcu","cpu":{"arch":"a","cores":2,"mhz":240},'
+           '"micropython_heap_bytes":300000,"mpy_arch":"xtensawin","firmware_reserved_bytes":0,'
+           '"memory":[{"name":"sram","kind":"sram","bytes":524288,"bandwidth_bytes_per_s":362000000,'
+           '"latency_ns":4,"dma":true,"source":"s"},'
+           '{"name":"psram","kind":"psram","bytes":8388608,"bandwidth_bytes_per_s":38600000,'
+           '"latency_ns":330,"dma":true,"source":"s"}],'
+           '"thermal":{"throttle_c":85},"source":"s"}')
+b = board.loads(PROFILE)
+clk = VirtualClock()
+k = Kernel(clk, max_tasks=4)
+bw = bwm.Bandwidth(b, kernel=k, window_us=16000, buckets=16)
+SR = bw.tier_id("sram")
+PS = bw.tier_id("psram")
+eq(bw.cap[PS], 38600000 * 16000 // 1000000, "psram moves 617,600 B per 16 ms window")
+audio = bw.add_category("audio")
+eq(audio, 5, "a user category follows the five built-ins")
+raises(bwm.BandwidthError, bw.add_category, "audio")
+raises(bwm.BandwidthError, bw.tier_id, "hbm")
+raises(bwm.BandwidthError, bw.set_budget, PS, KV_READ, 1001)
+bw.apply_preset("psram")
+eq(bw.budget[PS * bw.n_cat_max + KV_READ], 617600 * 400 // 1000, "preset: KV read 40 %")
+eq(bw.budget[PS * bw.n_cat_max + IO], 617600 * 50 // 1000, "preset: I/O 5 %")
+bw.set_budget(PS, audio, 100)
+
+# --- charge: counts now, refusals change nothing ---
+eq(bw.charge(PS, WEIGHTS, 1000), OK, "charge")
+eq(bw.window(PS, WEIGHTS), 1000, "in the window")
+eq(bw.charge(PS, 99, 1), E_RANGE, "no such category")
+eq(bw.charge(7, WEIGHTS, 1), E_RANGE, "no such tier")
+eq(bw.charge(PS, WEIGHTS, -1), E_RANGE, "negative bytes")
+eq(bw.charge(PS, WEIGHTS, 1.5), E_RANGE, "a float is refused")
+eq(bw.charge(PS, WEIGHTS, bwm.CHARGE_MAX + 1), E_RANGE, "over CHARGE_MAX")
+eq(bw.window(PS), 1000, "refusals changed nothing")
+eq(bw.charge_copy(PS, SR, KV_READ, 512), OK, "a copy is charged on both tiers")
+eq(bw.window(PS, KV_READ) + bw.window(SR, KV_READ), 1024, "512 on each tier")
+clk.charge(16000)
+eq(bw.window(PS), 0, "a window later everything has left it")
+eq(bw.report()["psram"]["all"]["bytes"], 1512, "totals keep it")
+
+# --- heap-locked: charge, charge_copy, move, wait_us, snapshot over many buckets ---
+snap = bw.new_snapshot()
+
+
+def charges():
+    for _ in range(300):
+        bw.charge(PS, WEIGHTS, 1024)
+        bw.charge_copy(PS, SR, KV_WRITE, 64)
+        bw.charge(PS, 99, 1)  # refused, still no allocation
+        bw.move(PS, K_READ, KV_READ, 256)
+        bw.move_copy(PS, SR, 1, IO, 32)
+        bw.wait_us(PS, IO, 100)
+        bw.cost_us(PS, K_LINE, 4096)
+        bw.cost_ns(SR, K_WRITE, 64)
+        bw.utilization(PS)
+        clk.charge(37)
+    bw.snapshot(snap)
+
+
+charges()
+no_alloc("300 x charge / charge_copy / move / move_copy / wait_us / cost / snapshot", charges)
+rep = bw.report()
+eq(rep["psram"]["weights"]["bytes"], 1000 + 600 * 1024, "every weights byte counted")
+eq(rep["psram"]["all"]["bytes"], rep["psram"]["weights"]["bytes"] + rep["psram"]["kv_write"]["bytes"]
+   + rep["psram"]["kv_read"]["bytes"] + rep["psram"]["io"]["bytes"], "tier total is the sum of its categories")
+eq(rep["sram"]["kv_write"]["bytes"], rep["psram"]["kv_write"]["bytes"], "copies count on both tiers")
+eq(rep["psram"]["kv_read"]["refused"], 0, "nothing refused in the loop")
+eq(rep["psram"]["weights"]["refused"], 3, "the three refused weights charges above are counted (-1, 1.5, too big)")
+check(rep["psram"]["all"]["busy_us"] > 0, "priced transfers keep the tier busy")
+o = (PS * (bw.n_cat + 1) + WEIGHTS) * bwm.NSNAP
+eq(snap[o + bwm.P_WINDOW], bw.window(PS, WEIGHTS), "snapshot row: window")
+eq(snap[o + bwm.P_BUDGET], bw.budget[PS * bw.n_cat_max + WEIGHTS], "snapshot row: budget")
+check(len(bw.lines()) >= 3, "report lines")
+
+# --- admission: a task over its budget sleeps until the window has room, exactly ---
+k2 = Kernel(VirtualClock(), max_tasks=4)
+bw2 = bwm.Bandwidth(b, kernel=k2, window_us=16000, buckets=16)
+bud = bw2.set_budget(PS, IO, 50)  # 30,880 B per window
+log = array("i", bytes(4 * 16))
+n_log = array("i", [0])
+
+
+def mover(n, rounds):
+    for _ in range(rounds):
+        rv = yield bw2.admit(PS, IO, n)
+        i = n_log[0]
+        log[i] = k2.now()
+        log[i + 1] = rv
+        n_log[0] = i + 2
+
+
+k2.spawn("io", 1, mover(20000, 3))
+k2.run()
+eq(n_log[0], 6, "three admissions")
+eq(log[0], 0, "the first fits at once")
+eq(log[2], 16000, "the second waits until the first bucket leaves the window")
+eq(log[4], 32000, "the third one window later")
+eq(log[1] + log[3] + log[5], 0, "each resumes with OK")
+r = bw2.report()["psram"]["io"]
+eq(r["waits"], 2, "two throttled waits")
+eq(r["wait_us"], 32000, "throttled time adds up")
+
+
+def refused():
+    rv = yield bw2.admit(PS, IO, bud + 1)
+    log[0] = rv
+    rv = yield bw2.admit(PS, 99, 1)
+    log[1] = rv
+
+
+k2.spawn("big", 1, refused())
+k2.run()
+eq(log[0], E_RANGE, "a request over the whole budget is refused (the caller splits it)")
+eq(log[1], E_RANGE, "no such category")
+
+# heap-locked admission: two tasks contend for one category, clocked by the kernel
+k3 = Kernel(VirtualClock(), max_tasks=4)
+bw3 = bwm.Bandwidth(b, kernel=k3, window_us=16000, buckets=16)
+bw3.set_budget(PS, KV_READ, 10)  # 6,176 B per window
+done_n = array("i", [0])
+
+
+def reader(n):
+    while True:
+        rv = yield bw3.admit(PS, KV_READ, n)
+        if rv == OK:
+            done_n[0] += 1
+        k3.charge(100)
+
+
+def stopper(n):
+    while True:
+        for _ in range(n):
+            yield k3.sleep_us(1000)
+        k3.stop()
+
+
+k3.spawn("r1", 1, reader(3000))
+k3.spawn("r2", 1, reader(2000))
+k3.spawn("stop", 2, stopper(200))
+k3.run()
+no_alloc("admission blocking and waking (2 readers, 200 ms)", k3.run)
+r = bw3.report()["psram"]["kv_read"]
+check(r["waits"] > 0, "readers were throttled: %d waits" % r["waits"])
+check(r["peak"] <= bw3.budget[PS * bw3.n_cat_max + KV_READ], "admitted traffic never exceeds the budget in a window")
+eq(done_n[0], 50, "one 3,000 + 2,000 B pair per 16 ms window of 6,176 B: 25 windows in 400 ms")
+
+# --- E_FULL past the horizon: a category booked a whole window ahead ---
+k4 = Kernel(VirtualClock(), max_tasks=8)
+bw4 = bwm.Bandwidth(b, kernel=k4, window_us=16000, buckets=16, horizon=1)
+bw4.set_budget(PS, IO, 50)
+got = []
+
+
+def hog(n):
+    got.append((yield bw4.admit(PS, IO, n)))
+
+
+for _ in range(4):
+    k4.spawn("h", 1, hog(30000))
+k4.run()
+eq(sorted(got), [E_FULL, E_FULL, OK, OK], "two fit (now, one window on), two are past the horizon")
+
+# --- counters carry on the 32-bit build ---
+k5 = Kernel(VirtualClock(), max_tasks=2)
+bw5 = bwm.Bandwidth(b, kernel=k5, window_us=16000, buckets=16)
+for _ in range(70):
+    bw5.charge(SR, WEIGHTS, bwm.CHARGE_MAX)
+    k5.clock.charge(16000)
+s = (SR * (bw5.n_cat_max + 1) + WEIGHTS) * bwm.NSTAT
+eq(bw5.st[s + bwm.S_BYTES_G] * CARRY_N + bw5.st[s + bwm.S_BYTES], 70 * bwm.CHARGE_MAX, "bytes carry past 2**30")
+check(bw5.st[s + bwm.S_BYTES] < CARRY_N, "low part below CARRY_N")
+
+# --- cost model: integer figures from the profile ---
+eq(bw.cost_us(PS, K_READ, 100000), 100000 * 1000000 // 38600000, "100 KB from PSRAM at 38.6 MB/s: 2,590 us")
+eq(bw.cost_us(SR, K_READ, 0), 0, "nothing costs nothing")
+eq(bw.cost_us(PS, 9, 10), E_RANGE, "no such kind")
+eq(bw.copy_us(PS, SR, 0, 100000), bw.cost_us(PS, K_READ, 100000), "PSRAM to SRAM: the PSRAM side sets the pace")
+eq(bw.copy_us(PS, PS, 0, 1000), bw.cost_us(PS, K_READ, 1000) + bw.cost_us(PS, K_WRITE, 1000), "one tier: read + write")
+check(bw.cost_us(PS, K_DMA, bwm.CHARGE_MAX) > 0, "the largest transfer prices without overflow")
+
+# --- contention: a transfer that starts while the tier is busy finishes later ---
+k6 = Kernel(VirtualClock(), max_tasks=2)
+bw6 = bwm.Bandwidth(b, kernel=k6)
+a = bw6.occupy(PS, K_DMA, 51000)
+c = bw6.occupy(PS, K_READ, 3860)
+eq(c, a + bw6.cost_us(PS, K_READ, 3860), "the CPU read waits for the DMA in flight")
+eq(bw6.report()["psram"]["all"]["stalls"], 1, "one stall counted")
+done()
