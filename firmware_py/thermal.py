@@ -31,7 +31,7 @@ SHRINK = const(1)  # at or above shrink_c: smaller KV budgets
 SLOW = const(2)  # at or above throttle_c: smaller KV budgets and slower decode
 STATE_NAMES = ("normal", "shrink", "slow")
 
-# ModelTemp defaults, estimates (docs/tiers.md, "Thermal guard"): 25 °C ambient, a die
+# ModelTemp defaults, estimates (docs/thermal.md): 25 °C ambient, a die
 # 45 °C above ambient at full load (an ESP32-S3 module in free air, no heat sink), and a
 # 30 s time constant (a small module's copper and package)
 AMBIENT_C = const(25)
