@@ -1,0 +1,283 @@
+# Telemetry frames on the board's interpreters: the CRC-32 and COBS match their
+# published vectors; a decode-like run on the kernel (VirtualClock) sends a layout
+# frame, periodic frames within the byte budget, event and text frames, every one a
+# valid COBS run whose CRC checks; periods the task slept through and frames the link
+# could not carry are skipped and counted; commands are read back; and the steady
+# state (tick, the telemetry task on the kernel, counters, events, text) allocates
+# nothing with the heap locked. The last line before PASS is a digest of the bytes
+# sent, the same on every interpreter (tests/test_telemetry.py compares them).
+from array import array
+
+from fwtest import check, eq, no_alloc, done
+from firmware_py import kv, pool, telemetry as tm
+from firmware_py.clock import VirtualClock
+from firmware_py.sched import Kernel
+
+# --- the CRC and COBS against their published vectors ---
+eq(tm.crc32(b"123456789"), 0xCBF43926, "CRC-32 check value of '123456789' (zlib's)")
+eq(tm.crc32(b""), 0, "CRC-32 of nothing")
+
+
+def cobs(data):
+    out = bytearray(tm.wire_len(len(data)) + 4)
+    n = tm.cobs_encode(data, len(data), out)
+    return bytes(out[:n])
+
+
+eq(cobs(b"\x00"), b"\x00\x01\x01\x00", "COBS of 00 (wikipedia example 1)")
+eq(cobs(b"\x00\x00"), b"\x00\x01\x01\x01\x00", "COBS of 00 00")
+eq(cobs(b"\x11\x22\x00\x33"), b"\x00\x03\x11\x22\x02\x33\x00", "COBS of 11 22 00 33")
+eq(cobs(b"\x11\x00\x00\x00"), b"\x00\x02\x11\x01\x01\x01\x00", "COBS of 11 00 00 00")
+big = bytes(range(1, 256))  # 01..FF: a full 254-byte group, then one more byte
+eq(cobs(big), b"\x00\xff" + bytes(range(1, 255)) + b"\x02\xff\x00", "COBS of 01..FF")
+
+
+def uncobs(run):
+    # the decoded bytes of one run between delimiters, or None
+    out = bytearray()
+    i = 0
+    while i < len(run):
+        code = run[i]
+        if code == 0 or i + code > len(run):
+            return None
+        out.extend(run[i + 1:i + code])
+        i += code
+        if code < 0xFF and i < len(run):
+            out.append(0)
+    return out
+
+
+def frames(data, n):
+    # [(type, seq, ms, body, wire length)] of the frames in data[:n]; every run between
+    # two 0x00 bytes must be a good frame (nothing else was written)
+    out = []
+    i = 0
+    while i < n:
+        check(data[i] == 0, "a frame starts with 0x00 at %d" % i)
+        j = i + 1
+        while data[j] != 0:
+            j += 1
+        run = bytes(data[i + 1:j])
+        pay = uncobs(run)
+        check(pay is not None and len(pay) >= tm.HDR + 4, "valid COBS run at %d" % i)
+        p = len(pay) - 4
+        eq(tm.crc32(pay, 0, p), pay[p] | pay[p + 1] << 8 | pay[p + 2] << 16 | pay[p + 3] << 24, "CRC of frame at %d" % i)
+        eq((pay[0], pay[1]), (tm.MAGIC, tm.PROTO), "magic and version")
+        out.append((pay[2], pay[3] | pay[4] << 8, pay[5] | pay[6] << 8 | pay[7] << 16 | pay[8] << 24,
+                    bytes(pay[tm.HDR:p]), j + 1 - i))
+        i = j + 1
+    return out
+
+
+def records(body):
+    out = []
+    i = 0
+    while i < len(body):
+        rid, n = body[i], body[i + 1]
+        vals = []
+        j = i + 2
+        while j < i + 2 + n:
+            v, j = tm.get_varint(body, j)
+            vals.append(v)
+        out.append((rid, vals))
+        i += 2 + n
+    return out
+
+
+# --- a capture link that allocates nothing ---
+CAP = bytearray(120000)
+capn = array("i", [0])
+
+
+def link(buf, n):
+    o = capn[0]
+    if o + n <= len(CAP):
+        for i in range(n):
+            CAP[o + i] = buf[i]
+        capn[0] = o + n
+
+
+# --- a decode-like run: a task appends a KV row per token, queues its text ---
+lay = kv.Layout(2, 2, 8, "int8")
+p = pool.Pool(lay.block_bytes, 12)
+c = kv.KVCache(p, lay, max_seqs=2)
+h = c.open(p.add_region(12), "sinks", 64, 4)
+clk = VirtualClock()
+k = Kernel(clk, max_tasks=6, verbose=False)
+t = tm.Telemetry(link, kernel=k, pool=p, cache=c, heap=False, meta={"model": "fw-test", "policy": "sinks"})
+eq(t.frame_max, 115, "periodic budget: a tenth of 115,200 baud at 10 Hz")
+eq(t.watch_seq(h, 64), 0, "the sequence is watched in slot 0")
+row = bytearray(lay.row_bytes)
+PIECE = b"tok "
+state = array("i", [0, 0])  # tokens to make, stop after
+
+
+def decoder(k):
+    while True:
+        if state[0] > 0:
+            state[0] -= 1
+            c.append(h, row)
+            t.tokens += 1
+            t.text(PIECE)
+            k.charge(15000)  # a 15 ms token
+        yield
+        if state[1] and t.tokens >= state[1]:
+            k.stop()
+
+
+def idler(k):
+    while True:
+        yield k.sleep_us(30000)
+
+
+k.spawn("telemetry", 3, t.task(k))
+k.spawn("decode", 1, decoder(k))
+k.spawn("idle", 2, idler(k), deadline_us=100000)
+state[0] = 40
+state[1] = 40
+k.run(for_us=5000000)
+eq(t.tokens, 40, "40 tokens made")
+k.run(for_us=300000)  # the rest of the text goes out
+fs = frames(CAP, capn[0])
+kinds = [f[0] for f in fs]
+eq(kinds[0], tm.T_LAYOUT, "the layout frame goes first")
+lay_text = fs[0][3].decode()
+check("task.0=telemetry" in lay_text and "task.1=decode" in lay_text, "the layout names the tasks")
+check("kv.kv_bytes_per_token=%d" % lay.kv_bytes_per_token in lay_text, "the layout gives the KV bytes per token")
+check("rec.6=task:slot,state,prio,run_ms" in lay_text, "the layout gives the record fields")
+eq([f[1] for f in fs], list(range(len(fs))), "sequence numbers count every frame sent")
+per = [f for f in fs if f[0] == tm.T_PERIODIC]
+check(len(per) >= 6, "periodic frames sent: %d" % len(per))
+check(max(f[4] for f in per) <= 115, "every periodic frame within 115 wire bytes (max %d)" % max(f[4] for f in per))
+eq(max(f[4] for f in per), t.periodic_max, "periodic_max is the largest periodic frame sent")
+text = b"".join(f[3][1:] for f in fs if f[0] == tm.T_TEXT)
+eq(text, PIECE * 40, "the text frames carry every piece, in order")
+last = records(per[-1][3])
+core = [v for r, v in last if r == tm.R_CORE][0]
+eq(core[0], 40, "core record: tokens")
+seqr = [v for r, v in last if r == tm.R_SEQ][0]
+eq(seqr[:4], [0, 40, 40, 64], "seq record: slot, length, cached, cap")
+eq(seqr[4], c.blocks_of(h), "seq record: blocks")
+seen = set()
+for f in per:
+    for r, v in records(f[3]):
+        seen.add(r if r != tm.R_TASK else 100 + v[0])
+check(tm.R_KERNEL in seen and 100 in seen and 101 in seen and 102 in seen, "kernel and every task row rotated in: %r" % sorted(seen))
+times = [f[2] for f in per]
+check(times == sorted(times), "board time never goes back")
+
+# --- events: eviction (a sinks ring past its budget), deadline miss, fault ---
+capn[0] = 0
+state[0] = 40  # 80 tokens: past the budget of 64, the ring evicts
+state[1] = 80
+
+
+def hog(k):
+    k.charge(450000)  # 450 ms without yielding: the idle task misses its 100 ms deadline
+    yield
+    raise ValueError("boom")
+
+
+k.spawn("hog", 2, hog(k))
+k.run(for_us=5000000)
+k.run(for_us=300000)
+fs = frames(CAP, capn[0])
+evs = []
+for f in fs:
+    if f[0] == tm.T_EVENT:
+        for code, v in records(f[3]):
+            evs.append((code, [tm_unzig for tm_unzig in v]))
+codes = [e[0] for e in evs]
+check(tm.EV_EVICT in codes, "an eviction event: %r" % codes)
+check(tm.EV_WATERMARK in codes, "a watermark event")
+check(tm.EV_MISS in codes, "a deadline-miss event")
+check(tm.EV_FAULT in codes, "a fault event")
+check(any(f[0] == tm.T_LAYOUT for f in fs), "the layout is sent again when a new task appears")
+check(t.skipped >= 3, "periods slept through by the hog are skipped and counted: %d" % t.skipped)
+last = records([f for f in fs if f[0] == tm.T_PERIODIC][-1][3])
+core = [v for r, v in last if r == tm.R_CORE][0]
+eq(core[3], t.skipped, "the skipped count travels in the core record")
+
+# --- a link too slow for the frames: skipped, counted, the run never waits ---
+capn[0] = 0
+slow = tm.Telemetry(link, clock=clk, link_bps=300, pool=p, cache=c, heap=False)
+slow.watch_seq(h, 64)
+for _ in range(200):
+    clk.charge(100000)
+    slow.tick()
+check(slow.skipped >= 20, "a 300 B/s link cannot carry 10 frames/s: %d of 200 skipped" % slow.skipped)
+check(slow.sent_bytes <= 300 * 20 + slow.credit_cap, "never more than the link carried in 20 s (+ the boot credit)")
+
+# --- commands: hex-coded frames, read back; garbage and a bad CRC refused ---
+got = []
+rd = tm.CommandReader(lambda ft, body, seq: got.append((ft, body, seq)))
+cmd = tm.encode_command(tm.T_CMD_PROMPT, b"\x10Once upon a time", 7)
+for b in cmd:
+    check(b == 0 or 0x30 <= b <= 0x66, "a command's wire bytes are 0x00 and hex digits only")
+rd.feed(b"print('hi')\r\n" + cmd + b"\x00junk\x00" + tm.encode_command(tm.T_CMD_STOP, b"", 8))
+rd.byte(0)
+eq(got, [(tm.T_CMD_PROMPT, b"\x10Once upon a time", 7), (tm.T_CMD_STOP, b"", 8)], "two commands read back")
+bad = bytearray(tm.encode_command(tm.T_CMD_STOP, b"", 9))
+bad[5] = 0x30 if bad[5] != 0x30 else 0x31
+rd.feed(bad)
+rd.byte(0)
+eq(len(got), 2, "a damaged command is refused")
+check(rd.corrupt >= 1, "and counted")
+
+# --- the steady state allocates nothing ---
+capn[0] = 0
+N = 50
+
+
+def ticks():
+    for _ in range(N):
+        clk.charge(100000)
+        c.append(h, row)
+        t.tokens += 1
+        t.text(PIECE)
+        t.event(tm.EV_REFUSED, -2, 1, 3)
+        t.tick()
+
+
+ticks()  # once unlocked: first-time paths
+capn[0] = 0
+no_alloc("%d telemetry ticks (periodic, event and text frames) with counters, KV appends and text" % N, ticks)
+check(capn[0] > 0, "frames were written under the lock")
+for f in frames(CAP, capn[0]):
+    check(f[4] <= 115 or f[0] != tm.T_PERIODIC, "periodic frame within budget under the lock")
+state[0] = 1000
+state[1] = t.tokens + 60
+k.run(for_us=2000000)
+state[1] = t.tokens + 60
+capn[0] = 0
+no_alloc("the telemetry task on the kernel beside a decode task (60 tokens)", lambda: k.run(for_us=5000000))
+check(capn[0] > 0, "the task sent frames under the lock")
+state[0] = 0
+
+# --- the same bytes on every interpreter: a fresh deterministic run ---
+capn[0] = 0
+lay2 = kv.Layout(2, 2, 8, "fp32")
+p2 = pool.Pool(lay2.block_bytes, 8)
+c2 = kv.KVCache(p2, lay2, max_seqs=1)
+h2 = c2.open(p2.add_region(8), "window", 40)
+clk2 = VirtualClock()
+k2 = Kernel(clk2, max_tasks=4, verbose=False)
+t2 = tm.Telemetry(link, kernel=k2, pool=p2, cache=c2, heap=False, meta={"model": "digest"})
+t2.watch_seq(h2, 40)
+row2 = bytearray(lay2.row_bytes)
+
+
+def dec2(k):
+    for _ in range(60):
+        c2.append(h2, row2)
+        t2.tokens += 1
+        t2.text(b"ab")
+        k.charge(20000)
+        yield
+
+
+k2.spawn("telemetry", 2, t2.task(k2))
+k2.spawn("decode", 1, dec2(k2))
+k2.run(for_us=2000000)
+print("digest %08x %d" % (tm.crc32(CAP, 0, capn[0]), capn[0]))
+done()
