@@ -41,8 +41,9 @@ K_READ = const(0)  # CPU sequential read (memcpy out of the tier)
 K_WRITE = const(1)  # CPU sequential write (memcpy into the tier)
 K_DMA = const(2)  # the DMA engine (GDMA) reads or writes the tier
 K_LINE = const(3)  # CPU reads by cache line (scattered rows: one miss per line)
-N_KINDS = const(4)
-KIND_NAMES = ("read", "write", "dma", "line")
+K_COPY = const(4)  # CPU copy within the tier (both ends on it)
+N_KINDS = const(5)
+KIND_NAMES = ("read", "write", "dma", "line", "copy")
 
 # the source documents' split of a tier's bandwidth (permille of the tier's bandwidth)
 PRESET_SPLIT = ((KV_READ, 400), (KV_WRITE, 250), (WEIGHTS, 300), (IO, 50))
@@ -88,7 +89,8 @@ SNAP_FIELDS = ("window", "util_permille", "peak", "peak_permille", "budget", "by
                "waits", "wait_us", "wait_s", "refused", "busy_us", "busy_s", "stalls", "stall_us", "stall_s")
 
 _US_PER_S = const(1000000)
-_QK_MAX = const(0x100000)  # ns per KiB at most (a tier slower than ~1 MB/s is refused)
+_QK_MAX = const(0x100000)  # ns per KiB at most on the fast path (tiers of ~1 MB/s and up)
+_QB_MAX = const(64000)  # ns per byte at most on the slow path (tiers of 15.6 kB/s and up)
 
 
 class BandwidthError(ValueError):
@@ -100,14 +102,18 @@ def _is_int(x):
     return x.__class__ is int
 
 
-def _qk(bps, what):
-    # ns per KiB for bps bytes/s, rounded; configuration time (big ints allowed)
+def _coef(bps, what):
+    # (coefficient, slow) for bps bytes/s: ns per KiB, rounded (slow 0), or for tiers
+    # under ~1 MB/s ns per byte (slow 1); configuration time (big ints allowed)
     if not _is_int(bps) or bps < 1:
         raise BandwidthError("%s: bytes per second must be a positive integer, got %r" % (what, bps))
     q = (1024 * 1000000000 + bps // 2) // bps
-    if q > _QK_MAX:
-        raise BandwidthError("%s: %d bytes/s is below the 1 MB/s the cost model supports" % (what, bps))
-    return max(q, 1)
+    if q <= _QK_MAX:
+        return max(q, 1), 0
+    q = (1000000000 + bps // 2) // bps
+    if q > _QB_MAX:
+        raise BandwidthError("%s: %d bytes/s is below the 15.6 kB/s the cost model supports" % (what, bps))
+    return q, 1
 
 
 class CostModel:
@@ -118,7 +124,8 @@ class CostModel:
         nt = len(tiers)
         self.n_tiers = nt
         self.names = [t.name for t in tiers]  # tier id -> name
-        self.qk = array("i", bytes(4 * nt * N_KINDS))  # [tier * N_KINDS + kind] ns per KiB (K_LINE: the stream part)
+        self.qk = array("i", bytes(4 * nt * N_KINDS))  # [tier * N_KINDS + kind] ns per KiB, or per byte when slow
+        self.slow = array("i", bytes(4 * nt * N_KINDS))  # [tier * N_KINDS + kind] 1: qk is ns per byte (a slow figure)
         self.lat = array("i", bytes(4 * nt))  # first-access latency per transfer, ns
         self.line_bytes = array("i", bytes(4 * nt))  # cache line, bytes
         self.line_ns = array("i", bytes(4 * nt))  # one line read: miss latency + its bytes at the stream rate, ns
@@ -126,17 +133,22 @@ class CostModel:
         for i, t in enumerate(tiers):
             c = _tier_costs(t)
             where = "board %s: tier %s" % (board.name, t.name)
-            self.qk[i * N_KINDS + K_READ] = _qk(c["read_bytes_per_s"], where + ": read_bytes_per_s")
-            self.qk[i * N_KINDS + K_WRITE] = _qk(c["write_bytes_per_s"], where + ": write_bytes_per_s")
-            dma = c["dma_bytes_per_s"]
-            self.has_dma[i] = 1 if dma else 0
-            self.qk[i * N_KINDS + K_DMA] = _qk(dma, where + ": dma_bytes_per_s") if dma else 0
-            q = _qk(c["line_stream_bytes_per_s"], where + ": line_stream_bytes_per_s")
-            self.qk[i * N_KINDS + K_LINE] = q
+            for kind, field in ((K_READ, "read_bytes_per_s"), (K_WRITE, "write_bytes_per_s"),
+                                (K_COPY, "copy_bytes_per_s"), (K_DMA, "dma_bytes_per_s")):
+                v = c[field]
+                if kind == K_DMA and not v:
+                    continue  # no DMA engine: qk stays 0, cost_* refuse K_DMA
+                q, slow = _coef(v, where + ": " + field)
+                self.qk[i * N_KINDS + kind] = q
+                self.slow[i * N_KINDS + kind] = slow
+            self.has_dma[i] = 1 if c["dma_bytes_per_s"] else 0
             lb = c["line_bytes"]
             self.line_bytes[i] = lb
-            self.line_ns[i] = c["line_ns"] + (lb * q + 512) // 1024
+            # one line: its miss latency plus its bytes at the stream rate (config time: big ints allowed)
+            self.line_ns[i] = c["line_ns"] + (lb * 1000000000 + c["line_stream_bytes_per_s"] // 2) // c["line_stream_bytes_per_s"]
             self.lat[i] = c["latency_ns"]
+            if self.line_ns[i] < 1 or self.line_ns[i] > 1000000:
+                raise BandwidthError("%s: a cache line costs %d ns: outside 1..10**6" % (where, self.line_ns[i]))
 
     # ns to move n bytes on tier by kind (K_*): latency + n at the kind's rate (K_LINE:
     # whole lines); 0 for n == 0; E_RANGE for a bad argument, a kind the tier has not (DMA
@@ -154,9 +166,14 @@ class CostModel:
             if lines > (INT_MAX >> 1) // c:
                 return E_RANGE
             return lines * c
-        q = self.qk[tier * N_KINDS + kind]
+        i = tier * N_KINDS + kind
+        q = self.qk[i]
         if q == 0:
             return E_RANGE
+        if self.slow[i]:
+            if n > (INT_MAX >> 1) // q:
+                return E_RANGE
+            return n * q + self.lat[tier]
         kib = n >> 10
         if kib > (INT_MAX >> 1) // q:
             return E_RANGE
@@ -175,19 +192,28 @@ class CostModel:
             lines = (n + self.line_bytes[tier] - 1) // self.line_bytes[tier]
             c = self.line_ns[tier]
             return (lines // 1000) * c + ((lines % 1000) * c) // 1000
-        q = self.qk[tier * N_KINDS + kind]
+        i = tier * N_KINDS + kind
+        q = self.qk[i]
         if q == 0:
             return E_RANGE
+        if self.slow[i]:  # q ns per byte, <= 64,000: (n // 1000) * q < 2**30 for n <= CHARGE_MAX
+            return (n // 1000) * q + ((n % 1000) * q + self.lat[tier]) // 1000
         kib = n >> 10
         return (kib // 1000) * q + ((kib % 1000) * q + (((n & 1023) * q) >> 10) + self.lat[tier]) // 1000
 
     # µs to copy n bytes from tier src to tier dst, by the CPU (dma=0) or by DMA (dma=1).
     # Two tiers: the slower side sets the pace (the profile's read figure of the source
-    # and write figure of the destination are each measured as copies to / from SRAM).
-    # One tier: read and write share its bus, so their costs add. E_RANGE as cost_us
+    # and write figure of the destination are each measured as copies from / to SRAM;
+    # by DMA, each tier's DMA figure). One tier: its copy figure (CPU), or its DMA cost
+    # twice (DMA: read and write share the tier). E_RANGE as cost_us
     def copy_us(self, src, dst, dma, n):
         if dma.__class__ is not int and dma.__class__ is not bool:
             return E_RANGE
+        if src == dst and _is_int(src):
+            if dma:
+                a = self.cost_us(src, K_DMA, n)
+                return a if a < 0 else 2 * a
+            return self.cost_us(src, K_COPY, n)
         if dma:
             a = self.cost_us(src, K_DMA, n)
             b = self.cost_us(dst, K_DMA, n)
@@ -196,8 +222,6 @@ class CostModel:
             b = self.cost_us(dst, K_WRITE, n)
         if a < 0 or b < 0:
             return E_RANGE
-        if src == dst:
-            return a + b
         return a if a > b else b
 
 
@@ -206,11 +230,14 @@ def _tier_costs(t):
     # sources it), else derived from its bandwidth and latency (profiles without one)
     c = getattr(t, "cost", None)
     if c is not None:
-        return c.values()
-    bw = t.bandwidth
-    return {"read_bytes_per_s": bw, "write_bytes_per_s": bw, "dma_bytes_per_s": bw if t.dma else 0,
-            "line_bytes": 32, "line_ns": t.latency_ns, "line_stream_bytes_per_s": bw,
-            "latency_ns": t.latency_ns}
+        d = dict(c.values())
+    else:
+        bw = t.bandwidth
+        d = {"read_bytes_per_s": bw, "write_bytes_per_s": bw, "copy_bytes_per_s": max(1, bw // 2),
+             "dma_bytes_per_s": bw if t.dma else 0, "line_bytes": 32, "line_ns": t.latency_ns,
+             "line_stream_bytes_per_s": bw}
+    d["latency_ns"] = t.latency_ns
+    return d
 
 
 class Bandwidth(CostModel):

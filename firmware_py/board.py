@@ -32,10 +32,13 @@ class Tier:
         self.latency_ns = _int(d, "latency_ns", where, path, 0)  # first-access latency, ns
         self.dma = _bool(d, "dma", where, path)  # True when a DMA engine can move it
         self.source = _str(d, "source", where, path)  # citation; "estimate: ..." when estimated
+        self.cost = None  # TierCost: what moving bytes here costs (docs/tiers.md); None: derived from bandwidth
+        if "cost" in d:
+            self.cost = TierCost(d["cost"], self, where, path + "cost")
 
     def to_dict(self):
         # the JSON form this tier was loaded from
-        return {
+        d = {
             "name": self.name,
             "kind": self.kind,
             "bytes": self.bytes,
@@ -44,6 +47,57 @@ class Tier:
             "dma": self.dma,
             "source": self.source,
         }
+        if self.cost is not None:
+            d["cost"] = self.cost.to_dict()
+        return d
+
+
+# a tier's cost figures (docs/tiers.md): each is {"value": int, "source": "..."}; a source
+# starting "estimate" marks an estimate. (name, minimum value)
+COST_FIELDS = (
+    ("read_bytes_per_s", 1),  # CPU copy out of this tier into SRAM (SRAM itself: SRAM to SRAM)
+    ("write_bytes_per_s", 1),  # CPU copy from SRAM into this tier
+    ("copy_bytes_per_s", 1),  # CPU copy within this tier (both ends here)
+    ("dma_bytes_per_s", 0),  # the DMA engine to or from this tier; 0 when it has none (dma false)
+    ("line_bytes", 4),  # cache line of scattered reads, bytes (a power of two)
+    ("line_ns", 0),  # miss latency per line, ns
+    ("line_stream_bytes_per_s", 1),  # rate at which a line's bytes then arrive
+)
+
+
+class TierCost:
+    # the cost block of one memory tier, validated: every figure an integer with a source
+    def __init__(self, d, tier, where, path):
+        if not isinstance(d, dict):
+            raise BoardError(where, path, "expected an object of cost figures")
+        self.value = {}  # field -> int
+        self.source = {}  # field -> citation ("estimate: ..." when estimated)
+        for name, lo in COST_FIELDS:
+            f = _obj(d, name, where, path + ".")
+            self.value[name] = _int(f, "value", where, path + "." + name + ".", lo)
+            self.source[name] = _str(f, "source", where, path + "." + name + ".")
+        for k in d:
+            if k not in self.value:
+                raise BoardError(where, path + "." + k, "unknown cost field (known: %s)" % ", ".join(n for n, _ in COST_FIELDS))
+        lb = self.value["line_bytes"]
+        if lb & (lb - 1):
+            raise BoardError(where, path + ".line_bytes.value", "must be a power of two")
+        if tier.dma and self.value["dma_bytes_per_s"] < 1:
+            raise BoardError(where, path + ".dma_bytes_per_s.value", "tier has dma true: must be at least 1")
+        if not tier.dma and self.value["dma_bytes_per_s"]:
+            raise BoardError(where, path + ".dma_bytes_per_s.value", "tier has dma false: must be 0")
+
+    def values(self):
+        # the figures as {field: int}
+        return self.value
+
+    def estimated(self, name):
+        # True when the figure's source says it is an estimate
+        return self.source[name].startswith("estimate")
+
+    def to_dict(self):
+        # the JSON form this block was loaded from
+        return {n: {"value": self.value[n], "source": self.source[n]} for n, _ in COST_FIELDS}
 
 
 class Board:

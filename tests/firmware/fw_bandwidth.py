@@ -14,11 +14,23 @@ from firmware_py.status import OK, E_RANGE, E_FULL, CARRY_N
 PROFILE = ('{"name":"t","title":"t","kind":"mcu","cpu":{"arch":"a","cores":2,"mhz":240},'
            '"micropython_heap_bytes":300000,"mpy_arch":"xtensawin","firmware_reserved_bytes":0,'
            '"memory":[{"name":"sram","kind":"sram","bytes":524288,"bandwidth_bytes_per_s":362000000,'
-           '"latency_ns":4,"dma":true,"source":"s"},'
+           '"latency_ns":4,"dma":true,"source":"s","cost":%s},'
            '{"name":"psram","kind":"psram","bytes":8388608,"bandwidth_bytes_per_s":38600000,'
-           '"latency_ns":330,"dma":true,"source":"s"}],'
+           '"latency_ns":330,"dma":true,"source":"s","cost":%s}],'
            '"thermal":{"throttle_c":85},"source":"s"}')
+COST = ('{"read_bytes_per_s":{"value":%d,"source":"m"},"write_bytes_per_s":{"value":%d,"source":"m"},'
+        '"copy_bytes_per_s":{"value":%d,"source":"m"},"dma_bytes_per_s":{"value":%d,"source":"m"},'
+        '"line_bytes":{"value":%d,"source":"m"},"line_ns":{"value":%d,"source":"fit"},'
+        '"line_stream_bytes_per_s":{"value":%d,"source":"fit"}}')
+PROFILE = PROFILE % (COST % (362000000, 362000000, 362000000, 362000000, 4, 4, 362000000),
+                     COST % (38600000, 56700000, 22300000, 51000000, 32, 330, 147000000))
 b = board.loads(PROFILE)
+eq(b.tier("psram").cost.values()["write_bytes_per_s"], 56700000, "cost block parsed")
+e = raises(board.BoardError, board.loads, PROFILE.replace('"line_bytes":{"value":32', '"line_bytes":{"value":33'), "c.json")
+check("c.json: memory[1].cost.line_bytes.value: must be a power of two" == str(e), "one line naming the field: " + str(e))
+e = raises(board.BoardError, board.loads, PROFILE.replace('"copy_bytes_per_s":{"value":22300000,"source":"m"}',
+                                                          '"copy_bytes_per_s":{"value":22300000}'), "c.json")
+check("c.json: memory[1].cost.copy_bytes_per_s.source: missing" == str(e), "a figure without a source: " + str(e))
 clk = VirtualClock()
 k = Kernel(clk, max_tasks=4)
 bw = bwm.Bandwidth(b, kernel=k, window_us=16000, buckets=16)
@@ -184,11 +196,22 @@ eq(bw5.st[s + bwm.S_BYTES_G] * CARRY_N + bw5.st[s + bwm.S_BYTES], 70 * bwm.CHARG
 check(bw5.st[s + bwm.S_BYTES] < CARRY_N, "low part below CARRY_N")
 
 # --- cost model: integer figures from the profile ---
-eq(bw.cost_us(PS, K_READ, 100000), 100000 * 1000000 // 38600000, "100 KB from PSRAM at 38.6 MB/s: 2,590 us")
+
+
+def near(got, want, what):
+    # within 1 us: the coefficients are whole ns per KiB
+    check(abs(got - want) <= 1, "%s: got %r, want %r" % (what, got, want))
+
+
+near(bw.cost_us(PS, K_READ, 100000), 100000 * 1000000 // 38600000, "100 KB from PSRAM at 38.6 MB/s: 2,590 us")
 eq(bw.cost_us(SR, K_READ, 0), 0, "nothing costs nothing")
 eq(bw.cost_us(PS, 9, 10), E_RANGE, "no such kind")
 eq(bw.copy_us(PS, SR, 0, 100000), bw.cost_us(PS, K_READ, 100000), "PSRAM to SRAM: the PSRAM side sets the pace")
-eq(bw.copy_us(PS, PS, 0, 1000), bw.cost_us(PS, K_READ, 1000) + bw.cost_us(PS, K_WRITE, 1000), "one tier: read + write")
+near(bw.copy_us(PS, PS, 0, 100000), 100000 * 1000000 // 22300000, "PSRAM to PSRAM: the tier's copy figure, 22.3 MB/s")
+near(bw.copy_us(PS, SR, 1, 100000), 100000 * 1000000 // 51000000, "PSRAM to SRAM by DMA: 51 MB/s")
+near(bw.copy_us(SR, PS, 0, 100000), 100000 * 1000000 // 56700000, "SRAM to PSRAM: 56.7 MB/s")
+eq(bw.cost_ns(PS, K_LINE, 64), 2 * (330 + (32 * 1000000000 + 73500000) // 147000000), "two 32 B lines at 330 ns + 147 MB/s")
+eq(bw.cost_us(2, K_READ, 10), E_RANGE, "no third tier")
 check(bw.cost_us(PS, K_DMA, bwm.CHARGE_MAX) > 0, "the largest transfer prices without overflow")
 
 # --- contention: a transfer that starts while the tier is busy finishes later ---
