@@ -4,7 +4,8 @@
 #   Numpy  numpy float32 arrays over the same weights and the same KV arena (CPython)
 # Both read the weights where llama2c.load put them (fp32 or int8 with group scales,
 # dequantized on the fly: never expanded) and the K/V rows where kv.KVCache keeps
-# them (fp32, int8, int4), and both compute exactly run.c's transformer.
+# them (fp32, int8, int4tok; int4 (KIVI): keys in fp32 from the cache's residual or
+# dequantized per channel, values per token), and both compute exactly run.c's transformer.
 # The integer path (int8 weights, fixed point, viper) is firmware_py/qmodel.py.
 #
 # Interface (model.py calls only these; `v` is a run-state vector from vec()):
@@ -33,6 +34,7 @@ from firmware_py.pool import copy32
 
 SCORE_ONE = const(4096)  # h2o: a token's score grows by 4096 x (sum over layers of its mean attention over heads)
 _EPS = 1e-5  # rmsnorm epsilon (run.c)
+_F32_MAX = 3.4028234663852886e38  # the largest fp32 (int4 keys are clamped to it, as kvkivi.dequant)
 
 
 # inverse frequencies of RoPE's head_dim / 2 pairs: 10000^(-2i / head_dim); boot only
@@ -85,6 +87,7 @@ class Plain:
         self.ksin = _zeros("f", (ms * h2 if self.rope_cache else 0))  # [slot][D/2] sin of its rank
         self.acc = _zeros("f", ms)  # [slot] this token's summed mean attention (h2o)
         self.n = 0  # cached slots of the current token
+        self.h = -1  # the sequence of the current token (int4: rows are read through the cache)
 
     # zeroed array('f') of n floats; boot only
     def vec(self, n):
@@ -203,7 +206,8 @@ class Plain:
         lr = self.lr
         nb = (n + t - 1) // t
         s = 0
-        for k in range(nb):
+        self.h = h
+        for k in range(nb if not self.lay.kivi else 0):
             base = c.block_at(h, k) * bb + t * HDR_BYTES
             for r in range(t if s + t <= n else n - s):
                 self.off0[s] = base + r * lr
@@ -224,6 +228,10 @@ class Plain:
 
     # slot s's cached row of `layer` read into rowf (and rowb for quantized rows); O(row)
     def _row(self, s, layer):
+        if self.lay.kivi:  # K in fp32 (residual, or dequantized by the cache), V as stored
+            self.cache.read_slot(self.h, s, layer, self.rowb, 0)
+            copy32(self.rowf, 0, self.rowb, 0, self.lr >> 2)
+            return
         w = (self.off0[s] + layer * self.step) >> 2
         copy32(self.rowf, 0, self.cache.arena, w, self.lr >> 2)
         if self.lay.dtype != "fp32":
@@ -234,9 +242,9 @@ class Plain:
         lay = self.lay
         kd = self.kv_dim
         out = self.kf
-        if lay.dtype == "fp32":
+        if lay.dtype == "fp32" or (lay.kivi and not which):
             rf = self.rowf
-            o = kd if which else 0
+            o = kd if which and not lay.kivi else 0
             for i in range(kd):
                 out[i] = rf[o + i]
             return out
@@ -365,8 +373,14 @@ class Numpy:
         self.arena_b = np.frombuffer(cache.arena, np.uint8)  # the whole KV arena as bytes
         self.arena_w = np.frombuffer(cache.arena, np.float32)  # ... as float32 words
         self.arena_u = np.frombuffer(cache.arena, np.uint32)  # ... as uint32 words (slot headers)
-        self.step = lay.tokens_per_block * lay.layer_row  # bytes from layer l's rows to l+1's
+        self.step = lay.tokens_per_block * lay.store_row  # bytes from layer l's rows to l+1's
         self.idx = None  # (n, row words or bytes) arena indices of layer 0's cached rows, per token
+        # int4 (KIVI): the residual as float32, per token the K parameters' word indices
+        # of layer 0 (n, kv_dim) and the residual slots with their layer-0 word
+        self.res_f = np.frombuffer(cache.resid, np.float32) if lay.kivi else None
+        self.kp_idx = None  # (n, kv_dim) arena word of each slot's block's parameter per channel, layer 0
+        self.res_slots = None  # (k,) slots whose K is in the residual
+        self.res_idx = None  # (k, kv_dim) their residual words, layer 0
         self.n = 0  # cached slots of the current token
         self.kcos = self.ksin = None  # (n, 1, D/2) key rotation by rank (rope "cache")
         self.acc = None  # (n,) float64: this token's summed mean attention per slot (h2o)
@@ -442,6 +456,9 @@ class Numpy:
         if lay.dtype == "fp32":
             self.row_f[:kd] = k
             self.row_f[kd:2 * kd] = v
+        elif lay.kivi:  # K in fp32 (the cache quantizes it per channel), V per token
+            self.row_f[:kd] = k
+            self._quant(v, lay.v_off, lay.vs_off)
         else:
             self._quant(k, 0, lay.ks_off)
             self._quant(v, lay.v_off, lay.vs_off)
@@ -478,11 +495,18 @@ class Numpy:
         blocks = np.array([c.block_at(h, k) for k in range(nb)], np.int64)
         slots = np.arange(n)
         bs = blocks[slots // t]
-        off = bs * c.block_bytes + t * HDR_BYTES + (slots % t) * lay.layer_row  # bytes
+        off = bs * c.block_bytes + lay.rows_off + (slots % t) * lay.store_row  # bytes
         if lay.dtype == "fp32":
             self.idx = (off // 4)[:, None] + np.arange(2 * self.kv_dim)[None, :]
         else:
-            self.idx = off[:, None] + np.arange(lay.layer_row)[None, :]
+            self.idx = off[:, None] + np.arange(lay.store_row)[None, :]
+        if lay.kivi:
+            kd = self.kv_dim
+            self.kp_idx = ((bs * c.block_bytes + lay.kp_off) // 4)[:, None] + np.arange(kd)[None, :]
+            cur = c.current_block(h)
+            rs = [s for s in range(cur * t, min(cur * t + t, n)) if c.residual_word(h, s, 0) >= 0] if cur >= 0 else []
+            self.res_slots = np.array(rs, np.int64)
+            self.res_idx = np.array([c.residual_word(h, s, 0) for s in rs], np.int64)[:, None] + np.arange(kd)[None, :]
         self.n = n
         if self.h2o:
             self.acc = np.zeros(n, np.float64)
@@ -507,6 +531,8 @@ class Numpy:
             return r[:, :kd].reshape(n, H, D), r[:, kd:].reshape(n, H, D)
         r = self.arena_b[self.idx + layer * self.step]
         gph = lay.groups_per_head
+        if lay.kivi:
+            return self._kivi_k(r, layer), self._kivi_v(r)
         ks = r[:, lay.ks_off:lay.ks_off + 4 * H * gph].copy().view(np.float32).reshape(n, H, gph, 1)
         vs = r[:, lay.vs_off:lay.vs_off + 4 * H * gph].copy().view(np.float32).reshape(n, H, gph, 1)
         if lay.dtype == "int8":
@@ -518,6 +544,33 @@ class Numpy:
         k = (kq.reshape(n, H, gph, -1).astype(np.float32) * ks).reshape(n, H, D)
         v = (vq.reshape(n, H, gph, -1).astype(np.float32) * vs).reshape(n, H, D)
         return k, v
+
+    # int4 (KIVI): the keys of the cached slots of layer from their stored rows r (n,
+    # store_row) bytes, the blocks' parameters and the residual, as (n, H, D) float32:
+    # (LO + q * STEP) * 2**E exactly as kvkivi.dequant makes it (flushed below 2**-126)
+    def _kivi_k(self, r, layer):
+        np = self.np
+        lay = self.lay
+        n, kd = self.n, self.kv_dim
+        b = r[:, lay.kq_off:lay.kq_off + kd // 2]
+        q = np.stack([b & 15, b >> 4], axis=-1).reshape(n, kd).astype(np.int64)
+        w = self.arena_u[self.kp_idx + layer * kd].astype(np.int64)
+        nn = ((w >> 8) & 4095) - 2048 + q * ((w >> 20) & 511)
+        k = np.ldexp(nn.astype(np.float64), ((w & 255) - 136).astype(np.int32))
+        k = np.where(np.abs(k) < 2.0 ** -126, 0.0, np.clip(k, -_F32_MAX, _F32_MAX)).astype(np.float32)
+        if self.res_slots.shape[0]:
+            k[self.res_slots] = self.res_f[self.res_idx + layer * self.t * kd]
+        return k.reshape(n, self.n_kv, self.hd)
+
+    # int4 (KIVI): the values of the stored rows r (n, store_row) as (n, H, D) float32
+    def _kivi_v(self, r):
+        np = self.np
+        lay = self.lay
+        n, kd, gph = self.n, self.kv_dim, lay.groups_per_head
+        so = lay.kq_off - lay.scale_bytes
+        vs = r[:, so:so + lay.scale_bytes].copy().view(np.float32).reshape(n, self.n_kv, gph, 1)
+        vq = self._nibbles(r[:, :kd // 2])
+        return (vq.reshape(n, self.n_kv, gph, -1).astype(np.float32) * vs).reshape(n, self.n_kv, self.hd)
 
     # signed int4 values (low nibble first) of packed bytes b (n, m) -> (n, 2m) int8
     def _nibbles(self, b):

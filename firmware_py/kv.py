@@ -37,12 +37,13 @@
 # unsigned on 64-bit and on CPython): "none" is stored as 0, a value as value + 1.
 from array import array
 
-from firmware_py.compat import const, micropython, ptr16, ptr32
+from firmware_py.compat import const, micropython, ptr8, ptr16, ptr32
 from firmware_py.kvlayout import (  # noqa: F401 - re-exported: kv.Layout, kv.SINKS, kv.blocks_for ...
     BOOT_BYTES, DTYPES, GROUP, H2O_RECENT_PCT, HDR_BYTES, KV_FIXED_BYTES, POLICIES, SINKS, TOKENS_PER_BLOCK,
-    WATERMARK_PCT, KVError, Layout, blocks_for, blocks_for_board, boot_reserve, bytes_per_block, heap_for,
+    WATERMARK_PCT, KVError, Layout, blocks_for, blocks_for_board, boot_reserve, bytes_per_block, fixed_bytes, heap_for,
     min_budget, policy_params)
-from firmware_py import kvh2o
+from firmware_py import kvh2o, kvkivi
+from firmware_py.compat import new_array
 from firmware_py.kvh2o import h2o_victim
 from firmware_py.pool import copy32, copy_rows, filled, get32, set32, zero32, zero_rows
 from firmware_py.status import E_EMPTY, E_FULL, E_NO_BLOCK, E_NO_SLOT, E_RANGE, E_STALE, E_STATE, INT_MAX, OK
@@ -87,7 +88,8 @@ _C_MB = const(5)  # block-table entries per sequence
 _C_RB = const(6)  # bytes of a token row (append's src)
 _C_LR = const(7)  # bytes of a layer row (write's src)
 _C_MS = const(8)  # sequence slots
-_CFG = const(9)  # words of shape before the first sequence row
+_C_KV = const(9)  # 1: int4 (KIVI) layout: append/reserve take _put_slow, write its own branch
+_CFG = const(10)  # words of shape before the first sequence row
 _F_H = const(0)  # open handle + 1; 0 = closed
 _F_N = const(1)  # positions appended so far (the next position)
 _F_CAP = const(2)  # budget: slots the sequence may fill
@@ -100,8 +102,16 @@ _F_WM = const(8)  # filled-slot count that fires the watermark
 _F_WMF = const(9)  # 1 once the watermark has fired
 _F_EV = const(10)  # tokens evicted so far
 _F_GEN = const(11)  # generation of the slot's next handle (+1 per close)
-_NF = const(12)  # words per sequence row
+_F_CUR = const(12)  # int4 (KIVI): table index + 1 of the block holding the residual; 0 = none
+_NF = const(13)  # words per sequence row
 _ST_BIAS = const(16)  # meta[_C_ST] = status + _ST_BIAS (status codes are >= -16)
+# kvkivi's shape words (viper inlines only this module's consts)
+_KC_KD = const(2)
+_KC_RW = const(4)
+_KC_SRW = const(5)
+_KC_VW = const(7)
+if (kvkivi.KC_KD, kvkivi.KC_RW, kvkivi.KC_SRW, kvkivi.KC_VW) != (_KC_KD, _KC_RW, _KC_SRW, _KC_VW):
+    raise ImportError("kv: kvkivi's shape words differ")
 if (kvh2o._F_SINKS, kvh2o._F_RECENT, kvh2o._F_CAP, kvh2o._CFG, kvh2o._NF) != (_F_SINKS, _F_RECENT, _F_CAP, _CFG, _NF):
     raise ImportError("kv: the meta layout differs from kvh2o.py's")
 
@@ -157,6 +167,20 @@ class KVCache:
         m[_C_RB] = layout.row_bytes
         m[_C_LR] = layout.layer_row
         m[_C_MS] = max_seqs
+        m[_C_KV] = 1 if layout.kivi else 0
+        # int4 (KIVI): per sequence slot the fp32 K of its current block's tokens
+        # ([seq][L][T][kv_dim] words), a flag per slot of that block (1: its K is in the
+        # residual), and the fold's shape + scratch (firmware_py/kvkivi.py)
+        self.kivi = layout.kivi  # True for the int4 (KIVI) layout
+        self.kv_dim = layout.kv_dim  # channels per layer
+        self.store_row = layout.store_row  # bytes per stored (layer, slot) row in a block
+        self.rows_word = layout.rows_off // 4  # first stored row's word in a block
+        nres = max_seqs * layout.n_layers * t * layout.kv_dim if layout.kivi else 0
+        self.resid = new_array("i", nres)  # the residual (fp32 bit patterns; array('i'): one piece, word aligned)
+        for k in range(nres):
+            self.resid[k] = 0
+        self.flags = bytearray(max_seqs * t if layout.kivi else 0)  # [seq][T] 1: slot r's K is residual
+        self.kc = kvkivi.shape(layout, new_array) if layout.kivi else new_array("i", 0)  # kvkivi's shape words
         for i in range(max_seqs):
             m[_CFG + i * _NF + _F_GEN] = tag  # generation 0, tagged
         # h2o: [seq][M] slot of position p at p % M (M = 2 * max_slots > any budget, so
@@ -275,10 +299,13 @@ class KVCache:
         m = self.meta
         o = _CFG + i * _NF
         so = _CFG + src * _NF
+        if m[so + _F_CUR]:  # int4 (KIVI): the source's residual is quantized into its (now shared) block
+            self._fold(src)
         for f in range(_NF):  # the whole row, then what is the new slot's own
             if f != _F_GEN:
                 m[o + f] = m[so + f]
         m[o + _F_SLOT] = 0
+        m[o + _F_CUR] = 0
         mm = self.map_size
         pm = self.pos_map
         for k in range(mm):
@@ -307,6 +334,9 @@ class KVCache:
         o = _CFG + i * _NF
         m[o + _F_SLOT] = 0
         m[o + _F_H] = 0
+        m[o + _F_CUR] = 0
+        for k in range(i * self.t, i * self.t + len(self.flags) // self.max_seqs):
+            self.flags[k] = 0
         g = m[o + _F_GEN] + _TAGS  # the next generation, same tag
         m[o + _F_GEN] = g if g < self.gen_limit * _TAGS else self.tag
         return OK
@@ -342,8 +372,8 @@ class KVCache:
             m[_C_ST] = _E_RANGE + _ST_BIAS
             return _E_RANGE
         pol = int(m[o + _F_POL])
-        if pol == _H2O:
-            return int(self._put_slow(i, src))  # the position map and the victim scan
+        if pol == _H2O or int(m[_C_KV]) != 0:
+            return int(self._put_slow(i, src))  # the position map and the victim scan; int4's residual
         n = int(m[o + _F_N])
         cap = int(m[o + _F_CAP])
         st = 0
@@ -439,6 +469,9 @@ class KVCache:
         t = self.t
         w = self.row_words
         b = self.table[i * self.max_blocks + slot // t]
+        if self.kivi:
+            kvkivi.put(self.arena, self.resid, self.kc, src, b, i, slot % t, w, 1 if src is _ZEROS else 0)
+            return slot if src is _ZEROS else self.meta[_C_ST] - _ST_BIAS
         d = b * self.block_words + 2 * t + (slot % t) * w
         if src is _ZEROS:
             zero_rows(self.arena, d, t * w, w, self.n_layers)
@@ -487,6 +520,13 @@ class KVCache:
             if b < 0:
                 m[_C_ST] = E_NO_BLOCK + _ST_BIAS
                 return E_NO_BLOCK
+        if self.kivi:  # the take has succeeded: the residual follows the current block
+            cur = m[o + _F_CUR] - 1
+            if cur != slot // t:
+                if cur >= 0:
+                    self._fold(i)
+                m[o + _F_CUR] = slot // t + 1
+            self.flags[i * t + slot % t] = 1
         hw = b * bw + (slot % t) * 2  # header word of slot
         if pol == _H2O:
             mm = self.map_size
@@ -548,15 +588,37 @@ class KVCache:
         b = int(tb[ti])
         if b == _NO_BLOCK16:
             return _E_STATE  # cannot happen (a reservation has its block): never index with -1
+        a = ptr32(self.arena)
+        s32 = ptr32(src)
+        sw = off >> 2
+        if int(m[_C_KV]) != 0:  # int4 (KIVI): K to the residual, V to the stored row
+            r = slot - q * t
+            if int(m[o + _F_CUR]) != q + 1 or int(ptr8(self.flags)[i * t + r]) == 0 or int(ptr16(self.ref)[b]) > 1:
+                b = int(self._reopen(i, slot))  # after a fork: the slot's block private and current again
+                if b < 0:
+                    return _E_NO_BLOCK
+            kp = ptr32(self.kc)
+            kd = int(kp[_KC_KD])
+            rs = ptr32(self.resid)
+            d = ((i * int(m[_C_L]) + ly) * t + r) * kd
+            end = d + kd
+            while d < end:
+                rs[d] = s32[sw]
+                d += 1
+                sw += 1
+            d = b * int(m[_C_BW]) + int(kp[_KC_RW]) + (ly * t + r) * int(kp[_KC_SRW])
+            end = d + int(kp[_KC_VW])
+            while d < end:
+                a[d] = s32[sw]
+                d += 1
+                sw += 1
+            return 0
         if int(ptr16(self.ref)[b]) > 1:
             b = int(self._own(i, ti, b))  # copy on write
             if b < 0:
                 return _E_NO_BLOCK
         w = int(m[_C_RW])
-        a = ptr32(self.arena)
-        s32 = ptr32(src)
         d = b * int(m[_C_BW]) + 2 * t + (ly * t + slot - q * t) * w
-        sw = off >> 2
         e8 = d + w - 7
         end = d + w
         while d < e8:  # 8 words per turn
@@ -595,11 +657,44 @@ class KVCache:
         slot = self._locate(i, pos)
         if slot < 0:
             return slot
+        self._read(i, slot, layer, dst, dst_off >> 2)
+        return OK
+
+    # the layer row of slot of h into dst at byte dst_off, as read() (int4: K in fp32,
+    # from the residual or dequantized): for attention kernels that walk slots. OK, or
+    # E_STALE, E_RANGE (slot, layer, dst_off, len(dst)), E_EMPTY; O(layer_row), no allocation
+    def read_slot(self, h, slot, layer, dst, dst_off):
+        i = self._idx(h)
+        if i < 0:
+            return i
+        if (layer.__class__ is not int or layer < 0 or layer >= self.n_layers or dst_off.__class__ is not int
+                or dst_off < 0 or dst_off > _HMAX or dst is None or dst is self.arena
+                or dst.__class__ is bytes or dst.__class__ is str):
+            return E_RANGE
+        if dst_off & 3 or dst_off + self.layer_row > len(dst):
+            return E_RANGE
+        hw = self._hdr(i, slot)
+        if hw < 0:
+            return hw
+        self._read(i, slot, layer, dst, dst_off >> 2)
+        return OK
+
+    # read's copy for slot index i (arguments checked); no allocation
+    def _read(self, i, slot, layer, dst, dw):
         t = self.t
         b = self.table[i * self.max_blocks + slot // t]
         w = self.row_words
-        copy32(dst, dst_off >> 2, self.arena, b * self.block_words + 2 * t + (layer * t + slot % t) * w, w)
-        return OK
+        if not self.kivi:
+            copy32(dst, dw, self.arena, b * self.block_words + 2 * t + (layer * t + slot % t) * w, w)
+            return
+        r = slot % t
+        kd = self.kv_dim
+        if self.meta[_CFG + i * _NF + _F_CUR] == slot // t + 1 and self.flags[i * t + r]:
+            copy32(dst, dw, self.resid, ((i * self.n_layers + layer) * t + r) * kd, kd)
+        else:
+            kvkivi.dequant(self.arena, self.kc, dst, b, r, layer, dw)
+        copy32(dst, dw + kd, self.arena, b * self.block_words + self.rows_word + (layer * t + r) * (self.store_row >> 2),
+               w - kd)
 
     # slot holding position pos of h, or E_STALE, E_RANGE (pos outside 0 .. length - 1),
     # E_EMPTY (evicted); O(1)
@@ -661,7 +756,65 @@ class KVCache:
             return hw
         t = self.t
         b = self.table[i * self.max_blocks + slot // t]
-        return b * self.block_bytes + t * HDR_BYTES + (layer * t + slot % t) * self.layer_row
+        return b * self.block_bytes + (self.rows_word << 2) + (layer * t + slot % t) * self.store_row
+
+    # int4 (KIVI): table index of h's block whose newest keys are in the residual (the
+    # current block), or E_EMPTY when none (nothing taken since open, fork or a fold);
+    # E_STALE; O(1)
+    def current_block(self, h):
+        i = self._idx(h)
+        if i < 0:
+            return i
+        k = self.meta[_CFG + i * _NF + _F_CUR] - 1
+        return k if k >= 0 else E_EMPTY
+
+    # int4 (KIVI): word of self.resid where slot's fp32 K of `layer` is (layer l + 1's
+    # is T x kv_dim words on), when slot's key is in the residual; else E_EMPTY (its key
+    # is in the block: the parameters at kvlayout's kp_off, the nibbles at kq_off of its
+    # stored row). E_STALE, E_RANGE; O(1)
+    def residual_word(self, h, slot, layer):
+        i = self._idx(h)
+        if i < 0:
+            return i
+        if layer.__class__ is not int or layer < 0 or layer >= self.n_layers:
+            return E_RANGE
+        hw = self._hdr(i, slot)
+        if hw < 0:
+            return hw
+        t = self.t
+        if not self.kivi or self.meta[_CFG + i * _NF + _F_CUR] != slot // t + 1 or not self.flags[i * t + slot % t]:
+            return E_EMPTY
+        return ((i * self.n_layers + layer) * t + slot % t) * self.kv_dim
+
+    # int4 (KIVI): quantize the residual of slot index i into its current block and end
+    # it (kvkivi.fold); O(L x kv_dim x T), no allocation
+    def _fold(self, i):
+        o = _CFG + i * _NF
+        b = self.table[i * self.max_blocks + self.meta[o + _F_CUR] - 1]
+        kvkivi.fold(self.arena, self.resid, self.flags, self.kc, b, i)
+        self.meta[o + _F_CUR] = 0
+
+    # int4 (KIVI): write() to a reserved slot that is not in the residual (a fork has
+    # folded it, and may share its block): copy the block when shared, fold any other
+    # current block, make slot's block current with slot residual again (its residual
+    # rows still hold the fp32 K written since its reserve). The block, or E_NO_BLOCK
+    # with nothing changed; O(block), no allocation
+    def _reopen(self, i, slot):
+        t = self.t
+        q = slot // t
+        ti = i * self.max_blocks + q
+        b = self.table[ti]
+        if self.ref[b] > 1:
+            b = self._own(i, ti, b)
+            if b < 0:
+                return E_NO_BLOCK
+        o = _CFG + i * _NF
+        if self.meta[o + _F_CUR] != q + 1:
+            if self.meta[o + _F_CUR]:
+                self._fold(i)
+            self.meta[o + _F_CUR] = q + 1
+        self.flags[i * t + slot % t] = 1
+        return b
 
     # position cached in slot of h, or E_STALE, E_RANGE, E_EMPTY; O(1)
     def slot_pos(self, h, slot):

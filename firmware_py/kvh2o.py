@@ -11,8 +11,8 @@ from firmware_py.compat import micropython, ptr16, ptr32
 _F_SINKS = 5  # kv.py's meta fields read here (sequence row: _CFG + i * _NF)
 _F_RECENT = 6
 _F_CAP = 2
-_CFG = 9
-_NF = 12
+_CFG = 10
+_NF = 13
 
 
 @micropython.viper

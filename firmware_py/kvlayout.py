@@ -10,7 +10,9 @@ from firmware_py.status import INT_MAX
 HDR_BYTES = const(8)  # per-slot header in a block: position + 1, score (uint32 each)
 
 # One home for the cache's names and defaults (host/budget.py and tools import these)
-DTYPES = ("fp32", "fp16", "int8", "int4")  # element types of cached K/V
+# element types of cached K/V: "int4" is KIVI's layout (keys per channel over a block's
+# tokens with a full-precision residual, values per token), "int4tok" the per-token one
+DTYPES = ("fp32", "fp16", "int8", "int4", "int4tok")
 POLICIES = ("full", "window", "sinks", "h2o")  # what a sequence does at its budget
 SINKS = const(4)  # default sink tokens of the sinks and h2o policies (StreamingLLM's 4)
 H2O_RECENT_PCT = const(50)  # h2o default: half the budget is the recent window (H2O's equal split)
@@ -27,6 +29,14 @@ TOKENS_PER_BLOCK = const(16)  # default tokens per pool block (vLLM's 16)
 # (decode.reserve_for), counts when larger.
 BOOT_BYTES = const(147456)
 KV_FIXED_BYTES = const(2048)  # KVCache object + its per-sequence arrays (measured ~1.3 KiB for 4 seqs)
+KIVI_FIXED_BYTES = const(64)  # int4 (KIVI): the residual's two buffers' and the fold scratch's GC rounding
+# int4 (KIVI) key parameters, one uint32 word per (block, layer, channel) (docs/memory.md):
+# bits 0-7 E + KP_EBIAS, bits 8-19 LO + KP_LO_BIAS, bits 20-28 STEP; dequantized key =
+# (LO + q * STEP) * 2**E, q = 0..15 (the unsigned nibble). Values are fixed point with
+# magnitudes below 2**KP_BITS units of 2**E (E from the largest key of the channel).
+KP_BITS = const(11)
+KP_EBIAS = const(136)
+KP_LO_BIAS = const(2048)
 
 
 class KVError(ValueError):
@@ -87,45 +97,69 @@ class Layout:
         self.n_layers = n_layers  # L
         self.n_kv_heads = n_kv_heads  # H
         self.head_dim = head_dim  # D
-        self.kv_dim = n_kv_heads * head_dim  # elements of K (or V) per layer per token
+        self.kv_dim = kv_dim = n_kv_heads * head_dim  # elements of K (or V) per layer per token
         self.dtype = dtype  # element type name
-        self.tokens_per_block = tokens_per_block  # T
-        g = 0  # scale groups per head (0: no scales)
+        self.tokens_per_block = t = tokens_per_block  # T
+        self.kivi = kivi = dtype == "int4"  # KIVI: per-channel keys per block, fp32 residual
+        g = 0  # scale groups per head (0: fp32/fp16)
         if dtype == "int8":
             g = 1
-        elif dtype == "int4":
+        elif dtype == "int4" or dtype == "int4tok":
             if head_dim % 2:
-                raise KVError("int4 needs an even head_dim, got %d" % head_dim)
+                raise KVError("%s needs an even head_dim, got %d" % (dtype, head_dim))
             # the largest divisor of head_dim not above the requested group (48 -> 24)
             group = min(group, head_dim)
             while head_dim % group:
                 group -= 1
             g = head_dim // group
-        self.group = head_dim // g if g else 0  # elements sharing one scale (int4: divides D)
+        self.group = head_dim // g if g else 0  # elements sharing one scale (int4: divides D; KIVI: V only)
         self.groups_per_head = g  # scales per head per token (0: fp32/fp16)
         if dtype == "fp32":
-            self.data_bytes = self.kv_dim * 4  # bytes of K (or V) data per layer per token
+            self.data_bytes = kv_dim * 4  # bytes of K (or V) data per layer per token (as stored)
         elif dtype == "fp16":
-            self.data_bytes = self.kv_dim * 2
+            self.data_bytes = kv_dim * 2
         elif dtype == "int8":
-            self.data_bytes = self.kv_dim
+            self.data_bytes = kv_dim
         else:
-            self.data_bytes = self.kv_dim // 2
-        self.scale_bytes = n_kv_heads * g * 4  # bytes of K (or V) scales per layer per token
-        # the published figure: 2 x L x H x D x bytes, plus the scales
-        self.kv_bytes_per_token = 2 * n_layers * (self.data_bytes + self.scale_bytes)
-        self.v_off = self.data_bytes  # V data offset in a layer_row
-        self.ks_off = _round4(2 * self.data_bytes)  # K scales offset in a layer_row
-        self.vs_off = self.ks_off + self.scale_bytes  # V scales offset in a layer_row
-        self.layer_row = _round4(self.vs_off + self.scale_bytes)  # bytes per (layer, token)
+            self.data_bytes = kv_dim // 2
+        self.scale_bytes = n_kv_heads * g * 4  # bytes of V (and, but for KIVI, K) scales per layer per token
+        if kivi:
+            # the caller's layer row (write/append source, read destination): K fp32, V int4
+            self.v_off = kv_dim * 4  # V data offset in a layer_row
+            self.vs_off = self.v_off + _round4(kv_dim // 2)  # V scales offset in a layer_row
+            self.ks_off = self.vs_off  # no per-token K scales (kept for the other layouts' code)
+            self.layer_row = self.vs_off + self.scale_bytes  # bytes per (layer, token) of the caller's row
+            # the row stored in a block: [V data][pad][V scales][K nibbles][pad]; the V part
+            # is the caller's row from v_off on, the same words
+            self.v_words = (_round4(kv_dim // 2) + self.scale_bytes) // 4  # words of the V part
+            self.kq_off = self.v_words * 4  # K nibbles (unsigned 0..15) offset in a stored row
+            self.store_row = self.kq_off + _round4(kv_dim // 2)  # bytes per (layer, slot) in a block
+            self.kp_bytes = n_layers * kv_dim * 4  # K parameters per block: [L][kv_dim] words
+            # published figure: data + V scales per token, the block's K parameters over its T tokens
+            self.kv_bytes_per_token = n_layers * (2 * self.data_bytes + self.scale_bytes) + (self.kp_bytes + t - 1) // t
+            # per sequence: K of the current block's tokens in fp32 ([L][T][kv_dim]) + a flag per slot
+            self.residual_bytes = n_layers * t * kv_dim * 4 + t
+        else:
+            # the published figure: 2 x L x H x D x bytes, plus the scales
+            self.kv_bytes_per_token = 2 * n_layers * (self.data_bytes + self.scale_bytes)
+            self.v_off = self.data_bytes  # V data offset in a layer_row
+            self.ks_off = _round4(2 * self.data_bytes)  # K scales offset in a layer_row
+            self.vs_off = self.ks_off + self.scale_bytes  # V scales offset in a layer_row
+            self.layer_row = _round4(self.vs_off + self.scale_bytes)  # bytes per (layer, token)
+            self.store_row = self.layer_row  # stored as given
+            self.v_words = 0
+            self.kq_off = 0
+            self.kp_bytes = 0
+            self.residual_bytes = 0
         self.row_bytes = n_layers * self.layer_row  # bytes of one token row for append()
-        self.token_bytes = HDR_BYTES + self.row_bytes  # pool bytes per token, header included
-        self.block_bytes = tokens_per_block * self.token_bytes  # pool block size
+        self.kp_off = t * HDR_BYTES  # K parameters' offset in a block (KIVI; 0 bytes otherwise)
+        self.rows_off = self.kp_off + self.kp_bytes  # first stored row's offset in a block
+        self.token_bytes = HDR_BYTES + n_layers * self.store_row  # pool bytes per token, header included
+        self.block_bytes = t * self.token_bytes + self.kp_bytes  # pool block size
 
     # byte offset of (layer, slot r) inside a block; O(1)
     def row_offset(self, layer, r):
-        t = self.tokens_per_block
-        return t * HDR_BYTES + (layer * t + r) * self.layer_row
+        return self.rows_off + (layer * self.tokens_per_block + r) * self.store_row
 
     # the layout as a dict (allocates: reporting path only)
     def to_dict(self):
@@ -133,7 +167,8 @@ class Layout:
             "n_layers": self.n_layers, "n_kv_heads": self.n_kv_heads, "head_dim": self.head_dim,
             "dtype": self.dtype, "group": self.group, "tokens_per_block": self.tokens_per_block,
             "kv_bytes_per_token": self.kv_bytes_per_token, "layer_row": self.layer_row,
-            "token_bytes": self.token_bytes, "block_bytes": self.block_bytes,
+            "token_bytes": self.token_bytes, "block_bytes": self.block_bytes, "store_row": self.store_row,
+            "kp_bytes": self.kp_bytes, "residual_bytes": self.residual_bytes,
         }
 
 
@@ -150,6 +185,14 @@ def bytes_per_block(layout, max_seqs=1, h2o=False):
     return layout.block_bytes + META_BYTES_PER_BLOCK + VIEW_BYTES_PER_BLOCK + max_seqs * per_seq
 
 
+# heap bytes a cache of max_seqs sequences costs besides its blocks: the object and its
+# arrays, plus (int4, KIVI) every sequence's residual and the fold's scratch
+def fixed_bytes(layout, max_seqs=1):
+    if not layout.kivi:
+        return KV_FIXED_BYTES
+    return KV_FIXED_BYTES + KIVI_FIXED_BYTES + max_seqs * layout.residual_bytes + 4 * layout.tokens_per_block
+
+
 # heap bytes kept before the pool on a board whose profile reserves firmware_bytes
 def boot_reserve(firmware_bytes):
     return firmware_bytes if firmware_bytes > BOOT_BYTES else BOOT_BYTES
@@ -164,10 +207,10 @@ def blocks_for_board(brd, layout, weights_bytes, activations_bytes, max_seqs=1, 
 
 # blocks a heap of avail free bytes can hold as one pool + cache
 def blocks_for(avail, layout, max_seqs=1, h2o=False):
-    n = (avail - POOL_FIXED_BYTES - KV_FIXED_BYTES) // bytes_per_block(layout, max_seqs, h2o)
+    n = (avail - POOL_FIXED_BYTES - fixed_bytes(layout, max_seqs)) // bytes_per_block(layout, max_seqs, h2o)
     return n if n > 0 else 0
 
 
 # heap bytes a pool of n_blocks + its cache needs
 def heap_for(n_blocks, layout, max_seqs=1, h2o=False):
-    return POOL_FIXED_BYTES + KV_FIXED_BYTES + n_blocks * bytes_per_block(layout, max_seqs, h2o)
+    return POOL_FIXED_BYTES + fixed_bytes(layout, max_seqs) + n_blocks * bytes_per_block(layout, max_seqs, h2o)

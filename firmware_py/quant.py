@@ -1,7 +1,9 @@
 # Packing K/V vectors into the cache's row format (firmware_py/kv.py Layout): fp32
-# bit patterns, int8 with one scale per token per KV head, int4 (two per byte, low
+# bit patterns, int8 with one scale per token per KV head, int4tok (two per byte, low
 # nibble first) with one scale per `group` channels. Symmetric: scale = max|x| / qmax,
 # q = round(x / scale), so |x - q * scale| <= scale / 2 for every element.
+# int4 (KIVI): the caller's row holds K in fp32 (the cache quantizes keys per channel
+# over a block itself: firmware_py/kvkivi.py) and V as int4tok does.
 # This is the model-side math: it uses floats, so it allocates on MicroPython (boxed
 # floats); the cache itself only ever copies the packed rows.
 import struct
@@ -15,7 +17,10 @@ _QMAX4 = const(7)
 # pack one layer's K and V (sequences of kv_dim floats) into dst at byte off, in
 # layout's layer_row format; O(kv_dim), allocates (floats)
 def pack_layer(layout, k, v, dst, off):
-    _pack(layout, k, dst, off, off + layout.ks_off)
+    if layout.kivi:
+        struct.pack_into("<%df" % layout.kv_dim, dst, off, *k)
+    else:
+        _pack(layout, k, dst, off, off + layout.ks_off)
     _pack(layout, v, dst, off + layout.v_off, off + layout.vs_off)
 
 
@@ -31,7 +36,7 @@ def unpack_layer(layout, src, off, which):
     s = off + (layout.vs_off if which else layout.ks_off)
     n = layout.kv_dim
     dt = layout.dtype
-    if dt == "fp32":
+    if dt == "fp32" or (layout.kivi and not which):
         return list(struct.unpack_from("<%df" % n, src, d))
     if dt == "fp16":
         return list(struct.unpack_from("<%de" % n, src, d))
@@ -49,7 +54,8 @@ def unpack_layer(layout, src, off, which):
     return out
 
 
-# the largest error dequantization may show for x under layout (0 for fp32); allocates
+# the largest error dequantization may show for x under layout (0 for fp32; int4: for
+# V, its keys' bound depends on the block: kivi_bound); allocates
 def error_bound(layout, x):
     dt = layout.dtype
     if dt == "fp32":
@@ -96,3 +102,25 @@ def _pack(layout, x, dst, d, s):
                 dst[d + i // 2] = (dst[d + i // 2] & 15) | ((q & 15) << 4)
             else:
                 dst[d + i // 2] = (dst[d + i // 2] & 0xF0) | (q & 15)
+
+
+# int4 (KIVI): the largest error of a key of a block whose channel holds the values xs
+# (every live slot's key in that channel when it was folded, once): half a step of
+# (max - min) / 15, plus the fixed point's rounding (docs/memory.md); allocates
+def kivi_bound(xs):
+    m = max(abs(e) for e in xs)
+    if m == 0:
+        return 0.0
+    unit = 2.0 ** (_top(m) - 11)  # one unit of the channel's fixed point
+    rng = max(xs) - min(xs)
+    return (rng / 15.0 / 2.0 + 1.5 * unit) * 1.0001 + 1e-30
+
+
+# the least t with m < 2**t (m > 0); allocates
+def _top(m):
+    t = 0
+    while m >= 2.0 ** t:
+        t += 1
+    while m < 2.0 ** (t - 1):
+        t -= 1
+    return t

@@ -396,7 +396,7 @@ hw = cm.open(rm, "window", 4)
 for _ in range(5):
     cm.append(hw, lrow + lrow)
 hi = hw % 4
-cm.meta[9 + hi * 12 + 1] = 0x3FFFFFFE - 1  # _CFG + slot * _NF + _F_N: one position left
+cm.meta[10 + hi * 13 + 1] = 0x3FFFFFFE - 1  # _CFG + slot * _NF + _F_N: one position left
 cm.events = 0x3FFFFFFF
 PR = [0, 0, 0]
 row2 = lrow + lrow

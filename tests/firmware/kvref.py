@@ -1,9 +1,14 @@
 # A reference model of the KV cache written from docs/memory.md, not from kv.py: per
-# sequence a dict slot -> [position, [layer rows as bytes], score], fork as a deep
-# copy, the pool as counts of abstract block ids. Plain Python that runs on MicroPython
-# and CPython, plus the random program (drive) that runs every call of the API against
-# a real cache and this model, comparing every result, every counter and every byte
-# read back, with guard bytes around the arena and around read() destinations.
+# sequence a dict slot -> [position, [layer rows as bytes], score, int4 keys], fork as a
+# deep copy, the pool as counts of abstract block ids. Plain Python that runs on
+# MicroPython and CPython, plus the random program (drive) that runs every call of the
+# API against a real cache and this model, comparing every result, every counter and
+# every byte read back, with guard bytes around the arena and around read() destinations.
+#
+# int4 (KIVI) is modelled from its specification (docs/memory.md, kvkivi.py's header),
+# not from its code: a key is an exact dyadic value (num, exp) = num * 2**exp in Python
+# (big) ints, the residual a dict (slot in block, layer) -> K bytes, the fold computed
+# with divisions where the firmware shifts; no parameter words, no nibbles.
 from firmware_py import kv, status
 
 OK = status.OK
@@ -47,8 +52,11 @@ class Seq:
         self.n = 0  # positions appended so far
         self.evictions = 0  # positions evicted so far
         self.reserved = None  # slot write() targets, or None
-        self.slots = {}  # slot -> [position, [row bytes per layer], score]
+        self.slots = {}  # slot -> [position, [row bytes per layer], score, int4: [layer][channel] (num, exp) or None]
         self.blocks = {}  # table index -> abstract block id
+        self.cur = None  # int4: table index of the block whose new keys are residual
+        self.res = []  # int4: the slots whose key is residual (all in block cur)
+        self.resbuf = {}  # int4: (slot % T, layer) -> the K bytes last put there (the residual)
 
     # the slot holding position pos, or None
     def slot_of(self, pos):
@@ -63,6 +71,8 @@ class RefKV:
     def __init__(self, layout, max_seqs, max_blocks, n_blocks, quotas):
         self.L = layout.n_layers  # layers per token
         self.row = layout.layer_row  # bytes per layer row
+        self.kivi = layout.kivi  # int4: keys per channel per block, residual
+        self.kd = layout.kv_dim  # channels per layer
         self.t = layout.tokens_per_block  # tokens per block
         self.max_seqs = max_seqs  # sequence slots
         self.max_slots = max_blocks * self.t  # most slots one sequence holds
@@ -163,10 +173,12 @@ class RefKV:
                 break
         if idx is None:
             return E_NO_SLOT
+        if src.cur is not None:  # int4: the source's residual is quantized first (docs)
+            self._fold(src)
         s = Seq(src.policy, src.cap, src.sinks, src.recent, src.region, src.wm)
         s.wm_fired, s.n, s.evictions = src.wm_fired, src.n, src.evictions
         for slot, e in src.slots.items():
-            s.slots[slot] = [e[0], list(e[1]), e[2]]
+            s.slots[slot] = [e[0], list(e[1]), e[2], None if e[3] is None else [list(k) for k in e[3]]]
         for ti, b in src.blocks.items():
             s.blocks[ti] = b
             self.refs[b] += 1
@@ -229,7 +241,16 @@ class RefKV:
         if s.n >= s.cap:
             flags |= kv.ST_EVICTED
             s.evictions += 1
-        s.slots[slot] = [s.n, rows or [bytes(self.row)] * self.L, 0]
+        if self.kivi:  # a take in another block ends the residual of the current one
+            if s.cur != ti:
+                if s.cur is not None:
+                    self._fold(s)
+                s.cur = ti
+            if slot not in s.res:
+                s.res.append(slot)
+            for layer in range(self.L):
+                s.resbuf[(slot % self.t, layer)] = rows[layer][:4 * self.kd] if rows else bytes(4 * self.kd)
+        s.slots[slot] = [s.n, rows or [bytes(self.row)] * self.L, 0, None]
         s.n += 1
         s.reserved = slot
         if not s.wm_fired and min(s.n, s.cap) >= s.wm:
@@ -266,8 +287,49 @@ class RefKV:
             if not self.can_alloc(s.region):
                 return E_NO_BLOCK
             self.own(s, ti)
-        s.slots[s.reserved][1][layer] = bytes(src[off:off + self.row])
+        row = bytes(src[off:off + self.row])
+        if self.kivi:
+            if s.reserved not in s.res:  # folded by a fork: residual again, with what was put there
+                if s.cur is not None and s.cur != ti:
+                    self._fold(s)
+                s.cur = ti
+                s.res.append(s.reserved)
+            s.resbuf[(s.reserved % self.t, layer)] = row[:4 * self.kd]
+        s.slots[s.reserved][1][layer] = row
         return OK
+
+    # the layer row read() gives for slot of s: as written; int4: K from the residual
+    # or the dyadic keys as fp32, V as written
+    def row_of(self, s, slot, layer):
+        e = s.slots[slot]
+        if not self.kivi:
+            return e[1][layer]
+        if slot in s.res:
+            k = s.resbuf[(slot % self.t, layer)]
+        else:
+            k = b"".join(_u32_bytes(_dyadic_f32(v[0], v[1])) for v in e[3][layer])
+        return k + e[1][layer][4 * self.kd:]
+
+    # int4: quantize every live key of s's current block per channel (the spec's fold)
+    def _fold(self, s):
+        t = self.t
+        live = sorted([sl for sl in s.slots if sl // t == s.cur])
+        for sl in live:
+            if s.slots[sl][3] is None:
+                s.slots[sl][3] = [[(0, 0)] * self.kd for _ in range(self.L)]
+        for layer in range(self.L):
+            for c in range(self.kd):
+                vals = []
+                for sl in live:
+                    if sl in s.res:
+                        vals.append(_f32_dyadic(_bytes_u32(s.resbuf[(sl % t, layer)], 4 * c)))
+                    else:
+                        vals.append(s.slots[sl][3][layer][c])
+                new = kivi_quantize(vals)
+                for j in range(len(live)):
+                    s.slots[live[j]][3][layer][c] = new[j]
+        s.res = []
+        s.cur = None
 
     # the slot of pos or a status, for locate and read
     def locate(self, h, pos):
@@ -288,7 +350,7 @@ class RefKV:
         slot = self.locate(h, pos)
         if slot < 0:
             return slot, None
-        return OK, self.seqs[h].slots[slot][1][layer]
+        return OK, self.row_of(self.seqs[h], slot, layer)
 
     # the entry of slot or a status
     def _entry(self, h, slot):
@@ -332,6 +394,8 @@ class RefKV:
         e = self._entry(h, slot)
         if isinstance(e, int):
             return e, None
+        if self.kivi:  # the stored row begins with the V part of the row as written
+            return None, e[1][layer][4 * self.kd:]
         return None, e[1][layer]
 
     def length(self, h):
@@ -345,6 +409,83 @@ class RefKV:
 
     def blocks_of(self, h):
         return len(self.seqs[h].blocks) if h.__class__ is int and h in self.seqs else E_STALE
+
+
+# --- int4 (KIVI) from its specification -------------------------------------------
+
+# the least n with |a| < 2**n (a an int)
+def _bitlen(a):
+    a = abs(a)
+    n = 0
+    while a:
+        a //= 2
+        n += 1
+    return n
+
+
+# the uint32 at byte o of b (little-endian)
+def _bytes_u32(b, o):
+    return b[o] + 256 * (b[o + 1] + 256 * (b[o + 2] + 256 * b[o + 3]))
+
+
+def _u32_bytes(u):
+    return bytes([u % 256, u // 256 % 256, u // 65536 % 256, u // 16777216])
+
+
+# an fp32 bit pattern as the fold reads it, (num, exp): value num * 2**exp; exponent
+# field 0 (zero, subnormal) is 0, 255 (inf, NaN) is read as 254
+def _f32_dyadic(u):
+    e = u // 8388608 % 256
+    if e == 0:
+        return (0, 0)
+    if e == 255:
+        e = 254
+    num = u % 8388608 + 8388608
+    return (-num if u >= 2147483648 else num, e - 150)
+
+
+# the fp32 bit pattern of num * 2**exp (num has at most 24 bits): exact; +0 below 2**-126,
+# the largest fp32 above it
+def _dyadic_f32(num, exp):
+    if num == 0:
+        return 0
+    sign = 2147483648 if num < 0 else 0
+    a = abs(num)
+    while a < 8388608:
+        a *= 2
+        exp -= 1
+    be = exp + 150
+    if be <= 0:
+        return 0
+    if be >= 255:
+        return sign + 0x7F7FFFFF
+    return sign + be * 8388608 + (a - 8388608)
+
+
+# the fold of one channel: the values (num, exp) of a block's live slots -> their
+# quantized values, as docs/memory.md specifies (E from the largest, X rounded half away
+# from zero, at most 2047, LO = min X, STEP = ceil(range / 15), q to the nearest step)
+def kivi_quantize(vals):
+    tops = [exp + _bitlen(num) for num, exp in vals if num != 0]
+    if not tops:
+        return [(0, 0)] * len(vals)
+    E = max(max(tops) - 11, -136)
+    xs = []
+    for num, exp in vals:
+        if exp >= E:
+            x = abs(num) * 2 ** (exp - E)
+        else:
+            x = (2 * abs(num) + 2 ** (E - exp)) // 2 ** (E - exp + 1)  # floor(|v| / 2**E + 1/2)
+        xs.append(min(-x if num < 0 else x, 2047))
+    lo = min(xs)
+    step = -((lo - max(xs)) // 15)  # ceil((max - lo) / 15)
+    assert 0 <= E + 136 <= 255 and -2048 <= lo <= 2047 and step < 512, "kivi parameters out of their fields"
+    out = []
+    for x in xs:
+        q = 0 if step == 0 else (2 * (x - lo) + step) // (2 * step)
+        assert 0 <= q <= 15
+        out.append((lo + q * step, E))
+    return out
 
 
 def _guard_ok(buf, lo, hi):
@@ -364,7 +505,7 @@ def drive(seed, steps, call=None, layout=None, verify_every=8):
 
     rnd = Rng(seed)
     if layout is None:
-        layout = kv.Layout(2, 1, 4, rnd.pick(("fp32", "int8")), tokens_per_block=4)
+        layout = kv.Layout(2, 1, 4, rnd.pick(("fp32", "int8", "int4")), tokens_per_block=4)
     max_seqs, max_blocks, n_blocks = 4, 3, 10
     quotas = (4, 10)
     arena_bytes = layout.block_bytes * n_blocks
@@ -531,7 +672,7 @@ def drive(seed, steps, call=None, layout=None, verify_every=8):
                 st, data = want
                 if st is None:
                     assert got >= 0, "step %d row_offset: got %d" % (step, got)
-                    assert bytes(big[GUARD + got:GUARD + got + lrow]) == data, "step %d row_offset: bytes differ" % step
+                    assert bytes(big[GUARD + got:GUARD + got + len(data)]) == data, "step %d row_offset: bytes differ" % step
                 else:
                     assert got == st, "step %d row_offset: got %d, want %d" % (step, got, st)
             else:
@@ -545,6 +686,11 @@ def drive(seed, steps, call=None, layout=None, verify_every=8):
         assert p.blocks_used == len(m.refs), "step %d pool: %d used, model %d" % (step, p.blocks_used, len(m.refs))
         for k in range(len(regions)):
             assert p.region_used[regions[k]] == m.used(k), "step %d region %d" % (step, k)
+        if layout.kivi:  # the fold never copies: a block holding residual keys is private
+            for hh, s in m.seqs.items():
+                k = c.current_block(hh)
+                assert (k if k >= 0 else None) == s.cur, "step %d current block of %d" % (step, hh)
+                assert k < 0 or p.ref[c.block_at(hh, k)] == 1, "step %d: a block with residual keys is shared" % step
         if step % verify_every == 0:
             out = bytearray(lrow)
             for hh, s in m.seqs.items():
@@ -555,7 +701,7 @@ def drive(seed, steps, call=None, layout=None, verify_every=8):
                     if slot is not None:
                         for layer in range(layout.n_layers):
                             assert c.read(hh, pos, layer, out, 0) == OK
-                            assert bytes(out) == s.slots[slot][1][layer], "step %d seq %d pos %d layer %d bytes" % (step, hh, pos, layer)
+                            assert bytes(out) == m.row_of(s, slot, layer), "step %d seq %d pos %d layer %d bytes" % (step, hh, pos, layer)
     for hh in list(m.seqs):
         assert c.close(hh) == OK
         m.close(hh)
