@@ -57,17 +57,24 @@ R_SEQ = const(4)
 R_HEAP = const(5)
 R_TASK = const(6)
 R_TEMP = const(7)
+R_TIER = const(8)
+R_BWCAT = const(9)
+R_DMA = const(10)
 RECORDS = {
     R_CORE: ("core", ("tokens", "tok_s_x10", "requests", "skipped", "events_dropped", "text_dropped")),
     R_KERNEL: ("kernel", ("busy_ms", "idle_ms", "tasks", "misses", "faults", "overruns", "bites", "switches")),
-    R_POOL: ("pool", ("used", "free", "high_water", "min_free", "failed")),
+    R_POOL: ("pool", ("used", "high_water", "failed")),
     R_SEQ: ("seq", ("slot", "length", "cached", "cap", "blocks", "evictions")),
     R_HEAP: ("heap", ("free", "alloc")),
     R_TASK: ("task", ("slot", "state", "prio", "run_ms", "runs", "max_slice_us", "max_lat_us", "misses", "overruns",
                       "faults")),
-    R_TEMP: ("temp", ("deci_c",)),
+    R_TEMP: ("temp", ("deci_c", "state", "peak_deci_c")),
+    R_TIER: ("tier", ("tier", "util_permille", "kb", "waits")),
+    R_BWCAT: ("bwcat", ("tier", "category", "util_permille", "kb", "waits", "refused")),
+    R_DMA: ("dma", ("depth", "max_depth", "in_flight", "stalls", "full")),
 }
-SIGNED = ("temp.deci_c",)  # zigzag-encoded fields ("record.field"); every event argument too
+FAST = (R_CORE, R_POOL, R_HEAP, R_SEQ, R_TIER, R_DMA)  # in every periodic frame (R_SEQ: the first sequence)
+SIGNED = ("temp.deci_c", "temp.peak_deci_c")  # zigzag-encoded fields ("record.field"); every event argument too
 
 # events: code -> (name, argument names); an event record is [code][len][ms][a][b][c],
 # ms unsigned (board time), a, b, c zigzag-signed
@@ -78,7 +85,7 @@ EV_FAULT = const(4)  # a task raised: task slot, faults of the kernel, 0
 EV_MISS = const(5)  # a task woke past its deadline: task slot, its misses, its worst latency µs
 EV_WATCHDOG = const(6)  # the watchdog stopped a task: task slot, bites of the kernel, 0
 EV_REFUSED = const(7)  # a request or an allocation was refused: status code, count, request
-EV_THERMAL = const(8)  # the thermal guard changed state: deci °C, 1 on / 0 off, limit deci °C
+EV_THERMAL = const(8)  # the thermal guard changed state: deci °C, state (thermal.NORMAL/SHRINK/SLOW), its events
 EV_START = const(9)  # a request started: request, prompt tokens, tokens asked
 EV_DONE = const(10)  # a request ended: request, tokens made, reason (DONE_*)
 EV_ACK = const(11)  # a command was read: frame type, status (0 ok, < 0 refused), request
@@ -90,7 +97,7 @@ EVENTS = {
     EV_MISS: ("deadline_miss", ("task", "misses", "max_lat_us")),
     EV_WATCHDOG: ("watchdog", ("task", "bites", "_")),
     EV_REFUSED: ("refused", ("status", "count", "request")),
-    EV_THERMAL: ("thermal", ("deci_c", "on", "limit_deci_c")),
+    EV_THERMAL: ("thermal", ("deci_c", "state", "events")),
     EV_START: ("start", ("request", "prompt_tokens", "tokens")),
     EV_DONE: ("done", ("request", "tokens", "reason")),
     EV_ACK: ("ack", ("type", "status", "request")),
@@ -131,6 +138,21 @@ _T_OVERRUNS = const(7)
 _T_MISSES = const(8)
 _T_TASKS = const(9)
 _T_BITES = const(10)
+# bandwidth.py snapshot fields (P_*, NSNAP) and dma.py stats (ST_*, NST), as local consts
+# (tests/firmware/fw_telemetry.py checks them against those modules)
+_P_UTIL = const(1)
+_P_BYTES = const(5)
+_P_BYTES_G = const(6)
+_P_WAITS = const(7)
+_P_REFUSED = const(10)
+_NSNAP = const(16)
+_ST_STALLS = const(12)
+_ST_MAX_DEPTH = const(16)
+_ST_DEPTH = const(17)
+_ST_FULL = const(18)
+_NST = const(22)
+BW_FIELDS = (_P_UTIL, _P_BYTES, _P_BYTES_G, _P_WAITS, _P_REFUSED, _NSNAP)  # the same, for that check
+DMA_FIELDS = (_ST_STALLS, _ST_MAX_DEPTH, _ST_DEPTH, _ST_FULL, _NST)
 
 
 class TelemetryError(ValueError):
@@ -409,12 +431,15 @@ class Telemetry:
     #   kernel  sched.Kernel (task rows, totals, faults/misses/watchdog events)
     #   pool    pool.Pool (blocks, high water, refused allocations)
     #   cache   kv.KVCache with the handles given to watch_seq() (length, blocks, evictions)
-    #   temp    fn() -> deci °C int, or None (absent: no temperature record)
+    #   bw      bandwidth.Bandwidth (per tier every frame, per category rotated, throttles)
+    #   dma     dma.DMAQueue (queue depth every frame)
+    #   thermal thermal.Guard (temperature and state rotated, its state changes as events),
+    #           or a bare source with read_mc() (thermal.BoardTemp / ModelTemp)
     #   heap    True: free/allocated heap from compat (absent on CPython)
     # meta: {key: value} pairs added to the layout frame (model, dtype, policy ...).
     def __init__(self, write, clock=None, link_bps=DEFAULT_LINK_BPS, rate_hz=DEFAULT_RATE_HZ,
-                 share_pct=DEFAULT_SHARE_PCT, frame_bytes=0, kernel=None, pool=None, cache=None, temp=None,
-                 heap=True, meta=None, text_bytes=1024, events=32, max_seqs=4, thermal_limit=0):
+                 share_pct=DEFAULT_SHARE_PCT, frame_bytes=0, kernel=None, pool=None, cache=None, bw=None,
+                 dma=None, thermal=None, heap=True, meta=None, text_bytes=1024, events=32, max_seqs=4):
         for name, v, lo in (("link_bps", link_bps, 100), ("rate_hz", rate_hz, 1), ("share_pct", share_pct, 1),
                             ("text_bytes", text_bytes, 16), ("events", events, 1), ("max_seqs", max_seqs, 1)):
             if v.__class__ is not int or v < lo:
@@ -436,10 +461,12 @@ class Telemetry:
         self.kernel = kernel
         self.pool = pool
         self.cache = cache
-        self.temp = temp
+        self.bw = bw
+        self.dma = dma
+        self.thermal = thermal
+        self.guard = thermal is not None and hasattr(thermal, "sample")  # a Guard (else a bare source)
         self.heap = heap and mem_free() is not None
         self.meta = meta or {}
-        self.thermal_limit = thermal_limit  # deci °C at which EV_THERMAL fires (0: never)
         self.pay = bytearray(MAX_PAYLOAD + _REC_MAX)  # the payload being built (+ room for one record past the end)
         self.wire = bytearray(wire_len(MAX_PAYLOAD) + 1)  # its wire form
         self.n = 0  # payload bytes built
@@ -494,11 +521,26 @@ class Telemetry:
         self.seen_failed = pool.failed if pool is not None else 0
         if cache is not None and cache.on_watermark is None:
             cache.on_watermark = self.on_watermark  # the cache names the sequence that crossed
-        self.thermal_on = 0
-        # rotation over the slow rows: 0 kernel, 1 temp, 2 .. 2+max_seqs-1 sequences
-        # beyond the first, then task slots
-        self.rot_n = 2 + max_seqs + nt
+        self.seen_thermal = thermal.events if self.guard else 0
+        # bandwidth: one snapshot buffer, the waits seen per row (throttle events)
+        if bw is not None:
+            self.bw_snap = bw.new_snapshot()
+            self.bw_rows = bw.snapshot_rows()
+            self.bw_ncat = bw.n_cat + 1  # rows per tier (categories, then the tier's total)
+            self.bw_waits = array("i", bytes(4 * self.bw_rows))
+        else:
+            self.bw_snap = None
+            self.bw_rows = 0
+            self.bw_ncat = 1
+        self.dma_st = array("i", bytes(4 * _NST)) if dma is not None else None
+        # rotation over the slow rows: 0 kernel, 1 temperature, then the sequences beyond
+        # the first, the task slots, the bandwidth (tier, category) rows
+        self.rot_seq = 2
+        self.rot_task = 2 + max_seqs
+        self.rot_bw = self.rot_task + nt
+        self.rot_n = self.rot_bw + self.bw_rows
         self.rot = 0
+        self.starved = False  # the last frame had no room for a slow row: the next one starts with them
         self.want_layout = True  # send the layout frame at the next tick
         self.layout = b""  # the layout body last built
         self.layouts = 0  # layout frames sent
@@ -689,13 +731,21 @@ class Telemetry:
                 self.seen_bites = tot[_T_BITES]
                 b = k.bitten
                 self.event(EV_WATCHDOG, b.id if b is not None else -1, tot[_T_BITES], 0)
-        if self.temp is not None and self.thermal_limit:
-            t = self.temp()
-            if t is not None:
-                on = 1 if t >= self.thermal_limit else 0
-                if on != self.thermal_on:
-                    self.thermal_on = on
-                    self.event(EV_THERMAL, t, on, self.thermal_limit)
+        g = self.thermal
+        if self.guard and g.events != self.seen_thermal:
+            self.seen_thermal = g.events
+            self.event(EV_THERMAL, g.last_event_mc // 100, g.last_event, g.events)
+        bw = self.bw
+        if bw is not None:
+            snap = self.bw_snap
+            bw.snapshot(snap)
+            nc = self.bw_ncat
+            for r in range(self.bw_rows):
+                w = snap[r * _NSNAP + _P_WAITS]
+                if w != self.bw_waits[r]:
+                    if r % nc != nc - 1:  # a category row (the tier's total row repeats them)
+                        self.event(EV_THROTTLE, r // nc, r % nc, w - self.bw_waits[r])
+                    self.bw_waits[r] = w
 
     # True when a task slot holds another task than the layout named (allocation-free)
     def _tasks_changed(self):
@@ -790,29 +840,14 @@ class Telemetry:
         if self.frame_max >= 254:
             limit = self.frame_max - WIRE_OVER - self.frame_max // 254
         self._begin(T_PERIODIC)
-        self._rec(R_CORE, limit, self.tokens, self.tok_s_x10, self.requests, self.skipped, self.events_dropped,
-                  self.text_dropped)
-        p = self.pool
-        if p is not None:
-            self._rec(R_POOL, limit, p.blocks_used, p.blocks_free, p.high_water, p.min_free, p.failed)
-        if self.heap:
-            fr = mem_free()
-            al = mem_alloc()
-            self._rec(R_HEAP, limit, fr if fr > 0 else 0, al if al > 0 else 0)
         first = self._first_seq()
-        if first >= 0:
-            self._seq_rec(first, limit)
-        # slow rows, round robin from self.rot
-        rn = self.rot_n
-        r = self.rot
-        for _ in range(rn):
-            ok = self._slow(r, first, limit)
-            if ok == 0:
-                break  # did not fit: first in line next frame
-            r += 1
-            if r >= rn:
-                r = 0
-        self.rot = r
+        if self.starved:
+            added = self._slow_rows(first, limit)  # slow rows first this time: they always progress
+            self._fast(first, limit)
+        else:
+            self._fast(first, limit)
+            added = self._slow_rows(first, limit)
+        self.starved = added == 0 and self.rot_n > 0
         wl = self._send()
         if wl > 0:
             self.periodic_sent += 1
@@ -820,6 +855,52 @@ class Telemetry:
             if wl > self.periodic_max:
                 self.periodic_max = wl
         return wl
+
+    # the records of every frame: core, pool, heap, the first sequence, tiers, DMA
+    def _fast(self, first, limit):
+        self._rec(R_CORE, limit, self.tokens, self.tok_s_x10, self.requests, self.skipped, self.events_dropped,
+                  self.text_dropped)
+        p = self.pool
+        if p is not None:
+            self._rec(R_POOL, limit, p.blocks_used, p.high_water, p.failed)
+        if self.heap:
+            fr = mem_free()
+            al = mem_alloc()
+            self._rec(R_HEAP, limit, fr if fr > 0 else 0, al if al > 0 else 0)
+        if first >= 0:
+            self._seq_rec(first, limit)
+        bw = self.bw
+        if bw is not None:
+            snap = self.bw_snap
+            bw.snapshot(snap)
+            nc = self.bw_ncat
+            for tier in range(self.bw_rows // nc):
+                o = (tier * nc + nc - 1) * _NSNAP  # the tier's all-categories row
+                if snap[o + _P_BYTES] or snap[o + _P_BYTES_G] or snap[o + _P_WAITS]:  # it moved something
+                    self._rec(R_TIER, limit, tier, snap[o + _P_UTIL],
+                              snap[o + _P_BYTES_G] * 1000000 + snap[o + _P_BYTES] // 1000, snap[o + _P_WAITS])
+        q = self.dma
+        if q is not None:
+            st = self.dma_st
+            q.snapshot(st)
+            self._rec(R_DMA, limit, st[_ST_DEPTH], st[_ST_MAX_DEPTH], q.burst_n, st[_ST_STALLS], st[_ST_FULL])
+
+    # slow rows round robin from self.rot while they fit; the number added
+    def _slow_rows(self, first, limit):
+        rn = self.rot_n
+        r = self.rot
+        added = 0
+        for _ in range(rn):
+            ok = self._slow(r, first, limit)
+            if ok == 0:
+                break  # did not fit: first in line next frame
+            if ok == 2:
+                added += 1
+            r += 1
+            if r >= rn:
+                r = 0
+        self.rot = r
+        return added
 
     # the first watched sequence's slot, or -1
     def _first_seq(self):
@@ -839,7 +920,7 @@ class Telemetry:
             return True
         return self._rec(R_SEQ, limit, i, n, c.cached(h), self.seq_cap[i], c.blocks_of(h), c.evictions(h))
 
-    # slow row r: 1 added or nothing to add, 0 did not fit
+    # slow row r: 2 added, 1 nothing to add, 0 did not fit
     def _slow(self, r, first, limit):
         if r == 0:
             k = self.kernel
@@ -847,34 +928,44 @@ class Telemetry:
                 return 1
             tot = self.tot
             k.snapshot_totals(tot)
-            return 1 if self._rec(R_KERNEL, limit, tot[_T_BUSY_S] * 1000 + tot[_T_BUSY_US] // 1000,
+            return 2 if self._rec(R_KERNEL, limit, tot[_T_BUSY_S] * 1000 + tot[_T_BUSY_US] // 1000,
                                   tot[_T_IDLE_S] * 1000 + tot[_T_IDLE_US] // 1000, tot[_T_TASKS], tot[_T_MISSES],
                                   tot[_T_FAULTS], tot[_T_OVERRUNS], tot[_T_BITES], tot[_T_SWITCHES]) else 0
         if r == 1:
-            if self.temp is None:
+            g = self.thermal
+            if g is None:
                 return 1
-            t = self.temp()
+            if self.guard:
+                return 2 if self._rec(R_TEMP, limit, zigzag(g.temp_mc // 100), g.state, zigzag(g.peak_mc // 100)) else 0
+            return 2 if self._rec(R_TEMP, limit, zigzag(g.read_mc() // 100), 0, 0) else 0
+        if r < self.rot_task:
+            i = r - self.rot_seq
+            if i == first or self.seqs[i] == _NO_SEQ:
+                return 1
+            return 2 if self._seq_rec(i, limit) else 0
+        if r < self.rot_bw:
+            k = self.kernel
+            i = r - self.rot_task
+            t = k.tasks[i]
             if t is None:
                 return 1
-            return 1 if self._rec(R_TEMP, limit, zigzag(t)) else 0
-        ns = len(self.seqs)
-        if r < 2 + ns:
-            i = r - 2
-            if i == first:
-                return 1
-            return 1 if self._seq_rec(i, limit) else 0
-        k = self.kernel
-        i = r - 2 - ns
-        if k is None or i >= len(k.tasks):
-            return 1
-        t = k.tasks[i]
-        if t is None:
-            return 1
-        row = self.row
-        k.snapshot(t, row)
-        return 1 if self._rec(R_TASK, limit, i, row[_S_STATE], row[_S_PRIO],
-                              row[_S_RUN_S] * 1000 + row[_S_RUN_US] // 1000, row[_S_RUNS], row[_S_MAX_SLICE],
-                              row[_S_MAX_LAT], row[_S_MISSES], row[_S_OVERRUNS], row[_S_FAULTS]) else 0
+            row = self.row
+            k.snapshot(t, row)
+            return 2 if self._rec(R_TASK, limit, i, row[_S_STATE], row[_S_PRIO],
+                                  row[_S_RUN_S] * 1000 + row[_S_RUN_US] // 1000, row[_S_RUNS], row[_S_MAX_SLICE],
+                                  row[_S_MAX_LAT], row[_S_MISSES], row[_S_OVERRUNS], row[_S_FAULTS]) else 0
+        i = r - self.rot_bw
+        nc = self.bw_ncat
+        c = i % nc
+        if c == nc - 1:
+            return 1  # the tier's total: in every frame already
+        o = i * _NSNAP
+        snap = self.bw_snap  # as the fast part of this frame (or the poll) left it
+        if not (snap[o + _P_BYTES] or snap[o + _P_BYTES_G] or snap[o + _P_WAITS] or snap[o + _P_REFUSED]):
+            return 1  # nothing moved in this category, nothing throttled or refused
+        return 2 if self._rec(R_BWCAT, limit, i // nc, c, snap[o + _P_UTIL],
+                              snap[o + _P_BYTES_G] * 1000000 + snap[o + _P_BYTES] // 1000, snap[o + _P_WAITS],
+                              snap[o + _P_REFUSED]) else 0
 
     # event frames for the events queued, as many per frame as fit; events the credit
     # does not cover wait for the next tick
@@ -964,6 +1055,17 @@ class Telemetry:
                 self.seen_tasks[i] = t
                 if t is not None:
                     lines.append("task.%d=%s" % (i, t.name))
+        bw = self.bw
+        if bw is not None:
+            for i in range(bw.n_tiers):
+                lines.append("tier.%d=%s" % (i, bw.names[i]))
+                lines.append("tier.%d.bytes_per_s=%d" % (i, bw.bw[i]))
+            for i in range(bw.n_cat):
+                lines.append("cat.%d=%s" % (i, bw.cat_names[i]))
+            lines.append("bw.window_us=%d" % bw.window_us)
+        q = self.dma
+        if q is not None:
+            lines.append("dma.slots=%d" % q.slots)
         for rid in sorted(RECORDS):
             name, fields = RECORDS[rid]
             lines.append("rec.%d=%s:%s" % (rid, name, ",".join(fields)))

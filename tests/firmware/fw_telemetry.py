@@ -254,6 +254,95 @@ no_alloc("the telemetry task on the kernel beside a decode task (60 tokens)", la
 check(capn[0] > 0, "the task sent frames under the lock")
 state[0] = 0
 
+# --- bandwidth, DMA and thermal sources: tier rows every frame, categories rotated,
+# throttles and thermal state changes as events ---
+from firmware_py import board, bandwidth as bwm, thermal  # noqa: E402
+try:
+    from firmware_py import dma as dmam
+except ImportError:
+    dmam = None  # not in this tree yet
+eq(tm.BW_FIELDS,
+   (bwm.P_UTIL, bwm.P_BYTES, bwm.P_BYTES_G, bwm.P_WAITS, bwm.P_REFUSED, bwm.NSNAP), "bandwidth snapshot fields")
+if dmam is not None:
+    eq(tm.DMA_FIELDS,
+       (dmam.ST_STALLS, dmam.ST_MAX_DEPTH, dmam.ST_DEPTH, dmam.ST_FULL, dmam.NST), "DMA stats fields")
+PROFILE = ('{"name":"t","title":"t","kind":"mcu","cpu":{"arch":"a","cores":2,"mhz":240},'
+           '"micropython_heap_bytes":300000,"mpy_arch":"xtensawin","firmware_reserved_bytes":0,'
+           '"memory":[{"name":"sram","kind":"sram","bytes":524288,"bandwidth_bytes_per_s":362000000,'
+           '"latency_ns":4,"dma":true,"source":"s","cost":%s},'
+           '{"name":"psram","kind":"psram","bytes":8388608,"bandwidth_bytes_per_s":38600000,'
+           '"latency_ns":330,"dma":true,"source":"s","cost":%s}],'
+           '"thermal":{"throttle_c":85},"source":"s"}')
+COST = ('{"read_bytes_per_s":{"value":%d,"source":"m"},"write_bytes_per_s":{"value":%d,"source":"m"},'
+        '"copy_bytes_per_s":{"value":%d,"source":"m"},"dma_bytes_per_s":{"value":%d,"source":"m"},'
+        '"line_bytes":{"value":%d,"source":"m"},"line_ns":{"value":%d,"source":"fit"},'
+        '"line_stream_bytes_per_s":{"value":%d,"source":"fit"}}')
+PROFILE = PROFILE % (COST % (362000000, 362000000, 362000000, 362000000, 4, 4, 362000000),
+                     COST % (38600000, 56700000, 22300000, 51000000, 32, 330, 147000000))
+brd = board.loads(PROFILE)
+clk3 = VirtualClock()
+k3 = Kernel(clk3, max_tasks=6, verbose=False)
+bw = bwm.Bandwidth(brd, kernel=k3, window_us=16000, buckets=16)
+PS = bw.tier_id("psram")
+bw.set_budget(PS, bwm.KV_READ, 100)  # kv_read may use 10 % of psram: admissions will wait
+src = thermal.ModelTemp(clk3, ambient_c=60, rise_c=40, tau_us=2000000)
+guard = thermal.Guard(k3, src, throttle_c=85, shrink_c=65, hysteresis_c=3, period_us=250000)
+q = dmam.DMAQueue(k3, bw=bw) if dmam is not None else None
+t3 = tm.Telemetry(link, kernel=k3, bw=bw, dma=q, thermal=guard, heap=False)
+lay_text = t3.layout_body().decode()
+check("tier.1=psram" in lay_text and "cat.0=kv_read" in lay_text, "the layout names tiers and categories")
+
+
+def reader(k):
+    while True:
+        bw.charge(PS, bwm.WEIGHTS, 20000)
+        yield bw.admit(PS, bwm.KV_READ, 30000)  # over its budget: throttled
+        k.charge(5000)
+        yield
+
+
+def guard_task(k):
+    while True:
+        guard.sample()
+        yield k.sleep_us(250000)
+
+
+k3.spawn("telemetry", 3, t3.task(k3))
+k3.spawn("reader", 1, reader(k3))
+k3.spawn("thermal", 2, guard_task(k3))
+capn[0] = 0
+k3.run(for_us=3000000)
+fs = frames(CAP, capn[0])
+recs = {}
+evs = []
+for f in fs:
+    if f[0] == tm.T_PERIODIC:
+        check(f[4] <= 115, "periodic frame with sources within 115 B (%d)" % f[4])
+        for r, v in records(f[3]):
+            recs.setdefault(r, []).append(v)
+    if f[0] == tm.T_EVENT:
+        evs += [code for code, v in records(f[3])]
+check(tm.R_TIER in recs and any(v[0] == PS and v[2] > 0 for v in recs[tm.R_TIER]), "psram tier row with kB moved")
+cats = set((v[0], v[1]) for v in recs.get(tm.R_BWCAT, []))
+check((PS, bwm.WEIGHTS) in cats and (PS, bwm.KV_READ) in cats, "category rows rotated in: %r" % sorted(cats))
+check(tm.R_TEMP in recs, "temperature rows")
+check(tm.EV_THROTTLE in evs, "throttle events: %r" % evs)
+check(tm.EV_THERMAL in evs, "thermal state change events")
+if q is not None:
+    check(tm.R_DMA in recs, "DMA depth row")
+
+
+def ticks3():
+    for _ in range(N):
+        clk3.charge(100000)
+        bw.charge(PS, bwm.KV_WRITE, 1000)
+        guard.sample()
+        t3.tick()
+
+
+ticks3()
+no_alloc("%d telemetry ticks with bandwidth, DMA and thermal sources" % N, ticks3)
+
 # --- the same bytes on every interpreter: a fresh deterministic run ---
 capn[0] = 0
 lay2 = kv.Layout(2, 2, 8, "fp32")
