@@ -11,16 +11,35 @@
 #   block b occupies arena[b * block_bytes : (b + 1) * block_bytes]
 #   views[b] is a memoryview of exactly that block, made once here at boot
 #   (slicing a memoryview later would allocate on MicroPython).
+#
+# Tier ranges (Pool(..., tiers=(n_sram, n_psram), tier_names=("sram", "psram"))): the blocks
+# are split at boot into consecutive ranges, fastest first (the board profile's order), one
+# free list per range. alloc(region, tier=-1) takes from the fastest range with a free
+# block, alloc(region, t) from range t only; tier_of(b) is the range of block b. On a board
+# MicroPython cannot place a bytearray in SRAM or PSRAM: the ranges are the profile's labels
+# there, and the emulator (bandwidth.py's cost model) is where their costs differ
+# (docs/tiers-placement.md). Without tiers= there is one range and everything is as before.
 from array import array
 
 from firmware_py.compat import buffer_address, buffer_writable, const, mem_free, micropython, ptr32
-from firmware_py.status import CARRY_N, E_FULL, E_NO_BLOCK, E_RANGE, E_STATE, OK
+from firmware_py.status import CARRY_N, E_FULL, E_NO_BLOCK, E_RANGE, E_STATE, INT_MAX, OK
 
 _NONE = const(-1)  # free-list end
 _TAKEN = const(-2)  # next[b] of a block that is allocated
 _MAX_REGIONS = const(16)  # regions are numbered 0 .. _MAX_REGIONS - 1
 _MAX_BLOCKS = const(0x7FFF)  # block numbers fit array('h') (block tables, ref counts)
 _MAX_REF = const(0x7FFF)  # references one block may have (array('h'))
+MAX_TIERS = const(4)  # tier ranges a pool may have (sram, psram, ...: a board has at most a few)
+# fields of one tier range's row in Pool.tier (TF ints per range)
+T_LO = const(0)  # first block of the range
+T_END = const(1)  # one past its last block
+T_HEAD = const(2)  # first block of its free list, or -1
+T_FREE = const(3)  # blocks on its free list now
+T_USED = const(4)  # blocks of it allocated now
+T_HIGH = const(5)  # most of its blocks ever allocated at once
+T_MIN_FREE = const(6)  # fewest of its blocks ever free
+T_FAILED = const(7)  # alloc(region, t) refused because the range was empty (saturates at 2**30 - 1)
+TF = const(8)
 # per-block bookkeeping bytes kept outside the arena: next (4) + ref (2) + owner (1)
 META_BYTES_PER_BLOCK = const(7)
 # a view per block: memoryview object + list slot, measured on the 64-bit unix port
@@ -131,11 +150,16 @@ def zero_rows(buf, word: int, step: int, w: int, rows: int):
 
 class Pool:
     # fixed-size block allocator over one preallocated arena, with regions (quotas)
-    def __init__(self, block_bytes, n_blocks, clear_on_free=False, views=True, arena=None):
+    n_tiers = 1  # tier ranges (set per pool by tiers=)
+    tier_names = ("all",)  # range names: the board profile's tier names (tiers=, tier_names=)
+    tier = None  # array('i') of TF ints per range (tiers= only)
+
+    def __init__(self, block_bytes, n_blocks, clear_on_free=False, views=True, arena=None, tiers=None, tier_names=None):
         if block_bytes < 4 or block_bytes % 4:
             raise PoolError("block_bytes must be a positive multiple of 4, got %d" % block_bytes)
         if n_blocks < 1 or n_blocks > _MAX_BLOCKS:
             raise PoolError("n_blocks must be 1..%d, got %d" % (_MAX_BLOCKS, n_blocks))
+        counts = _tier_counts(n_blocks, tiers, tier_names)
         need = block_bytes * n_blocks
         if arena is not None:
             # viper reads and writes the arena as uint32 words: it must be writable, whole
@@ -167,7 +191,29 @@ class Pool:
         self.clear_on_free = clear_on_free  # zero a block when it returns to the free list
         self.next = array("i", range(1, n_blocks + 1))  # free-list link; _TAKEN when allocated
         self.next[n_blocks - 1] = _NONE
-        self.head = 0  # first free block, or _NONE
+        self.head = 0  # first free block of tier 0 (the only list without tiers=), or _NONE
+        # tier ranges: row t of self.tier (TF ints, fields T_*) describes range t: blocks
+        # T_LO .. T_END - 1, its free list and counters. Without tiers= the class defaults
+        # stand (n_tiers 1, tier None: the pool's own head and counters are tier 0's)
+        if tiers is not None:
+            nt = len(counts)
+            self.n_tiers = nt  # tier ranges
+            self.tier_names = tuple(tier_names) if tier_names is not None else tuple("t%d" % t for t in range(nt))
+            self.tier = filled("i", nt * TF, 0)  # [t * TF + T_*] see T_* above
+            tr = self.tier
+            lo = 0
+            for t in range(nt):
+                c = counts[t]
+                o = t * TF
+                tr[o + T_LO] = lo
+                tr[o + T_END] = lo + c
+                tr[o + T_FREE] = c
+                tr[o + T_MIN_FREE] = c
+                tr[o + T_HEAD] = lo if c else _NONE
+                if c:
+                    self.next[lo + c - 1] = _NONE
+                lo += c
+            self.head = tr[T_HEAD]
         self.ref = filled("h", n_blocks, 0)  # references to each block (0 = free)
         self.owner = filled("b", n_blocks, _NONE)  # region charged for each block, _NONE when free
         self.quota = filled("i", _MAX_REGIONS, 0)  # blocks each region may hold; 0 = closed
@@ -218,11 +264,63 @@ class Pool:
             raise PoolError("quota must be >= 0, got %d" % quota)
         self.quota[region] = quota
 
-    # one free block charged to region; E_RANGE for a region never added, E_NO_BLOCK
-    # (counted in .failed) when the pool is empty or the quota is reached; O(1), no allocation
-    def alloc(self, region):
+    # one free block charged to region, from tier range `tier` (-1: the fastest range with a
+    # free block); E_RANGE for a region never added or a tier not 0 .. n_tiers - 1 (or -1),
+    # E_NO_BLOCK (counted in .failed, and in tier_failed for a given tier) when the pool or
+    # that range is empty or the quota is reached; O(n_tiers) (<= 4), no allocation
+    def alloc(self, region, tier=-1):
         if region < 0 or region >= self.n_regions:
             return E_RANGE
+        if tier.__class__ is not int or tier < -1 or tier >= self.n_tiers:
+            return E_RANGE
+        tr = self.tier
+        if tr is None:
+            return self._alloc1(region)
+        if tier < 0:
+            o = 0
+            last = (self.n_tiers - 1) * TF
+            while o < last and tr[o + T_HEAD] < 0:
+                o += TF
+        else:
+            o = tier * TF
+        b = tr[o + T_HEAD]
+        if b < 0 or self.region_used[region] >= self.quota[region]:
+            if b < 0 and tier >= 0 and tr[o + T_FAILED] < INT_MAX:
+                tr[o + T_FAILED] += 1
+            self.count_failed()
+            return E_NO_BLOCK
+        nb = self.next[b]
+        tr[o + T_HEAD] = nb
+        if o == 0:
+            self.head = nb
+        self.next[b] = _TAKEN
+        self.ref[b] = 1
+        self.owner[b] = region
+        self.region_used[region] += 1
+        v = self.allocs + 1
+        if v >= CARRY_N:
+            self.allocs_g += 1
+            v = 0
+        self.allocs = v
+        used = self.blocks_used + 1
+        self.blocks_used = used
+        self.blocks_free -= 1
+        if used > self.high_water:
+            self.high_water = used
+        if self.blocks_free < self.min_free:
+            self.min_free = self.blocks_free
+        tu = tr[o + T_USED] + 1
+        tr[o + T_USED] = tu
+        tf = tr[o + T_FREE] - 1
+        tr[o + T_FREE] = tf
+        if tu > tr[o + T_HIGH]:
+            tr[o + T_HIGH] = tu
+        if tf < tr[o + T_MIN_FREE]:
+            tr[o + T_MIN_FREE] = tf
+        return b
+
+    # the one-range pool's alloc (no tiers=): exactly the pool before tier ranges; O(1)
+    def _alloc1(self, region):
         b = self.head
         if b < 0 or self.region_used[region] >= self.quota[region]:
             self.count_failed()
@@ -245,6 +343,53 @@ class Pool:
         if self.blocks_free < self.min_free:
             self.min_free = self.blocks_free
         return b
+
+    # tier range of block b (0 .. n_tiers - 1), or E_RANGE for no such block; O(n_tiers)
+    def tier_of(self, b):
+        if b.__class__ is not int or b < 0 or b >= self.n_blocks:
+            return E_RANGE
+        tr = self.tier
+        if tr is None:
+            return 0
+        o = 0
+        while b >= tr[o + T_END]:
+            o += TF
+        return o // TF
+
+    # blocks of range tier t free now, or E_RANGE; O(1)
+    def tier_free(self, t):
+        if t.__class__ is not int or t < 0 or t >= self.n_tiers:
+            return E_RANGE
+        return self.blocks_free if self.tier is None else self.tier[t * TF + T_FREE]
+
+    # blocks of range `tier` region could take now (min of the range's free blocks and the
+    # quota left); 0 for no such region or tier; O(1), no allocation
+    def available_in(self, region, tier):
+        if region < 0 or region >= self.n_regions or tier.__class__ is not int or tier < 0 or tier >= self.n_tiers:
+            return 0
+        q = self.quota[region] - self.region_used[region]
+        f = self.blocks_free if self.tier is None else self.tier[tier * TF + T_FREE]
+        return q if q < f else f
+
+    # hand allocated block b (one reference) to region (its quota is charged, the old
+    # owner's freed): a block moved between tiers keeps its sequence's quota. OK, E_RANGE (no
+    # such block or region), E_STATE (free or shared block), E_NO_BLOCK (region's quota full);
+    # O(1), no allocation
+    def transfer(self, b, region):
+        if b.__class__ is not int or b < 0 or b >= self.n_blocks or region.__class__ is not int \
+                or region < 0 or region >= self.n_regions:
+            return E_RANGE
+        if self.ref[b] != 1:
+            return E_STATE
+        old = self.owner[b]
+        if old == region:
+            return OK
+        if self.region_used[region] >= self.quota[region]:
+            return E_NO_BLOCK
+        self.region_used[old] -= 1
+        self.region_used[region] += 1
+        self.owner[b] = region
+        return OK
 
     # a refused allocation: failed + 1 with its carry (alloc, and callers that refuse
     # before asking, as KVCache.open); O(1), no allocation
@@ -291,8 +436,20 @@ class Pool:
             return OK
         self.region_used[self.owner[b]] -= 1
         self.owner[b] = _NONE
-        self.next[b] = self.head
-        self.head = b
+        tr = self.tier
+        if tr is None:
+            self.next[b] = self.head
+            self.head = b
+        else:
+            o = 0
+            while b >= tr[o + T_END]:
+                o += TF
+            self.next[b] = tr[o + T_HEAD]
+            tr[o + T_HEAD] = b
+            if o == 0:
+                self.head = b
+            tr[o + T_USED] -= 1
+            tr[o + T_FREE] += 1
         v = self.frees + 1
         if v >= CARRY_N:
             self.frees_g += 1
@@ -329,6 +486,56 @@ class Pool:
             "frees": self.frees_g * CARRY_N + self.frees,
             "failed": self.failed_g * CARRY_N + self.failed,
         }
+
+
+    # per-tier counters as a dict keyed by range name (allocates: reporting path only)
+    def tier_stats(self):
+        out = {}
+        tr = self.tier
+        if tr is None:
+            return {"all": {"first": 0, "blocks": self.n_blocks, "blocks_free": self.blocks_free,
+                            "blocks_used": self.blocks_used, "high_water": self.high_water,
+                            "min_free": self.min_free, "failed": 0}}
+        for t in range(self.n_tiers):
+            o = t * TF
+            out[self.tier_names[t]] = {
+                "first": tr[o + T_LO],
+                "blocks": tr[o + T_END] - tr[o + T_LO],
+                "blocks_free": tr[o + T_FREE],
+                "blocks_used": tr[o + T_USED],
+                "high_water": tr[o + T_HIGH],
+                "min_free": tr[o + T_MIN_FREE],
+                "failed": tr[o + T_FAILED],
+            }
+        return out
+
+
+# the tier ranges' block counts, checked (configuration: raises PoolError); (n_blocks,)
+# without tiers
+def _tier_counts(n_blocks, tiers, names):
+    if tiers is None:
+        if names is not None:
+            raise PoolError("tier_names needs tiers=")
+        return (n_blocks,)
+    try:
+        counts = tuple(tiers)
+    except TypeError:
+        raise PoolError("tiers must be a tuple of block counts, got %r" % (tiers,)) from None
+    if not 1 <= len(counts) <= MAX_TIERS:
+        raise PoolError("tiers must name 1..%d ranges, got %d" % (MAX_TIERS, len(counts)))
+    for c in counts:
+        if c.__class__ is not int or c < 0:
+            raise PoolError("tier block counts must be ints >= 0, got %r" % (counts,))
+    if sum(counts) != n_blocks:
+        raise PoolError("tier block counts %r add up to %d, the pool has %d blocks" % (counts, sum(counts), n_blocks))
+    if names is not None:
+        names = tuple(names)
+        if len(names) != len(counts):
+            raise PoolError("tier_names has %d names for %d tiers" % (len(names), len(counts)))
+        for nm in names:
+            if nm.__class__ is not str or not nm:
+                raise PoolError("tier names must be non-empty strings, got %r" % (names,))
+    return counts
 
 
 # array of n elements of typecode, all v, built by doubling (array(tc, bytes) means

@@ -144,4 +144,48 @@ no_alloc("pool misuse returns statuses", misuse)
 eq(box[0], status.E_NO_BLOCK + 3 * status.E_RANGE + status.E_STATE * 4, "each misuse gave its status")
 check(all(big[i] == 0xA5 for i in list(range(64)) + list(range(320, 384))), "guard bytes around the arena intact")
 raises(pool.PoolError, pool.Pool, 64, 0)
+
+# tier ranges: consecutive ranges fastest first, one free list each; alloc(region) takes the
+# fastest range with a free block, alloc(region, t) range t only; without tiers= tier 0 is all
+eq((p.n_tiers, p.tier_names, p.tier_of(3), p.tier_free(0), p.alloc(rb, 1), p.alloc(rb, -2), p.alloc(rb, True)),
+   (1, ("all",), 0, p.blocks_free, status.E_RANGE, status.E_RANGE, status.E_RANGE), "an untiered pool is one range")
+tp = pool.Pool(32, 7, tiers=(2, 0, 5), tier_names=("sram", "iram", "psram"))
+rt = tp.add_region(7)
+eq((tp.n_tiers, tp.tier_names, [tp.tier_of(b) for b in range(7)], tp.tier_of(7)),
+   (3, ("sram", "iram", "psram"), [0, 0, 2, 2, 2, 2, 2], status.E_RANGE), "ranges: blocks 0-1 sram, none iram, 2-6 psram")
+eq([tp.alloc(rt) for _ in range(3)], [0, 1, 2], "alloc(region) takes the fastest range first, then the next one with a block")
+eq((tp.alloc(rt, 0), tp.alloc(rt, 1), tp.tier[0 * pool.TF + pool.T_FAILED], tp.tier[1 * pool.TF + pool.T_FAILED]),
+   (status.E_NO_BLOCK, status.E_NO_BLOCK, 1, 1), "an empty range refuses a request for it (counted per range)")
+eq(tp.unref(0), status.OK, "free an sram block")
+eq((tp.alloc(rt, 2), tp.alloc(rt)), (3, 0), "a given range; then the freed sram block is the fastest free")
+st = tp.tier_stats()
+eq((st["sram"]["blocks_used"], st["sram"]["high_water"], st["psram"]["blocks_used"], st["psram"]["blocks_free"],
+    st["psram"]["min_free"], tp.blocks_used), (2, 2, 2, 3, 3, 4), "per-range counters")
+eq((tp.available_in(rt, 2), tp.available_in(rt, 0), tp.available_in(rt, 9)), (3, 0, 0), "available_in by range")
+rq2 = tp.add_region(1)
+eq((tp.transfer(3, rq2), tp.region_used[rt], tp.region_used[rq2], tp.transfer(2, rq2), tp.transfer(5, rq2)),
+   (status.OK, 3, 1, status.E_NO_BLOCK, status.E_STATE), "transfer hands a block's quota to another region")
+for what, args in (("counts not adding up", (32, 7, False, True, None, (2, 4))), ("a negative count", (32, 2, False, True, None, (3, -1))),
+                   ("names of another length", (32, 2, False, True, None, (1, 1), ("a",))), ("names without tiers", (32, 2, False, True, None, None, ("a",))),
+                   ("too many ranges", (32, 5, False, True, None, (1, 1, 1, 1, 1)))):
+    e = raises(pool.PoolError, pool.Pool, *args)
+    check("tier" in str(e), "refused: %s (%s)" % (what, e))
+tq = pool.Pool(16, 8, tiers=(3, 5))
+rtq = tq.add_region(8)
+tres = [0]
+
+
+def tier_churn():
+    a = tq.alloc(rtq)
+    b = tq.alloc(rtq, 1)
+    c = tq.alloc(rtq, 0)
+    t = tq.tier_of(a) + tq.tier_of(b) * 2 + tq.tier_of(c) * 4
+    tq.unref(a)
+    tq.unref(b)
+    tq.unref(c)
+    tres[0] = t + tq.alloc(rtq, 5) + tq.tier_of(-1)
+
+
+no_alloc("tiered alloc / alloc(tier) / tier_of / unref", tier_churn)
+eq((tres[0], tq.blocks_free, tq.tier_free(0), tq.tier_free(1)), (2 + 2 * status.E_RANGE, 8, 3, 5), "tiered churn under the heap lock")
 done()
