@@ -536,6 +536,14 @@ class Bandwidth(CostModel):
         off = self._room(r, n, bud)
         return E_FULL if off < 0 else off
 
+    # the largest admission (tier, cat) can take at once: its budget per window, or
+    # CHARGE_MAX when it is not policed; callers split bigger moves into pieces this size
+    def piece(self, tier, cat):
+        if not (_is_int(tier) and _is_int(cat)) or not 0 <= tier < self.n_tiers or not 0 <= cat < self.n_cat:
+            return E_RANGE
+        b = self.budget[tier * self.n_cat_max + cat]
+        return CHARGE_MAX if b < 0 or b > CHARGE_MAX else b
+
     # µs the calling task would wait now to be admitted n bytes of cat on tier: 0 (room
     # now), > 0, E_FULL (past the horizon) or E_RANGE; nothing changes
     def wait_us(self, tier, cat, n):
@@ -635,15 +643,15 @@ class Bandwidth(CostModel):
 
     # --- pricing with contention ----------------------------------------------------------
 
-    # the tier is used for `us` µs by a transfer that may start now: it starts when the
-    # tier is free (after another transfer in flight) and ends `us` later. Returns the µs
-    # from now to its end; marks the tier busy until then
-    def _occupy(self, tier, us, now):
-        start = now
+    # the tier is used for `us` µs by a transfer that may start `after` µs from now: it
+    # starts then, or when the tier is free (after another transfer in flight), and ends
+    # `us` later. Returns the µs from now to its end; marks the tier busy until then
+    def _occupy(self, tier, us, now, after=0):
+        start = ticks_add(now, after)
         ts = (tier * (self.n_cat_max + 1) + self.n_cat_max) * NSTAT
         st = self.st
         if self.busyf[tier]:
-            d = ticks_diff(self.busy[tier], now)
+            d = ticks_diff(self.busy[tier], start)
             if d > 0:
                 start = self.busy[tier]
                 if st[ts + S_STALLS] < INT_MAX:
@@ -657,12 +665,14 @@ class Bandwidth(CostModel):
         return ticks_diff(end, now)
 
     # µs from now until a transfer of n bytes on tier by kind completes, waiting for the
-    # tier if another transfer holds it (contention); marks the tier busy. E_RANGE as cost_us
-    def occupy(self, tier, kind, n):
+    # tier if another transfer holds it (contention); marks the tier busy. after: it
+    # cannot start before that many µs from now (the caller's previous transfer, not yet
+    # charged to the clock). E_RANGE as cost_us
+    def occupy(self, tier, kind, n, after=0):
         us = self.cost_us(tier, kind, n)
-        if us < 0:
-            return us
-        return self._occupy(tier, us, self._advance())
+        if us < 0 or not _is_int(after) or after < 0 or after > INT_MAX >> 2:
+            return us if us < 0 else E_RANGE
+        return self._occupy(tier, us, self._advance(), after)
 
     # the same for a copy src -> dst (dma 0: CPU, 1: DMA): it starts when both tiers are
     # free and holds both until it ends
@@ -704,15 +714,15 @@ class Bandwidth(CostModel):
 
     # charge + occupy: count n bytes of cat on tier and return the µs until the transfer
     # (by kind) completes; the caller spends them (k.charge(us) for CPU work, sleep for
-    # DMA). E_RANGE with nothing changed
-    def move(self, tier, kind, cat, n):
+    # DMA). after: as occupy. E_RANGE with nothing changed
+    def move(self, tier, kind, cat, n, after=0):
         us = self.cost_us(tier, kind, n)
-        if us < 0:
-            return us
+        if us < 0 or not _is_int(after) or after < 0 or after > INT_MAX >> 2:
+            return us if us < 0 else E_RANGE
         r = self.charge(tier, cat, n)
         if r < 0:
             return r
-        return self._occupy(tier, us, self.clock.now())
+        return self._occupy(tier, us, self.clock.now(), after)
 
     # charge_copy + occupy_copy: the µs until the copy completes; E_RANGE, nothing changed
     def move_copy(self, src, dst, dma, cat, n):
@@ -859,3 +869,95 @@ def _add_us(st, iu, isec, us):
         st[isec] += v // _US_PER_S
         v %= _US_PER_S
     st[iu] = v
+
+
+class DecodeTraffic:
+    # the byte traffic of one model decode step, charged to a tracker layer by layer
+    # (docs/tiers.md): per layer its weights read from w_tier (WEIGHTS), the new token's
+    # K/V row written (KV_WRITE) and every cached row read by the attention pass (KV_READ)
+    # on kv_tier; after the last layer the final norm, the classifier and the embedding
+    # row (WEIGHTS). Each call returns the µs the move takes by the cost model (with
+    # contention: a DMA in flight on the tier delays it), which the decode task charges
+    # to the clock when charge_time is set. admit: the decode task asks admission for
+    # each piece first (Session.task), so a budget throttles the decode. No allocation
+    def __init__(self, bw, layer_weight_bytes, final_weight_bytes, kv_row_bytes, w_tier, kv_tier,
+                 kv_kind=K_READ, w_kind=K_READ, charge_time=True, admit=False):
+        for name, v in (("layer_weight_bytes", layer_weight_bytes), ("final_weight_bytes", final_weight_bytes),
+                        ("kv_row_bytes", kv_row_bytes)):
+            if not _is_int(v) or v < 0:
+                raise BandwidthError("decode traffic: %s must be an integer >= 0, got %r" % (name, v))
+        if kv_kind not in (K_READ, K_LINE) or w_kind not in (K_READ, K_LINE):
+            raise BandwidthError("decode traffic: reads are K_READ or K_LINE")
+        self.bw = bw  # the Bandwidth tracker
+        self.w_tier = w_tier if _is_int(w_tier) else bw.tier_id(w_tier)  # where the weights live
+        self.kv_tier = kv_tier if _is_int(kv_tier) else bw.tier_id(kv_tier)  # where the KV blocks live
+        self.layer_w = layer_weight_bytes  # weights read per layer, bytes
+        self.final_w = final_weight_bytes  # weights read after the layers (norm, classifier, embedding row)
+        self.row = kv_row_bytes  # K + V bytes of one token in one layer (as stored)
+        self.kv_kind = kv_kind  # how the attention pass reads the cached rows
+        self.w_kind = w_kind  # how the matvecs read the weights
+        self.charge_time = charge_time  # the decode task charges the returned µs to its clock
+        self.admit = admit  # the decode task asks admission before each piece
+        self.us = 0  # µs of memory time charged so far, part below 10**6
+        self.s = 0  # ... seconds
+        self.bytes_w = 0  # weights bytes charged, part below CARRY_N
+        self.bytes_w_g = 0  # ... times CARRY_N
+        self.bytes_kv = 0  # KV bytes charged (read + write), part below CARRY_N
+        self.bytes_kv_g = 0  # ... times CARRY_N
+
+    # KV bytes one attention pass over n cached tokens reads in one layer
+    def kv_read_bytes(self, n):
+        return n * self.row
+
+    # charge one layer with n cached tokens (the new one included); returns its memory
+    # µs (>= 0), or E_RANGE (nothing charged: a piece over CHARGE_MAX)
+    def layer(self, n, charged=False):
+        bw = self.bw
+        r = n * self.row
+        if r > CHARGE_MAX or n < 0:
+            return E_RANGE
+        # one after the other (one CPU): each starts when the previous ends
+        if charged:  # admission already charged the bytes: only the time
+            us = bw.occupy(self.w_tier, self.w_kind, self.layer_w)
+            us = bw.occupy(self.kv_tier, K_WRITE, self.row, us)
+            us = bw.occupy(self.kv_tier, self.kv_kind, r, us)
+        else:
+            us = bw.move(self.w_tier, self.w_kind, WEIGHTS, self.layer_w)
+            us = bw.move(self.kv_tier, K_WRITE, KV_WRITE, self.row, us)
+            us = bw.move(self.kv_tier, self.kv_kind, KV_READ, r, us)
+        self._count(self.layer_w, self.row + r, us)
+        return us
+
+    # charge the step's end (final norm, classifier, embedding row); returns its µs
+    def final(self, charged=False):
+        if charged:
+            us = self.bw.occupy(self.w_tier, self.w_kind, self.final_w)
+        else:
+            us = self.bw.move(self.w_tier, self.w_kind, WEIGHTS, self.final_w)
+        self._count(self.final_w, 0, us)
+        return us
+
+    def _count(self, w, kvb, us):
+        v = self.bytes_w + w
+        if v >= CARRY_N:
+            self.bytes_w_g += v // CARRY_N
+            v %= CARRY_N
+        self.bytes_w = v
+        v = self.bytes_kv + kvb
+        if v >= CARRY_N:
+            self.bytes_kv_g += v // CARRY_N
+            v %= CARRY_N
+        self.bytes_kv = v
+        v = self.us + us
+        if v >= _US_PER_S:
+            self.s += v // _US_PER_S
+            v %= _US_PER_S
+        self.us = v
+
+    # µs of memory time the model says one token takes at n cached tokens (no charging:
+    # the prediction, docs/tiers.md), n_layers layers
+    def token_us(self, n_layers, n):
+        bw = self.bw
+        us = n_layers * (bw.cost_us(self.w_tier, self.w_kind, self.layer_w) + bw.cost_us(self.kv_tier, K_WRITE, self.row)
+                         + bw.cost_us(self.kv_tier, self.kv_kind, n * self.row))
+        return us + bw.cost_us(self.w_tier, self.w_kind, self.final_w)

@@ -8,14 +8,14 @@
 # prints the text as it comes, then one summary line (decode.SUMMARY starts it).
 import sys
 
-from firmware_py import compat, kv, llama2c, pool, tokenizer
+from firmware_py import bandwidth, compat, kv, llama2c, pool, tokenizer
 from firmware_py.clock import RealClock
 from firmware_py.compat import const
 from firmware_py import model as fw_model
 from firmware_py.model import Model
 from firmware_py.sample import Sampler
 from firmware_py.sched import Kernel  # imported before the pool takes the heap: compiling it later may not fit
-from firmware_py.status import E_FULL, E_NO_BLOCK
+from firmware_py.status import E_FULL, E_NO_BLOCK, E_RANGE
 
 # What a decoding firmware keeps besides weights, activations and the KV pool: its
 # modules (114 KB live on 64-bit, 84 KB on 32-bit, compiled from source), the holes
@@ -145,6 +145,7 @@ class Session:
         self.t_end = 0  # ticks when the task ended
         self.layer_us = 0  # virtual µs charged per layer (VirtualClock runs; 0 on a real clock)
         self.on_token = None  # callable(session) after every new token, or None
+        self.traffic = None  # bandwidth.DecodeTraffic charged per layer (traffic_for), or None: none
 
     # prompt ids for text (BOS first); a full-policy prompt longer than the budget is refused
     def encode(self, text):
@@ -169,15 +170,60 @@ class Session:
         out(tok.decode(ids))
         feed = ids[0]  # the token going in at pos: the prompt's, then the last one picked
         pos = 0
+        tr = self.traffic
+        cache = self.cache
         while self.n_new < n:
             for _ in m.forward(h, feed, pos):
                 if self.layer_us:
                     kernel.charge(self.layer_us)
+                if tr is not None:
+                    c = cache.cached(h)  # the new token's row included
+                    if tr.admit:  # each piece waits for its category's room first
+                        for i in range(3):
+                            if i == 0:
+                                tier, cat, left = tr.w_tier, bandwidth.WEIGHTS, tr.layer_w
+                            elif i == 1:
+                                tier, cat, left = tr.kv_tier, bandwidth.KV_WRITE, tr.row
+                            else:
+                                tier, cat, left = tr.kv_tier, bandwidth.KV_READ, c * tr.row
+                            most = tr.bw.piece(tier, cat)
+                            while left > 0:
+                                p = left if left < most else most
+                                rv = (yield tr.bw.admit(tier, cat, p)) if p > 0 else E_RANGE
+                                if rv == E_FULL:  # booked a whole window ahead by others: try again after it
+                                    yield kernel.sleep_us(tr.bw.window_us)
+                                    continue
+                                if rv < 0:  # not admissible (a zero budget): counted without admission
+                                    tr.bw.charge(tier, cat, left)
+                                    left = 0
+                                else:
+                                    left -= p
+                    us = tr.layer(c, tr.admit)
+                    if tr.charge_time and us > 0:
+                        kernel.charge(us)
                 yield
             st = m.status
             if st < 0:
                 self.stop = "full" if st == E_FULL else "no_block" if st == E_NO_BLOCK else "status %d" % st
                 break
+            if tr is not None:
+                if tr.admit:
+                    left = tr.final_w
+                    most = tr.bw.piece(tr.w_tier, bandwidth.WEIGHTS)
+                    while left > 0:
+                        p = left if left < most else most
+                        rv = (yield tr.bw.admit(tr.w_tier, bandwidth.WEIGHTS, p)) if p > 0 else E_RANGE
+                        if rv == E_FULL:
+                            yield kernel.sleep_us(tr.bw.window_us)
+                            continue
+                        if rv < 0:
+                            tr.bw.charge(tr.w_tier, bandwidth.WEIGHTS, left)
+                            left = 0
+                        else:
+                            left -= p
+                us = tr.final(tr.admit)
+                if tr.charge_time and us > 0:
+                    kernel.charge(us)
             pos += 1
             if pos < len(ids):
                 feed = ids[pos]
@@ -214,6 +260,62 @@ class Session:
         if self.stop:
             return "%sthe cache refused a token (%s) after %d tokens" % (STOP, self.stop, self.cache.length(self.h))
         return ""
+
+
+# (weights bytes read per layer, weights bytes read after the layers) by one decode
+# step of weights (llama2c.Weights): a layer's seven matrices (int8: values + fp32
+# scales) and two norms; then the final norm, the classifier and the embedding row
+def weight_traffic(weights):
+    cfg = weights.cfg
+
+    def mbytes(m):
+        n = m.rows * m.cols
+        return n + 4 * (n // m.group) if m.group else 4 * n
+
+    lw = weights.layers[0]
+    per_layer = 2 * 4 * cfg.dim
+    for name in llama2c.LAYER_MATRICES:
+        per_layer += mbytes(getattr(lw, name))
+    emb = weights.token_embedding
+    row = cfg.dim + 4 * (cfg.dim // emb.group) if emb.group else 4 * cfg.dim
+    return per_layer, 4 * cfg.dim + mbytes(weights.wcls) + row
+
+
+# the same from a checkpoint's llama2c.Layout (no weights loaded: predictions)
+def layout_traffic(lay):
+    cfg = lay.cfg
+    per_layer = 0
+    final = 0
+    emb_row = 4 * cfg.dim
+    for t in lay.tensors:
+        if t.name == "freq_cis":
+            continue
+        n = t.rows * t.cols
+        b = n + 4 * (n // t.group) if t.group else 4 * n
+        if t.layer == 0:
+            per_layer += b
+        elif t.name == "rms_final" or t.name == "wcls":
+            final += b
+        elif t.name == "token_embedding":
+            emb_row = cfg.dim + 4 * (cfg.dim // t.group) if t.group else 4 * cfg.dim
+            if cfg.shared_classifier:
+                final += b
+    return per_layer, final + emb_row
+
+
+# a bandwidth.DecodeTraffic for session s on tracker bw: weights on w_tier, KV blocks on
+# kv_tier (names or ids; default: the board's psram tier when it has one, else its first),
+# K/V rows as the layout stores them; options as DecodeTraffic's
+def traffic_for(s, bw, w_tier=None, kv_tier=None, **opts):
+    dflt = 0
+    for i, name in enumerate(bw.names):
+        if name == "psram":
+            dflt = i
+    per_layer, final = weight_traffic(s.weights)
+    lay = s.layout
+    row = getattr(lay, "store_row", lay.layer_row)  # bytes of one (layer, token) row as stored
+    return bandwidth.DecodeTraffic(bw, per_layer, final, row, dflt if w_tier is None else w_tier,
+                                   dflt if kv_tier is None else kv_tier, **opts)
 
 
 # heap a decoding firmware keeps for itself with model cfg (B) on an interpreter whose
@@ -352,14 +454,16 @@ class HeapTrace:
 
 # boot a Session, decode n tokens of prompt as a kernel task beside nothing else, print
 # the text, the stop line if any, and the summary (trace_heap: then the "heap: ..."
-# line of a HeapTrace sampled after every token); returns the Session. DecodeError
+# line of a HeapTrace sampled after every token; traffic: see below); returns the Session. DecodeError
 # for a user's mistake (the caller prints it as one line)
-def run(model_path, tok_path, prompt, n, out=write_out, clock=None, on_token=None, trace_heap=False, **opts):
+def run(model_path, tok_path, prompt, n, out=write_out, clock=None, on_token=None, trace_heap=False, traffic=None, **opts):
     s = Session(model_path, tok_path, **opts)
     trace = HeapTrace(n) if trace_heap else None
     s.on_token = trace if trace is not None else on_token
     ids = s.encode(prompt)
     k = Kernel(clock or RealClock(), max_tasks=4, verbose=True)
+    if traffic is not None:  # callable(session, kernel) -> DecodeTraffic (e.g. over a Bandwidth on k)
+        s.traffic = traffic(s, k)
     t = k.spawn("decode", 1, s.task(k, ids, n, out))
     k.run()
     if t.exc is not None:
