@@ -1,0 +1,271 @@
+# The bandwidth tracker and cost model on CPython: property tests (hypothesis) against a
+# plain reference of the bucketed window (window sums equal the charged bytes over any
+# sequence, across the tick wrap; admission wakes a task at exactly the earliest bucket
+# start where the window has room; throttled-wait stats add up), the board profiles'
+# measured figures reproduced, and the decode loop charging its real traffic.
+import os
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import ROOT
+from firmware_py import bandwidth as bwm
+from firmware_py import board, compat, decode
+from firmware_py.clock import VirtualClock
+from firmware_py.sched import Kernel
+from firmware_py.status import E_FULL, E_RANGE, OK
+
+BOARD = board.load(os.path.join(ROOT, "boards", "esp32s3_n8r8.json"))
+WIN, NB = 16000, 16
+B = WIN // NB
+TINY = os.path.join(ROOT, "models", "kvrtos-tiny")
+
+
+class Ref:
+    # the window by definition: every charge with its absolute time; the window at t holds
+    # the charges whose bucket index is within NB - 1 of t's
+    def __init__(self, t0):
+        self.t0 = t0
+        self.items = []  # (abs_time, tier, cat, n)
+
+    def idx(self, t):
+        return (t - self.t0) // B
+
+    def window(self, now, tier, cat=None):
+        c = self.idx(now)
+        return sum(n for t, ti, ca, n in self.items
+                   if ti == tier and (cat is None or ca == cat) and c - NB < self.idx(t) <= c)
+
+
+def new(start=0, clock=None, kernel=None):
+    clk = clock or VirtualClock(start)
+    return clk, bwm.Bandwidth(BOARD, clk, kernel=kernel, window_us=WIN, buckets=NB)
+
+
+OPS = st.lists(st.tuples(st.integers(0, 2), st.integers(0, 4), st.integers(0, 50000), st.integers(0, 40000)),
+               min_size=1, max_size=60)
+
+
+@settings(max_examples=150, deadline=None)
+@given(OPS, st.sampled_from([0, compat.TICKS_PERIOD - 20000]))
+def test_window_sums_equal_the_charged_bytes(ops, start):
+    clk, bw = new(start)
+    ref = Ref(0)  # absolute µs since start
+    t = 0
+    for tier, cat, n, dt in ops:
+        clk.charge(dt)
+        t += dt
+        assert bw.charge(tier, cat, n) == OK
+        ref.items.append((t, tier, cat, n))
+        for ti in range(3):
+            assert bw.window(ti) == ref.window(t, ti)
+            for c in range(5):
+                assert bw.window(ti, c) == ref.window(t, ti, c)
+    rep = bw.report()
+    for ti, name in enumerate(bw.names):
+        assert rep[name]["all"]["bytes"] == sum(x[3] for x in ref.items if x[1] == ti)
+        assert rep[name]["all"]["bytes"] == sum(rep[name][c]["bytes"] for c in bwm.CATEGORY_NAMES)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 30000), st.integers(0, 2000)), max_size=30),
+       st.integers(1, 1000), st.integers(1, 40000), st.integers(0, 3000))
+def test_admission_wakes_at_exactly_the_earliest_bucket_with_room(prior, permille, n, lead):
+    k = Kernel(VirtualClock(), max_tasks=4)
+    clk, bw = new(clock=k.clock, kernel=k)
+    ps = bw.tier_id("psram")
+    budget = bw.set_budget(ps, bwm.IO, permille)
+    ref = Ref(0)
+    t = 0
+    for m, dt in prior:  # plain charges (they are never refused by the budget)
+        clk.charge(dt)
+        t += dt
+        bw.charge(ps, bwm.IO, m)
+        ref.items.append((t, ps, bwm.IO, m))
+    clk.charge(lead)
+    t += lead
+    got = []
+
+    def task():
+        got.append((yield bw.admit(ps, bwm.IO, n)))
+        got.append(k.now())
+
+    k.spawn("a", 1, task())
+    k.run()
+    if n > budget:
+        assert got[0] == E_RANGE
+        return
+    # the reference: the first bucket start (or now) at which the window has room
+    c = ref.idx(t)
+    expect = None
+    for g in range(c, c + NB + 1):
+        if ref.window(g * B if g > c else t, ps, bwm.IO) + n <= budget:
+            expect = t if g == c else g * B
+            break
+    if expect is None:
+        assert got[0] == E_FULL
+        return
+    assert got[0] == OK
+    assert compat.ticks_diff(got[1], 0) == expect
+    ref.items.append((expect, ps, bwm.IO, n))
+    assert bw.window(ps, bwm.IO) == ref.window(expect, ps, bwm.IO)
+    assert bw.window(ps, bwm.IO) <= max(budget, ref.window(expect, ps, bwm.IO))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.lists(st.tuples(st.integers(1, 30000), st.integers(0, 5000)), min_size=1, max_size=8),
+                min_size=1, max_size=4), st.integers(50, 400))
+def test_throttled_wait_stats_add_up_and_admitted_traffic_stays_within_budget(tasks, permille):
+    k = Kernel(VirtualClock(), max_tasks=8)
+    clk, bw = new(clock=k.clock, kernel=k)
+    ps = bw.tier_id("psram")
+    budget = bw.set_budget(ps, bwm.KV_READ, permille)
+    waits = []
+    admitted = []
+
+    def task(reqs):
+        for n, work in reqs:
+            t0 = k.now()
+            rv = yield bw.admit(ps, bwm.KV_READ, n)
+            if rv == OK:
+                admitted.append(n)
+                # throttled time: from the request to the grant (the timer's due time; the
+                # task may run a little later, behind another task's slice)
+                w = compat.ticks_diff(k.current.due, t0) if k.now() != t0 else 0
+                assert compat.ticks_diff(k.now(), t0) >= w
+                waits.append(w)
+            else:
+                assert rv in (E_RANGE, E_FULL)
+                assert rv != E_RANGE or n > budget
+            k.charge(work)
+
+    for reqs in tasks:
+        k.spawn("t", 1, task(reqs))
+    k.run()
+    r = bw.report()["psram"]
+    assert r["kv_read"]["waits"] == sum(1 for w in waits if w > 0)
+    assert r["kv_read"]["wait_us"] == sum(waits)
+    assert r["all"]["wait_us"] == r["kv_read"]["wait_us"]
+    assert r["kv_read"]["bytes"] == sum(admitted)
+    assert r["kv_read"]["peak"] <= budget  # only admissions here: no window ever over the budget
+
+
+def test_refusals_change_nothing_and_config_errors_are_one_line():
+    clk, bw = new()
+    before = bw.report()
+    for args in ((0, 0, -1), (0, 99, 1), (5, 0, 1), (0, 0, 1.0), (0, 0, True), (0, 0, 2 ** 40), (None, 0, 1)):
+        assert bw.charge(*args) == E_RANGE
+    after = bw.report()
+    for tier in bw.names:
+        assert after[tier]["all"]["bytes"] == before[tier]["all"]["bytes"]
+    for bad in (lambda: bw.set_budget(0, 0, -1), lambda: bw.tier_id("nope"), lambda: bw.category_id("x"),
+                lambda: bwm.Bandwidth(BOARD, clk, window_us=1000, buckets=3),
+                lambda: bwm.Bandwidth(BOARD, None)):
+        with pytest.raises(bwm.BandwidthError) as e:
+            bad()
+        assert "\n" not in str(e.value)
+    with pytest.raises(bwm.BandwidthError, match="admission needs the kernel"):
+        bw.admit(0, 0, 1)
+
+
+def test_cost_model_reproduces_the_measured_esp32s3_figures():
+    c = bwm.CostModel(BOARD)
+    sr, ps = 0, 1
+    n = 100000  # the measurement's 100 KB copies
+
+    def mbs(us):
+        return n / us
+
+    assert abs(mbs(c.copy_us(sr, sr, 0, n)) - 362) < 3
+    assert abs(mbs(c.copy_us(ps, sr, 0, n)) - 38.6) < 0.2
+    assert abs(mbs(c.copy_us(ps, sr, 1, n)) - 51) < 0.3
+    assert abs(mbs(c.copy_us(sr, ps, 0, n)) - 56.7) < 0.3
+    assert abs(mbs(c.copy_us(ps, ps, 0, n)) - 22.3) < 0.2
+    # reads by cache line: 330 ns per line plus 147 MB/s fits 37.0 / 58.1 / 84.2 MB/s
+    for lb, meas in ((16, 37.0), (32, 58.1), (64, 84.2)):
+        ns = 330 + lb * 1000 / 147
+        assert abs(lb * 1000 / ns - meas) / meas < 0.02
+    assert c.line_bytes[ps] == 32 and abs(32 * 1000 / c.line_ns[ps] - 58.1) < 0.5
+    assert c.cost_us(2, bwm.K_DMA, 100) == E_RANGE  # flash has no DMA engine here
+    for kind in range(bwm.N_KINDS):  # no overflow at the largest size, on any tier that has the kind
+        for tier in range(3):
+            v = c.cost_us(tier, kind, bwm.CHARGE_MAX)
+            assert v == E_RANGE or 0 < v < 2 ** 30
+
+
+def test_contention_a_transfer_during_a_dma_finishes_later():
+    clk, bw = new()
+    ps = bw.tier_id("psram")
+    dma = bw.move_copy(ps, 0, 1, bwm.IO, 51000)  # ~1 ms of DMA out of PSRAM
+    cpu = bw.move(ps, bwm.K_READ, bwm.WEIGHTS, 38600)  # ~1 ms of CPU reads, starting now
+    assert cpu == dma + bw.cost_us(ps, bwm.K_READ, 38600)
+    clk.charge(cpu)
+    assert bw.move(ps, bwm.K_READ, bwm.WEIGHTS, 38600) == bw.cost_us(ps, bwm.K_READ, 38600)  # free again
+    r = bw.report()["psram"]["all"]
+    assert r["stalls"] == 1 and r["stall_us"] == dma
+
+
+def _tiny_session():
+    return decode.Session(os.path.join(TINY, "model.bin"), os.path.join(TINY, "tokenizer.bin"), backend="plain")
+
+
+def _decode(s, k, n):
+    out = []
+    k.spawn("decode", 1, s.task(k, s.encode("Once upon a time"), n, out.append))
+    k.run()
+    return b"".join(out)
+
+
+def test_decode_charges_its_real_traffic_and_the_clock_follows_the_cost_model():
+    plain = _tiny_session()
+    k0 = Kernel(VirtualClock(), max_tasks=2)
+    text0 = _decode(plain, k0, 12)
+    assert k0.now() == 0  # without a tracker nothing is charged: decode as before
+
+    s = _tiny_session()
+    k = Kernel(VirtualClock(), max_tasks=2)
+    bw = bwm.Bandwidth(BOARD, kernel=k)
+    s.traffic = decode.traffic_for(s, bw)
+    text = _decode(s, k, 12)
+    assert text == text0  # the same tokens
+    cfg = s.cfg
+    per_layer, final = decode.weight_traffic(s.weights)
+    assert (per_layer, final) == decode.layout_traffic(__import__("firmware_py.llama2c", fromlist=["plan"]).plan(
+        os.path.join(TINY, "model.bin"))[1])
+    forwards = s.n_prompt + s.n_new - 1  # the last token picked is never fed back
+    row = s.layout.store_row
+    rep = bw.report()["psram"]
+    assert rep["weights"]["bytes"] == forwards * (cfg.n_layers * per_layer + final)
+    assert rep["kv_write"]["bytes"] == forwards * cfg.n_layers * row
+    assert rep["kv_read"]["bytes"] == cfg.n_layers * row * sum(range(1, forwards + 1))
+    assert k.now() == sum(s.traffic.token_us(cfg.n_layers, c) for c in range(1, forwards + 1))
+
+
+def test_decode_with_admission_is_throttled_by_a_weights_budget():
+    s = _tiny_session()
+    k = Kernel(VirtualClock(), max_tasks=2)
+    bw = bwm.Bandwidth(BOARD, kernel=k)
+    bw.apply_preset("psram")
+    ps = bw.tier_id("psram")
+    bw.set_budget(ps, bwm.WEIGHTS, 5)  # 0.5 % of PSRAM: far below what the model reads
+    s.traffic = decode.traffic_for(s, bw, admit=True)
+    text = _decode(s, k, 6)
+    ref = _decode(_tiny_session(), Kernel(VirtualClock(), max_tasks=2), 6)
+    assert text == ref
+    r = bw.report()["psram"]["weights"]
+    assert r["waits"] > 0 and r["peak"] <= bw.budget[ps * bw.n_cat_max + bwm.WEIGHTS]
+    forwards = s.n_prompt + s.n_new - 1
+    per_layer, final = decode.weight_traffic(s.weights)
+    assert r["bytes"] == forwards * (s.cfg.n_layers * per_layer + final)  # split, but every byte charged once
+
+
+def test_costmodel_bench_prediction_and_emulation_agree():
+    from host.bench import costmodel
+
+    r = costmodel.measure()
+    e = r["emulated"]
+    assert e["max_abs_diff_us_per_token"] == 0
+    p = r["predictions"][0]
+    assert p["board"] == "esp32s3_n8r8" and p["weights_bytes_per_token"] > 1000000
+    assert p["weights_only_tok_s"] == round(1e6 / p["weights_only_us_per_token"], 1)
