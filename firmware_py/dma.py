@@ -50,6 +50,9 @@ DEFAULT_MAX_BURST = const(16384)  # bytes one merged burst may move
 MAX_BURST_LIMIT = const(1048576)  # largest max_burst accepted (keeps sums far below 2**30)
 MAX_BUFFERS = const(64)  # registered buffers at most
 _NCAT = const(16)  # categories accepted when no tracker names them
+DESC_BYTES = const(12)  # one GDMA descriptor in internal RAM: config/size/length word, buffer, next
+BW_K_DMA = const(2)  # bandwidth.K_DMA (the cost model's kind for the DMA engine; fw_dma checks it)
+BW_CAT_DMA = const(4)  # bandwidth.DMA (the engine's own traffic; fw_dma checks it)
 
 # descriptor words (one ring slot = NW ints)
 F_SRC = const(0)  # source buffer id
@@ -173,12 +176,16 @@ def _add_us(st, i, us):
 class DMAQueue:
     # k: the Kernel. slots: ring size. max_burst: bytes a merged burst may move. merge:
     # False executes every descriptor as its own burst. bw: the bandwidth tracker
-    # (firmware_py/bandwidth.py) or None (nothing charged, no time modelled). tier_align:
-    # alignment per tier number (default: 32 for PSRAM tiers of the tracker's board, else
-    # 1). model_time: the engine sleeps for each burst's modelled cost (default: on a
-    # virtual clock; on a real clock the CPU copy takes its own time)
-    def __init__(self, k, slots=DEFAULT_SLOTS, max_burst=DEFAULT_MAX_BURST, merge=True, bw=None,
-                 tier_align=None, model_time=None, categories=None):
+    # (firmware_py/bandwidth.Bandwidth) or None (nothing charged, no time modelled; tier
+    # numbers are then 0 = SRAM, 1 = PSRAM). board: the board profile (firmware_py/board.py)
+    # whose tiers the tier numbers index, as the tracker's do: it gives each tier's
+    # alignment (32 for kind psram, else 1), which tiers have DMA, and where descriptors
+    # live (the first sram tier). admit: the engine asks the tracker's admission for each
+    # burst (it waits while the category's budget on either tier is spent) instead of
+    # charging it at once. model_time: the engine sleeps for each burst's modelled cost
+    # (default: on a virtual clock; on a real clock the CPU copy takes its own time)
+    def __init__(self, k, slots=DEFAULT_SLOTS, max_burst=DEFAULT_MAX_BURST, merge=True, bw=None, board=None,
+                 admit=False, model_time=None, tier_align=None):
         for name, v, lo, hi in (("slots", slots, 1, 4096), ("max_burst", max_burst, 1, MAX_BURST_LIMIT)):
             if v.__class__ is not int or not lo <= v <= hi:
                 raise DMAError("dma: %s must be an int in %d..%d, got %r" % (name, lo, hi, v))
@@ -187,18 +194,31 @@ class DMAQueue:
         self.max_burst = max_burst  # bytes per merged burst at most
         self.merge = bool(merge)  # merge contiguous descriptors into bursts
         self.bw = bw  # bandwidth tracker, or None
+        if bw is not None and board is None:
+            raise DMAError("dma: a tracker needs its board (DMAQueue(k, bw=bw, board=board))")
+        if board is not None and bw is not None and len(board.tiers) != bw.n_tiers:
+            raise DMAError("dma: the board has %d tiers, the tracker %d" % (len(board.tiers), bw.n_tiers))
         if tier_align is None:
-            tier_align = _tier_align(bw)
+            tier_align = (1, PSRAM_ALIGN) if board is None else \
+                tuple(PSRAM_ALIGN if t.kind == "psram" else 1 for t in board.tiers)
         self.tier_align = tuple(tier_align)  # tier number -> alignment in bytes (1 = any)
+        self.tier_dma = tuple(True for _ in self.tier_align) if board is None else tuple(t.dma for t in board.tiers)
+        self.desc_tier = 0  # tier the hardware descriptors are fetched from (internal RAM)
+        if board is not None:
+            for i, t in enumerate(board.tiers):
+                if t.kind == "sram":
+                    self.desc_tier = i
+                    break
+        self.admit = bool(admit)  # bursts go through the tracker's admission
+        if self.admit and (bw is None or bw.k is not k):
+            raise DMAError("dma: admit needs a tracker on this kernel (Bandwidth(board, kernel=k))")
         for a in self.tier_align:
             if a.__class__ is not int or a < 1 or a & (a - 1):
                 raise DMAError("dma: tier alignments must be powers of two, got %r" % (self.tier_align,))
         if model_time is None:
             model_time = bool(getattr(k.clock, "virtual", False))
         self.model_time = bool(model_time)  # sleep each burst's cost (virtual clock)
-        if categories is None:
-            categories = _categories(bw)
-        self.ncat = categories  # categories accepted: 0..ncat-1
+        self.ncat = _NCAT  # categories accepted without a tracker (0..15); with one: its categories
         self.ring = array("i", bytes(4 * NW * slots))  # the descriptors
         self.head = 0  # ring index of the oldest descriptor
         self.count = 0  # descriptors in the ring
@@ -206,6 +226,7 @@ class DMAQueue:
         self.done_upto = 0  # cookie of the oldest descriptor not completed (all before it are done)
         self.burst = array("i", bytes(4 * NW))  # the burst in flight: F_* words, F_COOKIE = first cookie
         self.burst_n = 0  # descriptors in the burst in flight (0: none)
+        self.burst_links = 0  # GDMA hardware descriptors chained for it
         self.st = array("i", bytes(4 * NST))  # stats, ST_*
         self.bufs = []  # buffer id -> the buffer object
         self.buf_len = array("i", bytes(4 * MAX_BUFFERS))  # buffer id -> usable bytes
@@ -227,7 +248,7 @@ class DMAQueue:
             raise DMAError("dma: at most %d buffers" % MAX_BUFFERS)
         if tier.__class__ is not int or not 0 <= tier < len(self.tier_align):
             raise DMAError("dma: tier must be 0..%d, got %r" % (len(self.tier_align) - 1, tier))
-        if self.bw is not None and not _tier_dma(self.bw, tier):
+        if not self.tier_dma[tier]:
             raise DMAError("dma: tier %d has no DMA (the board profile says dma: false)" % tier)
         if isinstance(buf, array) or not buffer_writable(buf) or getattr(memoryview(buf), "itemsize", 1) != 1:
             raise DMAError("dma: a buffer must be a writable byte buffer (a bytearray or a memoryview of one)")
@@ -259,10 +280,12 @@ class DMAQueue:
     # overlap); every int compared as an object first; no allocation
     def _check(self, src, soff, dst, doff, n, cat):
         nb = len(self.bufs)
+        bw = self.bw
+        nc = self.ncat if bw is None else bw.n_cat
         if src.__class__ is not int or dst.__class__ is not int or soff.__class__ is not int or \
                 doff.__class__ is not int or n.__class__ is not int or cat.__class__ is not int:
             return E_RANGE
-        if src < 0 or src >= nb or dst < 0 or dst >= nb or n < 1 or n > DESC_MAX or cat < 0 or cat >= self.ncat:
+        if src < 0 or src >= nb or dst < 0 or dst >= nb or n < 1 or n > DESC_MAX or cat < 0 or cat >= nc:
             return E_RANGE
         if soff < 0 or soff > INT_MAX or doff < 0 or doff > INT_MAX:
             return E_RANGE
@@ -415,7 +438,12 @@ class DMAQueue:
                 yield k._block(t, self.idle, FOREVER, W_DMA, self)
                 continue
             n = self._gather()
-            us = self._charge(n)
+            if self.admit:  # wait for room in the category's window on both tiers: it is charged then
+                tiers = self.burst[F_TIERS]
+                rv = yield self.bw.admit_copy(tiers & 0xFF, tiers >> 8, self.burst[F_CAT], n)
+                us = self._charge(n, rv != OK)
+            else:
+                us = self._charge(n, True)
             if us > 0:
                 _add_us(self.st, ST_BUSY_US, us)
                 if self.model_time:
@@ -475,19 +503,37 @@ class DMAQueue:
         if da > a:
             a = da
         per = DESC_MAX - (DESC_MAX & (a - 1))  # bytes per hardware descriptor at this alignment
-        _add(st, ST_LINKS, (total + per - 1) // per)
+        links = (total + per - 1) // per
+        self.burst_links = links
+        _add(st, ST_LINKS, links)
         self._admit()
         return total
 
-    # charge the burst in flight (n bytes) to the tracker: its category on each tier it
-    # touches, once; the µs it takes (0 without a tracker)
-    def _charge(self, n):
+    # charge the burst in flight (n bytes) to the tracker and price it; the µs from now
+    # until it completes (0 without a tracker). The payload is charged once, to its
+    # category, on each tier it touches (charge: False when admission already did; a
+    # refused admission, a burst over the whole budget, is charged here unpoliced and
+    # counted in the tracker's refusals). The setup, per burst: the GDMA descriptors'
+    # bytes fetched from internal RAM, charged to the engine's own category (dma), and
+    # the first-access latency of each tier the cost model adds per transfer.
+    # The two tiers are held busy until it ends (contention with other traffic)
+    def _charge(self, n, charge):
         bw = self.bw
         if bw is None:
             return 0
         bu = self.burst
         tiers = bu[F_TIERS]
-        return bw.dma_burst(tiers & 0xFF, tiers >> 8, bu[F_CAT], n)
+        s = tiers & 0xFF
+        d = tiers >> 8
+        if charge:
+            bw.charge_copy(s, d, bu[F_CAT], n)
+        us = bw.move(self.desc_tier, BW_K_DMA, BW_CAT_DMA, DESC_BYTES * self.burst_links)
+        if us < 0:
+            us = 0
+        u = bw.occupy_copy(s, d, 1, n)
+        if u > 0:
+            us += u
+        return us
 
     # the burst in flight lands: its bytes are copied, its descriptors complete in
     # submission order and their waiters wake. O(bytes + waiters)
@@ -514,7 +560,7 @@ class DMAQueue:
     def drain(self):
         n = 0
         while self.count:
-            self._charge(self._gather())
+            self._charge(self._gather(), True)
             self._land()
             n += 1
         return n
@@ -554,22 +600,3 @@ class DMAQueue:
         out["busy_us"] = st[ST_BUSY_S] * _US_PER_S + st[ST_BUSY_US]
         out["in_flight"] = self.burst_n
         return out
-
-# alignment per tier of the tracker's board: 32 for PSRAM, else 1; (1, 32) without one
-def _tier_align(bw):
-    kinds = getattr(bw, "tier_kinds", None) if bw is not None else None
-    if not kinds:
-        return (1, PSRAM_ALIGN)
-    return tuple(PSRAM_ALIGN if kd == "psram" else 1 for kd in kinds)
-
-
-# True when tier number `tier` of the tracker's board has DMA
-def _tier_dma(bw, tier):
-    d = getattr(bw, "tier_dma", None)
-    return True if d is None else bool(d[tier])
-
-
-# categories the tracker knows, else _NCAT
-def _categories(bw):
-    n = getattr(bw, "n_categories", None) if bw is not None else None
-    return n if n else _NCAT

@@ -269,6 +269,104 @@ r0 = q.st[dma.ST_REFUSED]
 no_alloc("refusals (E_RANGE) and done()", refusals)
 eq(q.st[dma.ST_REFUSED], r0 + 2, "both refusals counted")
 
+# --- with the bandwidth tracker: charged once per tier, priced by the cost model ---
+from firmware_py import board, bandwidth as bwm  # noqa: E402
+
+eq((dma.BW_K_DMA, dma.BW_CAT_DMA), (bwm.K_DMA, bwm.DMA), "dma's copies of the tracker's constants")
+brd = board.load("boards/esp32s3_n8r8.json")
+k = Kernel(VirtualClock(), max_tasks=8)
+bw = bwm.Bandwidth(brd, kernel=k)
+SR, PS, FL = bw.tier_id("sram"), bw.tier_id("psram"), bw.tier_id("flash")
+raises(dma.DMAError, dma.DMAQueue, k, 4, 4096, True, bw)  # a tracker without its board
+q = dma.DMAQueue(k, slots=32, bw=bw, board=brd)
+eq((q.tier_align[SR], q.tier_align[PS], q.desc_tier), (1, 32, SR), "alignment and descriptor tier from the profile")
+raises(dma.DMAError, q.add_buffer, bytearray(64), FL)  # flash: dma false
+src = bytearray(8192)
+dst = bytearray(8192)
+for i in range(8192):
+    src[i] = (i * 13 + 1) & 0xFF
+s = q.add_buffer(src, SR)
+d = q.add_buffer(dst, PS)
+eq(q.submit_nowait(s, 0, d, 0, 32, bw.n_cat), E_RANGE, "a category the tracker does not have")
+ref = bwm.Bandwidth(brd, clock=VirtualClock())  # prices the same burst on an idle tracker
+want_us = ref.cost_us(SR, bwm.K_DMA, 2 * dma.DESC_BYTES) + ref.copy_us(SR, PS, 1, 4096)
+t_done = array("i", [0, 0])
+
+
+def writer():
+    c = 0
+    for i in range(32):  # 32 rows of 128 B, contiguous on both sides: one burst of 4,096 B
+        c = yield q.submit(s, i * 128, d, i * 128, 128, bwm.KV_WRITE)
+    t_done[0] = k.now()
+    r = yield q.wait(c)
+    t_done[1] = k.now() if r == OK else -1
+
+
+k.spawn("w", 1, writer())
+q.spawn(2)
+k.run()
+eq(q.st[dma.ST_BURSTS], 1, "one burst")
+eq(q.st[dma.ST_LINKS], 2, "4,096 B chained as two GDMA descriptors")
+eq(t_done[1] - t_done[0], want_us, "the burst took the cost model's time on the virtual clock")
+check(want_us > 0, "it takes time: %d us" % want_us)
+eq(q.st[dma.ST_BUSY_US], want_us, "engine busy time")
+check(dst[:4096] == src[:4096], "the bytes landed")
+
+
+def charged(tier, cat):
+    o = (tier * (bw.n_cat_max + 1) + cat) * bwm.NSTAT
+    return bw.st[o + bwm.S_BYTES_G] * CARRY_N + bw.st[o + bwm.S_BYTES]
+
+
+eq((charged(SR, bwm.KV_WRITE), charged(PS, bwm.KV_WRITE)), (4096, 4096), "payload charged once on each tier, to its category")
+eq(charged(SR, bwm.DMA), 2 * dma.DESC_BYTES, "the engine's own traffic: its two descriptors")
+eq(charged(PS, bwm.DMA), 0, "nothing of the engine's own on PSRAM")
+
+# heap-locked with the tracker, and with admission under a budget
+for admit in (False, True):
+    k = Kernel(VirtualClock(), max_tasks=8)
+    bw = bwm.Bandwidth(brd, kernel=k)
+    if admit:
+        bw.set_budget(PS, bwm.KV_WRITE, 10)  # 1 % of PSRAM: 6,176 B per 16 ms window
+    q = dma.DMAQueue(k, slots=8, max_burst=1024, bw=bw, board=brd, admit=admit)
+    s = q.add_buffer(src, SR)
+    d = q.add_buffer(dst, PS)
+    cnt = array("i", [0, 0])
+
+    def rows(q=q, s=s, d=d, cnt=cnt):
+        i = 0
+        while True:
+            off = (i & 63) * 128
+            c = yield q.submit(s, off, d, off, 128, bwm.KV_WRITE)
+            cnt[0] += 1
+            if i & 15 == 15:
+                if (yield q.wait(c)) == OK:
+                    cnt[1] += 1
+            i += 1
+
+    def stop_at(k=k, cnt=cnt):
+        while True:
+            if cnt[0] >= 200:
+                k.stop()
+            yield k.sleep_us(50)
+
+    k.spawn("rows", 1, rows())
+    k.spawn("stop", 1, stop_at())
+    q.spawn(2)
+    k.run()
+    cnt[0] = 0
+    o = (PS * (bw.n_cat_max + 1) + bwm.KV_WRITE) * bwm.NSTAT
+    w0 = bw.st[o + bwm.S_WAITS]
+    no_alloc("submit / engine / charge%s / wait with the tracker" % (" / admission" if admit else ""), k.run)
+    check(cnt[0] >= 200 and cnt[1] > 0, "rows moved under the lock")
+    eq(k.totals[T_FAULTS], 0, "no task faulted")
+    moved = q.stats()["bytes"]
+    eq((charged(SR, bwm.KV_WRITE), charged(PS, bwm.KV_WRITE)), (moved, moved), "bytes moved == bytes charged, each tier")
+    if admit:
+        check(bw.st[o + bwm.S_WAITS] > w0, "admission throttled the engine under the lock")
+    else:
+        eq(bw.st[o + bwm.S_WAITS], 0, "no admission, no waits")
+
 # --- on a real clock nothing is modelled: bursts are CPU copies taking their own time ---
 k = Kernel(RealClock(), max_tasks=4)
 q = dma.DMAQueue(k, slots=4)
