@@ -99,9 +99,13 @@ def compute(board, model, kv_dtype="fp32", policy="full", window=0, batch=1, tok
         "kv_bytes_per_token": layout.kv_bytes_per_token,
         "kv_formula": "2 x %d layers x %d kv_heads x %d head_dim x %s B%s" % (
             cfg.n_layers, cfg.n_kv_heads, cfg.head_dim,
-            {"fp32": "4", "fp16": "2", "int8": "1", "int4": "0.5"}[kv_dtype],
+            {"fp32": "4", "fp16": "2", "int8": "1", "int4": "0.5", "int4tok": "0.5"}[kv_dtype],
+            (" + %d B V scales + %d B K parameters per %d-token block" % (cfg.n_layers * layout.scale_bytes, layout.kp_bytes,
+                                                                       layout.tokens_per_block)) if layout.kivi else
             " + %d B scales" % (2 * cfg.n_layers * layout.scale_bytes) if layout.scale_bytes else ""),
-        "cache_bytes_per_token": layout.token_bytes,
+        # int4 (KIVI): each sequence's full-precision keys of its current block, held at any length
+        "kv_residual_bytes": batch * layout.residual_bytes,
+        "cache_bytes_per_token": -(-layout.block_bytes // layout.tokens_per_block),  # header included (int4: and the K parameters)
         "tokens_per_block": layout.tokens_per_block,
         "block_bytes": layout.block_bytes,
         "weights_bytes": m.weights_bytes,
@@ -217,6 +221,8 @@ def main(board="esp32s3_n8r8", model="stories260K", kv_dtype="fp32", policy="ful
     w("  KV per token      %s B  (%s)\n" % (_n(r["kv_bytes_per_token"]), r["kv_formula"]))
     w("  in the cache      %s B/token with the slot header; blocks of %d tokens = %s B\n"
       % (_n(r["cache_bytes_per_token"]), r["tokens_per_block"], _n(r["block_bytes"])))
+    if r["kv_residual_bytes"]:
+        w("  residual          %s B (each sequence's current block of keys in fp32, KIVI)\n" % _n(r["kv_residual_bytes"]))
     w("  weights           %s   activations %s   reserved %s of %s (%s)\n"
       % (_mib(r["weights_bytes"]), _mib(r["activations_bytes"]), _mib(r["reserved_bytes"]), _mib(r["memory_bytes"]), r["memory_from"]))
     w("  left for KV       %s = %d blocks\n" % (_mib(r["kv_avail_bytes"]), r["pool_blocks"]))

@@ -3,7 +3,8 @@
 # then replay exactly those tokens (teacher forcing) through each setting and compare,
 # at every position, its next-token distribution with the fp32 full cache's:
 # KL(full || setting) in nats and top-1 agreement, averaged over positions, then over
-# prompts; plus the KV bytes the setting holds after the last token.
+# prompts; plus the KV bytes the setting holds after the last token (int4, KIVI: with
+# the sequence's full-precision residual, which it holds at any length).
 #
 # Every setting is the firmware's own code: firmware_py.model.Model (numpy backend) over
 # a kv.KVCache on a pool.Pool, opened with the policy and budget, so eviction,
@@ -16,7 +17,7 @@ import numpy as np
 from firmware_py import kv, pool
 from firmware_py.model import Model
 
-DTYPES = ("fp32", "int8", "int4")  # KV element types measured
+DTYPES = ("fp32", "int8", "int4", "int4tok")  # KV element types measured (int4: KIVI; int4tok: per token)
 EVICTING = ("window", "sinks", "h2o")  # policies measured at each budget
 SHIPPED_ROPE = "absolute"  # the firmware's default: its keys carry no suffix
 ROPE_SUFFIX = {"absolute": "", "cache": "_ropecache"}  # key suffix per Model(rope=...)
@@ -25,7 +26,7 @@ ROPE_SUFFIX = {"absolute": "", "cache": "_ropecache"}  # key suffix per Model(ro
 class Setting:
     # one KV configuration: dtype, policy, budget (tokens; 0 = the whole context), rope
     def __init__(self, dtype, policy, budget=0, rope=SHIPPED_ROPE):
-        self.dtype = dtype  # "fp32" / "int8" / "int4"
+        self.dtype = dtype  # "fp32" / "int8" / "int4" / "int4tok"
         self.policy = policy  # "full" / "window" / "sinks" / "h2o"
         self.budget = budget  # cached tokens the policy keeps; 0 under full
         self.rope = rope  # "absolute" or "cache"
@@ -84,7 +85,7 @@ class Runner:
         self.region = self.pool.add_region(n_blocks)  # the sequence's quota: every block
         self.cache = kv.KVCache(self.pool, lay, max_seqs=1, h2o=setting.policy == "h2o")
         self.model = Model(weights, self.cache, "numpy", setting.rope)
-        self.kv_bytes = 0  # bytes of K/V cached after the last replay (cached x kv_bytes_per_token)
+        self.kv_bytes = 0  # bytes of K/V held after the last replay (cached x kv_bytes_per_token + the residual)
 
     # feed tokens (teacher forcing) on a fresh sequence; (n, vocab) float32 logits, row p
     # the next-token logits after tokens[p]; with greedy, the tokens are extended by
@@ -106,7 +107,7 @@ class Runner:
                 out[pos] = m.logits
                 if pos + 1 == len(tokens) and pos + 1 < n:
                     tokens.append(int(np.argmax(out[pos])))  # lowest id on ties, as the sampler
-            self.kv_bytes = c.cached(h) * self.layout.kv_bytes_per_token
+            self.kv_bytes = c.cached(h) * self.layout.kv_bytes_per_token + self.layout.residual_bytes
         finally:
             c.close(h)
         return tokens, out

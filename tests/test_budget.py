@@ -52,7 +52,9 @@ def stories():
     ("TinyLlama-1.1B", "fp16", 2 * 22 * 4 * 64 * 2),
     ("Phi-3-mini", "fp16", 2 * 32 * 32 * 96 * 2),  # no GQA
     ("Llama-3-8B", "int8", 2 * 32 * (8 * 128 + 8 * 4)),  # + one fp32 scale per token per KV head
-    ("Llama-3-8B", "int4", 2 * 32 * (8 * 64 + 8 * 4 * 4)),  # + a scale per 32 channels
+    ("Llama-3-8B", "int4tok", 2 * 32 * (8 * 64 + 8 * 4 * 4)),  # + a scale per 32 channels
+    # KIVI: V scales per token, one K parameter word per channel per 16-token block
+    ("Llama-3-8B", "int4", 2 * 32 * 8 * 64 + 32 * 8 * 4 * 4 + 32 * 1024 * 4 // 16),
 ])
 def test_kv_bytes_per_token_matches_the_published_shapes(name, dtype, want):
     r = budget.compute("rk3588_4gb", name, dtype)

@@ -39,6 +39,12 @@ def per_token(w, dtype):
     return kv.Layout(c.n_layers, c.n_kv_heads, c.head_dim, dtype).kv_bytes_per_token
 
 
+def residual(w, dtype):
+    # KV bytes a sequence holds at any length (int4, KIVI: its residual; else 0)
+    c = w.cfg
+    return kv.Layout(c.n_layers, c.n_kv_heads, c.head_dim, dtype).residual_bytes
+
+
 def test_reference_is_the_fp32_full_greedy_decode_filling_the_context():
     w, ids = tiny()
     r = quality.Runner(w, S("fp32", "full"), CTX)
@@ -114,7 +120,7 @@ def test_json_has_every_figure_the_issue_names():
         for name, held in names:
             assert 0 <= f["kl_" + name] < 50, name
             assert 0 <= f["top1_" + name] <= 1, name
-            assert f["kv_bytes_" + name] == held * per[dt], name
+            assert f["kv_bytes_" + name] == held * per[dt] + residual(w, dt), name
     assert f["kl_fp32_full"] == 0.0 and f["top1_fp32_full"] == 1.0
     # the equal-bytes comparison: fp32 windows holding no more than int8's bytes, within one token
     for b, int8_name in ((CTX // 4, "int8_window%d" % (CTX // 4)), (CTX // 2, "int8_window%d" % (CTX // 2)),
@@ -123,7 +129,9 @@ def test_json_has_every_figure_the_issue_names():
         held = f["kv_bytes_" + int8_name]
         assert held - per["fp32"] < f["kv_bytes_fp32_window%d" % eq] <= held, b
     assert "kl_int8_full_ropecache" not in f  # full never evicts: one RoPE mode
-    assert f["kl_int4_full"] > f["kl_int8_full"] > 0  # both quantize (as the cache stores them today)
+    assert f["kl_int4_full"] > f["kl_int8_full"] > 0  # both quantize
+    assert f["kl_int4tok_full"] > f["kl_int4_full"]  # KIVI's per-channel keys beat one scale per token
+    assert f["kv_bytes_residual_int4"] == residual(w, "int4") > 0 and "kv_bytes_residual_int8" not in f
 
 
 def test_cli_json_is_one_object_with_the_models_whole_context():

@@ -1,7 +1,8 @@
 # `./kv bench quality [--model PATH --tokenizer PATH] [--prompt TEXT ...] [--json]`:
 # what each KV setting costs in quality (issue 9). Per prompt, the fp32 full cache
 # greedy-decodes until the model's whole context is filled; each setting (fp32, int8,
-# int4 x full, window, sinks, h2o at 25 % and 50 % of the context, both RoPE modes for
+# int4 (KIVI), int4tok (per token) x full, window, sinks, h2o at 25 % and 50 % of the
+# context, both RoPE modes for
 # the evicting policies) replays exactly those tokens through the firmware's own
 # KVCache and Model (numpy backend), and its next-token distribution is compared at
 # every position with the reference's: mean KL(full || setting) in nats and top-1
@@ -48,7 +49,10 @@ def figures(result, model_desc, mp, tp, prompts, prompt_lens, cfg, command):
          "command": command, "measure_wall_s": round(result["wall_s"], 1), "backend": "numpy",
          "positions_per_prompt": result["context"]}
     for dt in quality.DTYPES:
-        f["kv_bytes_per_token_" + dt] = kv.Layout(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, dt).kv_bytes_per_token
+        lay = kv.Layout(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, dt)
+        f["kv_bytes_per_token_" + dt] = lay.kv_bytes_per_token
+        if lay.residual_bytes:
+            f["kv_bytes_residual_" + dt] = lay.residual_bytes  # per sequence, held at any length
     for name, r in result["settings"].items():
         f["kl_" + name] = r["kl"]
         f["top1_" + name] = r["top1"]
@@ -109,11 +113,14 @@ def render(f):
          "positions (prompt included), then replayed token for token through each setting (the firmware's "
          "`KVCache` + `Model`, numpy backend). KL = mean over positions, then prompts, of KL(fp32 full || "
          "setting) in nats (softmax in float64); top-1 = fraction of positions whose argmax agrees; KV bytes = "
-         "cached tokens x bytes per token after the last position. Columns `absolute` are the RoPE mode the "
+         "cached tokens x bytes per token after the last position%s. int4 is KIVI (keys per channel over a "
+         "block of tokens, the current block's keys in full precision, values per token), int4tok the per-token "
+         "layout (one scale per token and group for K and V). Columns `absolute` are the RoPE mode the "
          "firmware ships (keys `kl_<dtype>_<policy><budget>`); `cache` is StreamingLLM's rotation by rank "
          "(keys with `%s`). Measured in %s s on this machine; the guide is docs/kv-quality.md."
-         % (f["model"], len(f["prompts"]), ", ".join("\"%s\"" % p for p in f["prompts"]), ctx, suf,
-            f["measure_wall_s"]),
+         % (f["model"], len(f["prompts"]), ", ".join("\"%s\"" % p for p in f["prompts"]), ctx,
+            " (int4: plus the sequence's residual, %s B)" % "{:,}".format(f["kv_bytes_residual_int4"])
+            if "kv_bytes_residual_int4" in f else "", suf, f["measure_wall_s"]),
          "",
          "| KV dtype | policy | budget | KV bytes | KL (absolute) | top-1 (absolute) | KL (cache) | top-1 (cache) |",
          "| --- | --- | --- | --- | --- | --- | --- | --- |"]
