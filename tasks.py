@@ -243,30 +243,38 @@ def flash_firmware(c, bin="", port=None, board="esp32s3_n8r8", erase=False, dry_
     fl.flash_firmware(paths_user(bin), port=port and paths_user(port), erase=erase, board_name=board, dry_run=dry_run)
 
 
-@task(help={"port": "serial port (default: ESP32-S3 by USB VID, else the virtual board)", "board": "board profile name (to find the port)", "log": "append every line to this file", "until": "stop at the first line matching this regex", "timeout": "stop after this many seconds"})
+@task(help={"port": "serial port (default: ESP32-S3 by USB VID, else the virtual board)", "board": "board profile name (to find the port)",
+            "log": "append every text line to this file", "until": "stop at the first text line matching this regex",
+            "timeout": "stop after this many seconds", "jsonl": "append every telemetry frame to this JSONL file",
+            "capture": "append every byte received to this raw capture file", "replay": "decode a recorded capture instead of a port",
+            "json": "print a JSON summary at the end (good, corrupt, dropped, skipped frames)",
+            "plain": "plain lines even on a terminal (no dashboard)", "start": "start the telemetry firmware (firmware_py.serve) over the raw REPL first",
+            "prompt": "send this prompt (the board generates and streams the text)", "tokens": "tokens for --prompt",
+            "policy": "KV policy for the next request", "window": "window for window/sinks/h2o", "kv_dtype": "KV element type for the next request",
+            "stop": "send a stop command", "until_done": "stop once this many requests have ended",
+            "link_bps": "with --start: the link's bytes/s the board paces telemetry to"})
 @one_line_errors
-def monitor(c, port=None, board="esp32s3_n8r8", log=None, until=None, timeout=""):
-    """Print what the board sends, timestamped, logged to --log, reconnecting when the port comes back."""
-    from host import boards, monitor as mon
-    from host.flash import find_port
+def monitor(c, port=None, board="esp32s3_n8r8", log=None, until=None, timeout="", jsonl=None, capture=None, replay=None,
+            json=False, plain=False, start=False, prompt=None, tokens=64, policy=None, window=None, kv_dtype=None, stop=False,
+            until_done=0, link_bps=0):
+    """Print what the board sends (text timestamped, telemetry frames decoded: a dashboard on a terminal), log, reconnect."""
+    from host import monitor as mon
 
-    pattern = mon.pattern_of(until)  # a bad regex is refused before the port is opened
-    seconds = _seconds(timeout, "--timeout") if timeout != "" else None
-    if log is not None:
-        log = mon.check_log(paths_user(log))
-    if port is not None:
-        port = paths_user(port)
-    else:
-        port = find_port(boards.load(board))
-        if port is None:
-            raise UserError("no ESP32-S3 on USB and no virtual board running (start one: ./kv vboard)", 2)
-    m = mon.Monitor(port, log_path=log)
-    try:
-        hit = m.run(until=pattern, timeout=seconds)
-    finally:
-        m.close()
-    if pattern is not None and hit is None:
-        raise UserError("no line matched --until %r within %g s" % (until, seconds))
+    mon.main(port=port and paths_user(port), board=board, log=log and paths_user(log), until=until,
+             timeout=_seconds(timeout, "--timeout") if timeout != "" else None, jsonl=jsonl and paths_user(jsonl),
+             capture=capture and paths_user(capture), replay=replay and paths_user(replay), as_json=json, plain=plain,
+             start=start, prompt=prompt, tokens=tokens, policy=policy, window=window, kv_dtype=kv_dtype, stop=stop,
+             until_done=until_done, link_bps=link_bps)
+
+
+@task(help={"log": "the console's JSONL log (./kv monitor --jsonl)", "out": "folder for trace.json and the PNG plots (default: beside LOG)",
+            "json": "print the figures as one JSON object"})
+@one_line_errors
+def trace(c, log, out=None, json=False):
+    """Chrome trace JSON (Perfetto) and PNG plots from a telemetry JSONL log: KV bytes vs tokens with the fitted slope, pool, bandwidth."""
+    from host import trace as trace_mod
+
+    trace_mod.main(paths_user(log), paths_user(out) if out else None, as_json=json)
 
 
 @task(help={"src": "MicroPython source tree (default: $KVRTOS_MICROPYTHON_SRC or ../shared/micropython-src)"})

@@ -519,8 +519,9 @@ class Telemetry:
         self.seen_tasks = [None] * nt  # the Task in each slot when the layout was made
         self.seen_bites = 0
         self.seen_failed = pool.failed if pool is not None else 0
+        self._wm_hook = self.on_watermark  # one bound method: the cache calls it, attach() recognises it
         if cache is not None and cache.on_watermark is None:
-            cache.on_watermark = self.on_watermark  # the cache names the sequence that crossed
+            cache.on_watermark = self._wm_hook  # the cache names the sequence that crossed
         self.seen_thermal = thermal.events if self.guard else 0
         # bandwidth: one snapshot buffer, the waits seen per row (throttle events)
         if bw is not None:
@@ -544,6 +545,37 @@ class Telemetry:
         self.want_layout = True  # send the layout frame at the next tick
         self.layout = b""  # the layout body last built
         self.layouts = 0  # layout frames sent
+
+    # (re)bind the pool, cache, bandwidth and DMA sources (a request booted a new cache);
+    # the watched sequences are forgotten and the layout goes out again. Allocates
+    # (configuration, not the steady state)
+    def attach(self, pool=None, cache=None, bw=None, dma=None):
+        if self.cache is not None and self.cache.on_watermark is self._wm_hook:
+            self.cache.on_watermark = None
+        self.pool = pool
+        self.cache = cache
+        self.seen_failed = pool.failed if pool is not None else 0
+        if cache is not None and cache.on_watermark is None:
+            cache.on_watermark = self._wm_hook
+        for i in range(len(self.seqs)):
+            self.seqs[i] = _NO_SEQ
+        if bw is not self.bw:
+            self.bw = bw
+            if bw is not None:
+                self.bw_snap = bw.new_snapshot()
+                self.bw_rows = bw.snapshot_rows()
+                self.bw_ncat = bw.n_cat + 1
+                self.bw_waits = array("i", bytes(4 * self.bw_rows))
+            else:
+                self.bw_snap = None
+                self.bw_rows = 0
+                self.bw_ncat = 1
+            self.rot_n = self.rot_bw + self.bw_rows
+            self.rot = 0
+        if dma is not self.dma:
+            self.dma = dma
+            self.dma_st = array("i", bytes(4 * _NST)) if dma is not None else None
+        self.want_layout = True
 
     # --- what other code calls (no allocation) ---------------------------------------
 

@@ -22,6 +22,7 @@ import zlib
 
 from firmware_py import telemetry as tm
 
+MULTI = ("seq", "task", "tier", "bwcat")  # records that come once per slot: lists "seqs", "tasks", ...
 MAX_WIRE = tm.wire_len(tm.MAX_PAYLOAD) - 2  # the longest run between delimiters a frame makes
 
 
@@ -167,8 +168,8 @@ def to_dict(ftype, seq, ms, body, layout=None):
         for rid, vals in records(body):
             name, fields = _fields_from_layout(layout, "rec.%d" % rid, tm.RECORDS.get(rid, ("rec_%d" % rid, ())))
             row = _named(fields, vals, {f.split(".", 1)[1] for f in tm.SIGNED if f.startswith(name + ".")})
-            if name in ("seq", "task"):
-                recs.setdefault(name + "s", []).append(row)  # one row per slot
+            if name in MULTI:
+                recs.setdefault(name + "s", []).append(row)  # one row per slot / tier / category
             else:
                 recs[name] = row
         d.update(recs)
@@ -356,3 +357,224 @@ def jsonl_line(frame, host_time=None):
     d = {"host_t": round(time.time() if host_time is None else host_time, 3)}
     d.update(frame)
     return json.dumps(d, sort_keys=False, separators=(",", ":"))
+
+
+# --- the board's state as frames update it ------------------------------------------
+
+class State:
+    # the latest figures from the frames seen, with rates (CPU %, MB/s, tok/s) computed
+    # between successive reports of the same row, for the dashboard and the plain lines
+    def __init__(self, events=12, text_chars=2000):
+        self.layout = {}  # the latest layout frame's items
+        self.ms = 0  # board time of the latest frame
+        self.core = {}
+        self.pool = {}
+        self.heap = {}
+        self.kernel = {}
+        self.temp = {}
+        self.dma = {}
+        self.seqs = {}  # slot -> row
+        self.tasks = {}  # slot -> row + "name", "cpu_pct"
+        self.tiers = {}  # tier -> row + "name", "mb_s"
+        self.bwcats = {}  # (tier, category) -> row + "mb_s"
+        self.events = []  # the last `events` events, newest last
+        self.max_events = events
+        self.text = ""  # generated text of the current (latest) request
+        self.text_chars = text_chars
+        self.request = None
+        self.frames = 0
+        self._prev = {}  # row key -> (ms, cumulative value)
+
+    def _rate(self, key, ms, value):
+        # (value - previous) / (ms - previous ms) per ms, or None on the first report
+        prev = self._prev.get(key)
+        self._prev[key] = (ms, value)
+        if prev is None or ms <= prev[0] or value < prev[1]:
+            return None
+        return (value - prev[1]) / (ms - prev[0])
+
+    def name(self, kind, i):
+        return self.layout.get("%s.%d" % (kind, i), "%s%d" % (kind, i))
+
+    def update(self, f):
+        self.frames += 1
+        ms = f.get("ms", 0)
+        if ms < self.ms - 60000:  # the board restarted: rates start again
+            self._prev = {}
+        self.ms = ms
+        kind = f.get("type")
+        if kind == "layout":
+            self.layout = f.get("layout", {})
+            for slot in list(self.tasks):
+                if "task.%d" % slot not in self.layout:
+                    del self.tasks[slot]  # the slot was released
+                else:
+                    self.tasks[slot]["name"] = self.name("task", slot)
+                    self._prev.pop(("task", slot), None)  # maybe another task now
+        elif kind == "text":
+            if f.get("request") != self.request:
+                self.request = f.get("request")
+                self.text = ""
+            self.text = (self.text + f.get("text", ""))[-self.text_chars:]
+        elif kind == "event":
+            for e in f.get("events", []):
+                self.events.append(e)
+                if e.get("event") == "start":
+                    self.request = e.get("request")
+                    self.text = ""
+            del self.events[:-self.max_events]
+        elif kind == "periodic":
+            for key in ("core", "pool", "heap", "kernel", "temp", "dma"):
+                if key in f:
+                    setattr(self, key, f[key])
+            for row in f.get("seqs", []):
+                self.seqs[row["slot"]] = row
+            for row in f.get("tasks", []):
+                slot = row["slot"]
+                r = dict(row, name=self.name("task", slot))
+                rate = self._rate(("task", slot), ms, row.get("run_ms", 0))
+                old = self.tasks.get(slot, {})
+                r["cpu_pct"] = 100.0 * rate if rate is not None else old.get("cpu_pct")
+                self.tasks[slot] = r
+            for row in _rows(f, "tier"):
+                t = row["tier"]
+                r = dict(row, name=self.name("tier", t))
+                rate = self._rate(("tier", t), ms, row.get("kb", 0))
+                r["mb_s"] = rate if rate is not None else self.tiers.get(t, {}).get("mb_s")  # kB/ms = MB/s
+                self.tiers[t] = r
+            for row in _rows(f, "bwcat"):
+                key = (row["tier"], row["category"])
+                r = dict(row, name="%s/%s" % (self.name("tier", key[0]), self.name("cat", key[1])))
+                rate = self._rate(("bwcat",) + key, ms, row.get("kb", 0))
+                r["mb_s"] = rate if rate is not None else self.bwcats.get(key, {}).get("mb_s")
+                self.bwcats[key] = r
+
+    def line(self):
+        # one plain status line
+        c, p = self.core, self.pool
+        parts = ["t=%.1fs" % (self.ms / 1000.0)]
+        if c:
+            parts.append("tokens %d (%.1f tok/s)" % (c.get("tokens", 0), c.get("tok_s_x10", 0) / 10.0))
+        for slot, s in sorted(self.seqs.items()):
+            parts.append("kv[%d] %d/%d cached, %d evicted" % (slot, s.get("cached", 0), s.get("cap", 0), s.get("evictions", 0)))
+        if p:
+            parts.append("pool %d/%s blocks (high %d)" % (p.get("used", 0), self.layout.get("pool.blocks", "?"), p.get("high_water", 0)))
+        if self.heap:
+            parts.append("heap free %d" % self.heap.get("free", 0))
+        for t in sorted(self.tasks.values(), key=lambda r: r["slot"]):
+            if t.get("cpu_pct") is not None:
+                parts.append("%s %.0f%%" % (t["name"], t["cpu_pct"]))
+        for t in sorted(self.tiers.values(), key=lambda r: r["tier"]):
+            if t.get("mb_s") is not None:
+                parts.append("%s %.2f MB/s" % (t["name"], t["mb_s"]))
+        if self.dma:
+            parts.append("dma depth %d" % self.dma.get("depth", 0))
+        if self.temp:
+            parts.append("%.1f C" % (self.temp.get("deci_c", 0) / 10.0))
+        return " | ".join(parts)
+
+
+def _rows(f, name):
+    # the rows of a record that may appear once (a dict) or several times (a list under name + "s")
+    rows = f.get(name + "s")
+    if rows is not None:
+        return rows
+    r = f.get(name)
+    return [r] if isinstance(r, dict) else []
+
+
+def event_line(e, state=None):
+    # one event as text
+    name = e.get("event", "?")
+    args = ", ".join("%s %s" % (k, v) for k, v in e.items() if k not in ("event", "ms") and not k.startswith("_"))
+    if state is not None and name in ("fault", "deadline_miss", "watchdog") and isinstance(e.get("task"), int):
+        args = "%s (%s)" % (args, state.name("task", e["task"]))
+    return "t=%.1fs %s: %s" % (e.get("ms", 0) / 1000.0, name, args)
+
+
+def render(state, counts=None, board_text=(), title="kvrtos telemetry"):
+    # the dashboard as a rich renderable: header, tasks, memory, bandwidth, text, events
+    from rich.console import Group
+    from rich.panel import Panel
+    from rich.table import Table
+    from rich.text import Text
+
+    c = state.core
+    head = Text()
+    head.append("%s  " % title, style="bold")
+    head.append("board t=%.1f s  " % (state.ms / 1000.0))
+    if c:
+        head.append("tokens %d  %.1f tok/s  requests %d  " % (c.get("tokens", 0), c.get("tok_s_x10", 0) / 10.0,
+                                                              c.get("requests", 0)))
+    if counts:
+        head.append("frames good %d corrupt %d dropped %d skipped %d" % (
+            counts.get("good", 0), counts.get("corrupt", 0), counts.get("dropped", 0), counts.get("skipped", 0)))
+    tasks = Table(title="tasks", expand=True)
+    for col in ("task", "state", "prio", "CPU %", "max lat us", "max slice us", "misses", "faults"):
+        tasks.add_column(col, justify="left" if col in ("task", "state") else "right")
+    states = ("READY", "RUNNING", "RUNNING", "BLOCKED", "DONE", "FAILED", "KILLED")
+    for t in sorted(state.tasks.values(), key=lambda r: r["slot"]):
+        st = t.get("state", 0)
+        tasks.add_row(t["name"], states[st] if 0 <= st < len(states) else str(st), str(t.get("prio", "")),
+                      "-" if t.get("cpu_pct") is None else "%.1f" % t["cpu_pct"], str(t.get("max_lat_us", "")),
+                      str(t.get("max_slice_us", "")), str(t.get("misses", "")), str(t.get("faults", "")))
+    mem = Table(title="memory", expand=True)
+    mem.add_column("what")
+    mem.add_column("now", justify="right")
+    mem.add_column("of", justify="right")
+    mem.add_column("detail")
+    p = state.pool
+    if p:
+        total = int(state.layout.get("pool.blocks", 0) or 0)
+        bar = _bar(p.get("used", 0), total)
+        mem.add_row("pool blocks", str(p.get("used", 0)), str(total or "?"),
+                    "%s high %d, refused %d" % (bar, p.get("high_water", 0), p.get("failed", 0)))
+    kvb = int(state.layout.get("kv.kv_bytes_per_token", 0) or 0)
+    bb = int(state.layout.get("pool.block_bytes", 0) or 0)
+    for slot, s in sorted(state.seqs.items()):
+        mem.add_row("KV seq %d" % slot, str(s.get("cached", 0)), str(s.get("cap", 0)),
+                    "length %d, %d blocks = %d B (KV %d B), evicted %d" % (
+                        s.get("length", 0), s.get("blocks", 0), s.get("blocks", 0) * bb, s.get("cached", 0) * kvb,
+                        s.get("evictions", 0)))
+    if state.heap:
+        h = state.heap
+        mem.add_row("heap", str(h.get("free", 0)), str(h.get("free", 0) + h.get("alloc", 0)), "bytes free")
+    if state.dma:
+        d = state.dma
+        mem.add_row("DMA queue", str(d.get("depth", 0)), state.layout.get("dma.slots", "?"),
+                    "max %d, in flight %d, stalls %d" % (d.get("max_depth", 0), d.get("in_flight", 0), d.get("stalls", 0)))
+    if state.temp:
+        tp = state.temp
+        mem.add_row("temperature", "%.1f C" % (tp.get("deci_c", 0) / 10.0), "",
+                    "state %s, peak %.1f C" % (_thermal_name(tp.get("state", 0)), tp.get("peak_deci_c", 0) / 10.0))
+    bw = Table(title="bandwidth", expand=True)
+    for col in ("tier / category", "MB/s", "util %", "MB total", "waits"):
+        bw.add_column(col, justify="left" if col == "tier / category" else "right")
+    for t in sorted(state.tiers.values(), key=lambda r: r["tier"]):
+        bw.add_row(t["name"], "-" if t.get("mb_s") is None else "%.2f" % t["mb_s"], "%.1f" % (t.get("util_permille", 0) / 10.0),
+                   "%.1f" % (t.get("kb", 0) / 1000.0), str(t.get("waits", 0)))
+    for key in sorted(state.bwcats):
+        r = state.bwcats[key]
+        bw.add_row("  " + r["name"], "-" if r.get("mb_s") is None else "%.2f" % r["mb_s"], "%.1f" % (r.get("util_permille", 0) / 10.0),
+                   "%.1f" % (r.get("kb", 0) / 1000.0), str(r.get("waits", 0)))
+    ev = Text("\n".join(event_line(e, state) for e in state.events[-8:]) or "(none)")
+    gen = Text(state.text[-600:] or "(no text yet)")
+    parts = [head, tasks, mem]
+    if state.tiers or state.bwcats:
+        parts.append(bw)
+    parts.append(Panel(gen, title="generated text (request %s)" % state.request))
+    parts.append(Panel(ev, title="recent events"))
+    if board_text:
+        parts.append(Panel(Text("\n".join(board_text)), title="board text"))
+    return Group(*parts)
+
+
+def _thermal_name(st):
+    return ("normal", "shrink", "slow")[st] if 0 <= st < 3 else str(st)
+
+
+def _bar(n, total, width=20):
+    if not total:
+        return ""
+    k = max(0, min(width, round(width * n / total)))
+    return "[" + "#" * k + "." * (width - k) + "]"

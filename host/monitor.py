@@ -1,8 +1,13 @@
 # `kv monitor`: the board's serial output, line by line, timestamped, echoed and
 # logged; survives the port going away (board reset, USB re-enumeration, a virtual
 # board restarted) by reopening it when it comes back. Nothing already received is
-# dropped: a partial line is flushed to the log when the port is lost. Telemetry
-# frame decoding sits on top of this transport (a later issue).
+# dropped: a partial line is flushed to the log when the port is lost.
+#
+# Telemetry (docs/telemetry.md): the bytes go through host/console.StreamDecoder first;
+# the board's ordinary text continues into the line log above exactly as before, every
+# frame goes to the JSONL log (--jsonl), every byte to the raw capture (--capture), and
+# the figures to a rich dashboard on a terminal (plain status lines once a second of
+# board time otherwise). Commands go back over the same framing (send_command).
 #
 # Bytes that are not UTF-8 text reach the log exactly as the board sent them (decoded
 # with surrogateescape, written back the same way), so the log is lossless; on the
@@ -16,6 +21,7 @@ import time
 
 import serial
 
+from host import console as con
 from host.errors import UserError
 
 RETRY_S = 0.2  # how often a lost port is looked for again
@@ -63,21 +69,21 @@ def kind_of(mode):
     return "not a file"
 
 
-def check_log(path):
+def check_log(path, opt="--log"):
     # path, when a log can be appended there; else a one-line UserError saying why not.
     # A regular file or a character device (/dev/null, a terminal) may be a log; a FIFO
     # (opening it waits for a reader), a socket or a block device may not
     if os.path.exists(path) and not os.path.isdir(path):
         mode = os.stat(path).st_mode
         if not (stat.S_ISREG(mode) or stat.S_ISCHR(mode)):
-            raise UserError("--log %s is %s; give a regular file to append to" % (path, kind_of(os.stat(path).st_mode)), 2)
+            raise UserError("%s %s is %s; give a regular file to append to" % (opt, path, kind_of(os.stat(path).st_mode)), 2)
     if os.path.isdir(path):
-        raise UserError("--log %s is a folder; give a file to append to" % path, 2)
+        raise UserError("%s %s is a folder; give a file to append to" % (opt, path), 2)
     folder = os.path.dirname(path) or "."
     if not os.path.isdir(folder):
-        raise UserError("--log %s: folder %s does not exist" % (path, folder), 2)
+        raise UserError("%s %s: folder %s does not exist" % (opt, path, folder), 2)
     if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-        raise UserError("--log %s is not writable" % path, 2)
+        raise UserError("%s %s is not writable" % (opt, path), 2)
     return path
 
 
@@ -127,6 +133,15 @@ def _open_log(path):
     return open(fd, "a", encoding="utf-8", errors="surrogateescape")
 
 
+def _open_append(path, opt, binary):
+    # a JSONL log or raw capture opened for appending; the same checks as --log
+    check_log(path, opt)
+    try:
+        return open(path, "ab" if binary else "a", encoding=None if binary else "utf-8")
+    except OSError as e:
+        raise UserError("%s %s cannot be opened: %s" % (opt, path, e.strerror or e), 2) from None
+
+
 def _escape_char(m):
     # one console-unsafe character as \xNN / \uNNNN (a byte that was not UTF-8 as \xNN)
     c = m.group()
@@ -150,7 +165,8 @@ def _text(data):
 
 class Monitor:
     # reads a port forever (or until a pattern/time), prints and logs each line
-    def __init__(self, port, log_path=None, out=None, baud=115200, reconnect=True, timestamps=True):
+    def __init__(self, port, log_path=None, out=None, baud=115200, reconnect=True, timestamps=True, jsonl_path=None,
+                 capture_path=None, view="auto", status_every_ms=1000):
         self.port = port  # device path (a stable symlink works for the virtual board)
         self.baud = baud  # bits/s; ignored by USB CDC and ptys
         self.out = out if out is not None else sys.stdout  # where lines are echoed
@@ -163,6 +179,24 @@ class Monitor:
         self.bytes = 0  # bytes received
         self.losses = 0  # times the port went away
         self.ser = None  # the open pyserial port, or None while lost
+        self.decoder = con.StreamDecoder()  # frames out of the byte stream
+        self.state = con.State()  # the board's figures as the frames update them
+        self.jsonl_path = jsonl_path
+        self.jsonl = _open_append(jsonl_path, "--jsonl", binary=False) if jsonl_path else None  # a line per frame
+        self.capture_path = capture_path
+        self.capture = _open_append(capture_path, "--capture", binary=True) if capture_path else None  # every byte
+        if view == "auto":
+            view = "dashboard" if getattr(self.out, "isatty", lambda: False)() else "plain"
+        self.view = view  # "dashboard" (rich Live), "plain" (status lines) or "quiet" (frames only logged)
+        self.status_every_ms = status_every_ms  # plain view: a status line per this much board time
+        self.last_status_ms = None  # board ms of the last plain status line
+        self.gen_line = ""  # plain view: generated text not yet printed (up to a newline)
+        self.board_text = []  # the last lines of board text (dashboard)
+        self.live = None  # rich Live while the dashboard runs
+        self.last_draw = 0.0
+        self.done_events = 0  # "done" events seen (a request ended)
+        self.cmd_seq = 0  # sequence number of the next command sent
+        self.on_frame = None  # fn(frame dict) after each frame, or None (tests, tools)
 
     # one line to the console and the log
     def emit(self, text, note=False):
@@ -181,10 +215,103 @@ class Monitor:
                     pass  # the same error again, from the buffered rest
                 raise UserError("--log %s cannot be written: %s" % (self.log_path, e.strerror or e)) from None
 
-    # split received bytes into lines and emit them; returns the first line matching
-    # pattern (what follows it stays unread in self.partial), or None
+    # received bytes: to the capture, through the frame decoder; text into lines (see
+    # feed_text), frames to the log / state / view. Returns the first text line matching
+    # pattern, or None
     def feed(self, data, pattern=None):
         self.bytes += len(data)
+        if self.capture:
+            self.capture.write(data)
+            self.capture.flush()
+        hit = None
+        for kind, v in self.decoder.feed(data):
+            if kind == "text":
+                h = self.feed_text(v, pattern if hit is None else None)
+                if hit is None:
+                    hit = h
+            elif kind == "frame":
+                self.frame(v)
+        return hit
+
+    # one decoded frame: JSONL log, state, view
+    def frame(self, f):
+        if self.jsonl:
+            try:
+                self.jsonl.write(con.jsonl_line(f) + "\n")
+                self.jsonl.flush()
+            except OSError as e:
+                self.jsonl = None
+                raise UserError("--jsonl %s cannot be written: %s" % (self.jsonl_path, e.strerror or e)) from None
+        self.state.update(f)
+        if f.get("type") == "event":
+            for e in f.get("events", []):
+                if e.get("event") == "done":
+                    self.done_events += 1
+                if self.view == "plain":
+                    self._plain(con.event_line(e, self.state), "event")
+        elif f.get("type") == "text" and self.view == "plain":
+            self.gen_line += f.get("text", "")
+            while "\n" in self.gen_line:
+                line, self.gen_line = self.gen_line.split("\n", 1)
+                self._plain(line, "text")
+        elif f.get("type") == "periodic" and self.view == "plain":
+            ms = self.state.ms
+            if self.last_status_ms is None or ms - self.last_status_ms >= self.status_every_ms or ms < self.last_status_ms:
+                self.last_status_ms = ms
+                self._plain(self.state.line(), "status")
+        if self.on_frame is not None:
+            self.on_frame(f)
+        self.draw()
+
+    # a plain-view line on the console (not the text log: that is the board's text)
+    def _plain(self, text, what):
+        line = ("[%s] " % _stamp() if self.timestamps else "") + "[%s] " % what + text
+        self.out.write(console_text(line) + "\n")
+        self.out.flush()
+
+    # the generated text not yet printed (plain view), at the end of a run
+    def flush_generated(self):
+        if self.view == "plain" and self.gen_line:
+            self._plain(self.gen_line, "text")
+            self.gen_line = ""
+
+    # redraw the dashboard (at most 5 times a second)
+    def draw(self, force=False):
+        if self.view != "dashboard":
+            return
+        now = time.monotonic()
+        if not force and now - self.last_draw < 0.2:
+            return
+        self.last_draw = now
+        if self.live is None:
+            from rich.console import Console
+            from rich.live import Live
+
+            self.live = Live(console=Console(file=self.out), auto_refresh=False, transient=False)
+            self.live.start()
+        self.live.update(con.render(self.state, self.decoder.counts(), self.board_text[-6:]), refresh=True)
+
+    # send a command frame to the board (console.command's kinds: prompt, stop, config, layout)
+    def send_command(self, kind, **kw):
+        data = con.command(kind, seq=self.cmd_seq, **kw)
+        self.cmd_seq = (self.cmd_seq + 1) & 0xFFFF
+        if self.ser is None:
+            raise UserError("port %s is not open: the command %s was not sent" % (self.port, kind))
+        self.ser.write(data)
+        self.ser.flush()
+        return data
+
+    # the counts at the end (--json)
+    def summary(self):
+        c = self.decoder.counts()
+        return {"port": self.port, "bytes": self.bytes, "lines": self.lines, "losses": self.losses,
+                "frames": {k: c[k] for k in ("good", "corrupt", "truncated", "dropped", "skipped", "body_errors")},
+                "frames_by_type": c["by_type"], "rejected": c["rejected"], "text_bytes": c["text_bytes"],
+                "requests_done": self.done_events, "tokens": self.state.core.get("tokens")}
+
+    # split text bytes into lines and emit them; returns the first line matching pattern
+    # (what follows it stays unread in self.partial), or None
+    def feed_text(self, data, pattern=None):
         buf = self.partial + data
         while True:
             i = buf.find(b"\n")
@@ -194,14 +321,21 @@ class Monitor:
             buf = buf[i + 1 :]
             self.lines += 1
             self.emit(text)
+            if self.view == "dashboard":
+                self.board_text.append(console_text(text))
+                del self.board_text[:-50]
             if pattern is not None and pattern.search(text):
                 self.partial = b""  # the rest is after the line we waited for
                 return text
         self.partial = buf
         return None
 
-    # flush a partial line so nothing received is lost
+    # flush a partial line so nothing received is lost (a frame cut by the loss is
+    # counted as truncated)
     def flush_partial(self, why="port lost"):
+        for kind, v in self.decoder.flush(why):
+            if kind == "text":
+                self.partial += v
         if self.partial:
             self.emit(_text(self.partial.rstrip(b"\r")) + " [partial line: %s]" % why)
             self.partial = b""
@@ -220,14 +354,17 @@ class Monitor:
             time.sleep(RETRY_S)
         return False
 
-    # read until `until` (a regex, text or compiled) matches a line or `timeout` s pass;
-    # returns the matching line or None
-    def run(self, until=None, timeout=None, ser=None):
+    # read until `until` (a regex, text or compiled) matches a line, `until_done`
+    # requests have ended (done events), or `timeout` s pass; returns the matching line
+    # (or "done") or None. on_open(monitor) runs once the port is open (commands)
+    def run(self, until=None, timeout=None, ser=None, until_done=0, on_open=None):
         pattern = pattern_of(until) if isinstance(until, str) else until
         deadline = time.monotonic() + timeout if timeout else None
         self.ser = ser or open_port(self.port, self.baud)
         if ser is None:
             self.emit("connected to %s" % self.port, note=True)
+        if on_open is not None:
+            on_open(self)
         try:
             while deadline is None or time.monotonic() < deadline:
                 try:
@@ -250,13 +387,147 @@ class Monitor:
                     hit = self.feed(data, pattern)
                     if hit is not None:
                         return hit
+                    if until_done and self.done_events >= until_done:
+                        return "done"
             return None
         finally:
             self.flush_partial("monitor stopped")
+            self.flush_generated()
             if self.ser is not None and ser is None:
                 self.ser.close()
 
+    # decode a recorded capture (raw bytes, as --capture writes them) as if it came from
+    # the port; the same outputs. UserError when the file cannot be read
+    def replay(self, path, chunk=4096):
+        try:
+            f = open(path, "rb")
+        except OSError as e:
+            raise UserError("--replay %s cannot be read: %s" % (path, e.strerror or e), 2) from None
+        with f:
+            if os.path.isdir(path):
+                raise UserError("--replay %s is a folder" % path, 2)
+            while True:
+                try:
+                    data = f.read(chunk)
+                except OSError as e:
+                    raise UserError("--replay %s cannot be read: %s" % (path, e.strerror or e), 2) from None
+                if not data:
+                    break
+                self.feed(data)
+        self.flush_partial("end of the capture")
+        self.flush_generated()
+        self.draw(force=True)
+
     def close(self):
-        if self.log:
-            self.log.close()
-            self.log = None
+        if self.live is not None:
+            self.draw(force=True)
+            self.live.stop()
+            self.live = None
+        for name in ("log", "jsonl", "capture"):
+            f = getattr(self, name)
+            if f:
+                try:
+                    f.close()
+                except OSError:
+                    pass
+                setattr(self, name, None)
+
+
+def _int_opt(v, flag, lo=1):
+    # an int >= lo from an option (text or int), or a one-line UserError
+    try:
+        n = int(v)
+    except (TypeError, ValueError):
+        n = lo - 1
+    if n < lo:
+        raise UserError("%s must be an integer >= %d, got %r" % (flag, lo, v), 2)
+    return n
+
+
+def start_serve(port, link_bps=0, out=print):
+    # run firmware_py.serve.main() on the board at port over the raw REPL and leave it
+    # running (the port is closed again for the monitor); UserError when it cannot be
+    from host import flash
+
+    t = flash.connect(port)
+    try:
+        have = flash.device_hashes(t, ["firmware_py/serve.mpy", "firmware_py/telemetry.mpy"])
+        if None in have:
+            raise UserError("the board on %s has no telemetry firmware (firmware_py/serve): run ./kv flash first" % port, 2)
+        args = "link_bps=%d" % link_bps if link_bps else ""
+        t.exec_raw_no_follow("from firmware_py import serve\nserve.main(%s)\n" % args)
+    finally:
+        flash._close(t)
+    out("monitor: started firmware_py.serve on %s" % port)
+
+
+# ./kv monitor: a port (or --replay FILE) through the Monitor, commands sent once the
+# port is open, a summary at the end
+def main(port=None, board="esp32s3_n8r8", log=None, until=None, timeout=None, jsonl=None, capture=None, replay=None,
+         as_json=False, plain=False, start=False, prompt=None, tokens=64, policy=None, window=None, kv_dtype=None,
+         stop=False, until_done=0, link_bps=0, out=None):
+    import json
+
+    from firmware_py import kv
+
+    pattern = pattern_of(until)  # a bad regex is refused before the port is opened
+    for path, opt in ((log, "--log"), (jsonl, "--jsonl"), (capture, "--capture")):
+        if path is not None:
+            check_log(path, opt)
+    tokens = _int_opt(tokens, "--tokens")
+    until_done = _int_opt(until_done, "--until-done", 0)
+    link_bps = _int_opt(link_bps, "--link-bps", 0)
+    if link_bps and not 100 <= link_bps <= 1000000:
+        raise UserError("--link-bps must be 100..1000000 bytes/s, got %d" % link_bps, 2)
+    if policy is not None and policy not in kv.POLICIES:
+        raise UserError("--policy must be one of %s, got %r" % (", ".join(kv.POLICIES), policy), 2)
+    if kv_dtype is not None and kv_dtype not in kv.DTYPES:
+        raise UserError("--kv-dtype must be one of %s, got %r" % (", ".join(kv.DTYPES), kv_dtype), 2)
+    if window is not None:
+        window = _int_opt(window, "--window")
+    sends = policy is not None or kv_dtype is not None or window is not None or prompt is not None or stop
+    if replay is not None:
+        if port is not None or start or sends:
+            raise UserError("--replay decodes a file: --port, --start and commands need a board", 2)
+        if not os.path.isfile(replay):
+            raise UserError("--replay %s: no such file" % replay, 2)
+    elif port is None:
+        from host import boards
+        from host.flash import find_port
+
+        port = find_port(boards.load(board))
+        if port is None:
+            raise UserError("no ESP32-S3 on USB and no virtual board running (start one: ./kv vboard)", 2)
+    if replay is None:
+        check_port(port)
+    out = out if out is not None else sys.stdout
+    view = "plain" if plain or as_json else "auto"
+    m = Monitor(port or replay, log_path=log, out=out if not as_json else sys.stderr, jsonl_path=jsonl,
+                capture_path=capture, view=view)
+    hit = None
+    try:
+        if replay is not None:
+            m.replay(replay)
+        else:
+            if start:
+                start_serve(port, link_bps, out=lambda s: m.emit(s, note=True))
+
+            def commands(mon):
+                cfg = {k: v for k, v in (("policy", policy), ("window", window), ("kv_dtype", kv_dtype)) if v is not None}
+                if cfg:
+                    mon.send_command("config", **cfg)
+                if prompt is not None:
+                    mon.send_command("prompt", text=prompt, tokens=tokens)
+                if stop:
+                    mon.send_command("stop")
+
+            hit = m.run(until=pattern, timeout=timeout, until_done=until_done, on_open=commands if sends else None)
+    finally:
+        m.close()
+    if as_json:
+        print(json.dumps(m.summary(), indent=1, sort_keys=True))
+    if pattern is not None and hit is None and replay is None:
+        raise UserError("no line matched --until %r within %g s" % (until, timeout or 0))
+    if until_done and m.done_events < until_done and replay is None:
+        raise UserError("%d of %d requests ended within %g s" % (m.done_events, until_done, timeout or 0))
+    return m

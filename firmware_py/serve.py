@@ -1,0 +1,289 @@
+# The board serving requests with telemetry: the kernel runs the telemetry task
+# (firmware_py/telemetry.py), an input task reading command frames from the console
+# (prompt, stop, config for the next request, layout) and, per prompt, the decode task
+# of firmware_py/decode.Session. Everything the board says goes out on stdout: frames
+# (layout, periodic, events, the generated text) between ordinary printed lines, which
+# `./kv monitor` picks apart. On a board:
+#   from firmware_py import serve
+#   serve.main()                              # wait for commands from ./kv monitor
+#   serve.main(prompt="Once upon a time")     # or start one request at once
+# `./kv monitor --start` runs serve.main over the raw REPL, then monitors.
+#
+# The decode side is decode.py's, unchanged: the server only polls it (Session.n_new
+# through on_token, the cache and pool it booted, its bandwidth tracker or DMA queue
+# when it has one) and hands its text to the telemetry task.
+import sys
+
+from firmware_py import compat, decode, kv, telemetry as tm
+from firmware_py.clock import RealClock
+from firmware_py.sched import Kernel
+from firmware_py.status import E_RANGE, E_STATE, OK
+
+INPUT_US = 20000  # the input task looks for command bytes this often
+CONFIG_KEYS = ("kv_dtype", "policy", "window", "sinks", "temperature", "top_p", "seed", "backend", "rope")
+BOOT_KEYS = ("kv_dtype", "policy", "window", "sinks", "backend", "rope", "temperature", "top_p", "seed")
+PRIO_TELEMETRY = 3  # highest: it sleeps almost always and never waits for the link
+PRIO_INPUT = 2
+PRIO_DECODE = 1
+
+
+class ServeError(ValueError):
+    # a bad configuration value (one line)
+    pass
+
+
+class Server:
+    # one board: kernel, telemetry, input, and the request running now (if any).
+    # write: fn(buf, n) for frames; poll_input: fn(reader) feeding the command bytes
+    # available now to reader.byte (or None: no input); clock: the kernel's clock
+    def __init__(self, write, poll_input=None, clock=None, model=decode.MODEL_FILE, tokenizer=decode.TOKENIZER_FILE,
+                 link_bps=tm.DEFAULT_LINK_BPS, rate_hz=tm.DEFAULT_RATE_HZ, max_requests=0, layer_us=0, heap=0,
+                 out=print, **opts):
+        self.k = Kernel(clock or RealClock(), max_tasks=8, verbose=True)
+        self.model_path = model
+        self.tok_path = tokenizer
+        self.opts = {}  # the configuration of the next request (decode.Session options)
+        self.set_config(opts)
+        self.heap = heap  # usable heap the Session sizes its pool from (0: the board's)
+        self.layer_us = layer_us  # VirtualClock runs: µs charged per layer
+        self.out = out  # where plain lines go (print: the same stdout as the frames)
+        self.session = None  # decode.Session of the last request, kept while the options do not change
+        self.booted = None  # the options that session was booted with
+        self.task = None  # the running request's Task, or None
+        self.tasks = []  # request tasks spawned, released once finished (their slots are reused)
+        self.req = 0  # requests started
+        self.done = 0  # requests ended
+        self.max_requests = max_requests  # stop the kernel after this many requests (0: never)
+        self.stopping = False  # a stop command is ending the running request
+        self.tm = tm.Telemetry(write, kernel=self.k, link_bps=link_bps, rate_hz=rate_hz,
+                               meta={"model": model, "board": _board_name()})
+        self.reader = tm.CommandReader(self.command)
+        self.poll_input = poll_input
+        self.k.spawn("telemetry", PRIO_TELEMETRY, self.tm.task(self.k))
+        if poll_input is not None:
+            self.k.spawn("input", PRIO_INPUT, self._input(self.k))
+        self._tok = self._on_token  # one bound method for Session.on_token
+
+    # the options of the next request from {key: value} (text or values); ServeError
+    def set_config(self, opts):
+        new = dict(self.opts)
+        for key, v in opts.items():
+            if key not in CONFIG_KEYS:
+                raise ServeError("unknown option %r (known: %s)" % (key, ", ".join(CONFIG_KEYS)))
+            try:
+                if key in ("window", "sinks", "seed"):
+                    v = int(v)
+                elif key in ("temperature", "top_p"):
+                    v = float(v)
+            except ValueError:
+                raise ServeError("%s must be a number, got %r" % (key, v))
+            if key == "kv_dtype" and v not in kv.DTYPES:
+                raise ServeError("kv_dtype must be one of %s, got %r" % (", ".join(kv.DTYPES), v))
+            if key == "policy" and v not in kv.POLICIES:
+                raise ServeError("policy must be one of %s, got %r" % (", ".join(kv.POLICIES), v))
+            new[key] = v
+        if new.get("policy", "full") == "full":
+            new.pop("window", None)
+        self.opts = new
+
+    # --- commands (the CommandReader calls this with each good frame; may allocate) -----
+
+    def command(self, ftype, body, seq):
+        st = OK
+        if ftype == tm.T_CMD_PROMPT:
+            try:
+                n, off = tm.get_varint(body, 0)
+                text = body[off:].decode()
+            except (ValueError, UnicodeError):
+                st = E_RANGE
+            else:
+                st = self.start(text, n)
+        elif ftype == tm.T_CMD_STOP:
+            st = self.stop()
+        elif ftype == tm.T_CMD_CONFIG:
+            try:
+                items = {}
+                for line in body.decode().split("\n"):
+                    if line:
+                        key, _, v = line.partition("=")
+                        items[key] = v
+                self.set_config(items)
+            except (ServeError, UnicodeError) as e:
+                self.out("serve: config refused: %s" % e)
+                st = E_RANGE
+        elif ftype == tm.T_CMD_LAYOUT:
+            self.tm.request_layout()
+        else:
+            st = E_RANGE
+        self.tm.event(tm.EV_ACK, ftype, st, self.req)
+        return st
+
+    # start a request: prompt text, n new tokens. OK, or E_STATE (one is running) /
+    # E_RANGE (refused: the reason is printed as one line), with a refused event
+    def start(self, text, n):
+        if self.task is not None:
+            self.tm.event(tm.EV_REFUSED, E_STATE, 1, self.req)
+            return E_STATE
+        if n.__class__ is not int or n < 1 or n > 100000:
+            self.tm.event(tm.EV_REFUSED, E_RANGE, 1, self.req)
+            return E_RANGE
+        try:
+            s = self._session()
+            ids = s.encode(text)
+        except (decode.DecodeError, MemoryError) as e:
+            self.out("serve: request refused: %s" % e)
+            self.tm.event(tm.EV_REFUSED, E_RANGE, 1, self.req)
+            return E_RANGE
+        self.req += 1
+        self._release()
+        self.task = self.k.spawn("decode", PRIO_DECODE, self._request(s, ids, n, self.req))
+        self.tasks.append(self.task)
+        return OK
+
+    # give the slots of finished request tasks back to the kernel
+    def _release(self):
+        keep = []
+        for t in self.tasks:
+            if t.finished():
+                self.k.release(t)
+            else:
+                keep.append(t)
+        self.tasks = keep
+
+    # stop the running request; OK, or E_STATE when none runs
+    def stop(self):
+        t = self.task
+        if t is None:
+            return E_STATE
+        self.stopping = True
+        self.k.kill(t)
+        if self.task is t:  # killed before its first slice: its finally never ran
+            self._ended(self.req, 0, tm.DONE_STOP)
+        return OK
+
+    # the Session for the next request: the last one when its options still hold (its
+    # sequence reopened), else a new one (the old one freed first)
+    def _session(self):
+        s = self.session
+        boot = {k: self.opts[k] for k in BOOT_KEYS if k in self.opts}
+        if s is not None and boot == self.booted:
+            s.cache.close(s.h)
+            s.h = s.cache.open(s.region, s.policy, s.cap, boot.get("sinks", kv.SINKS))
+            self._attach(s)
+            return s
+        self.session = None
+        self.tm.attach()  # let go of the old pool and cache before a new one is made
+        s = None
+        compat.collect()
+        s = decode.Session(self.model_path, self.tok_path, heap=self.heap, **boot)
+        s.layer_us = self.layer_us
+        s.on_token = self._tok
+        self.session = s
+        self.booted = boot
+        self._attach(s)
+        return s
+
+    def _attach(self, s):
+        self.tm.attach(pool=s.pool, cache=s.cache, bw=getattr(s, "bw", None), dma=getattr(s, "dma", None))
+        self.tm.watch_seq(s.h, s.cap)
+        self.tm.meta["kv.policy"] = s.policy
+        self.tm.meta["model.layers"] = s.cfg.n_layers
+        self.tm.meta["model.seq_len"] = s.cfg.seq_len
+        self.tm.meta["model.dim"] = s.cfg.dim
+
+    # Session.on_token: a token was made (counters only: no allocation)
+    def _on_token(self, s):
+        self.tm.tokens += 1
+
+    # the request's task: decode.Session.task with the text into telemetry, then the
+    # done event (reason: done, stopped, full, error)
+    def _request(self, s, ids, n, req):
+        t = self.tm
+        t.requests += 1
+        t.request = req
+        t.event(tm.EV_START, req, len(ids), n)
+        reason = tm.DONE_ERROR
+        try:
+            yield from s.task(self.k, ids, n, t.text)
+            reason = tm.DONE_OK if not s.stop else (tm.DONE_FULL if s.stop == "full" else tm.DONE_ERROR)
+        finally:
+            self._ended(req, s.n_new, reason)
+
+    # a request ended (made, stopped, refused by the cache, failed): its done event
+    def _ended(self, req, made, reason):
+        if self.stopping:
+            reason = tm.DONE_STOP
+            self.stopping = False
+        t = self.tm
+        t.event(tm.EV_DONE, req, made, reason)
+        t.text(b"\n")
+        self.task = None
+        self.done += 1
+        if self.max_requests and self.done >= self.max_requests:
+            self.k.spawn("finish", PRIO_INPUT, self._finish(self.k))
+
+    # after the last request: two telemetry periods for its last frames, then stop
+    def _finish(self, k):
+        yield k.sleep_us(2 * self.tm.period_us + 1000)
+        k.stop()
+
+    def _input(self, k):
+        rd = self.reader
+        poll = self.poll_input
+        while True:
+            poll(rd)
+            yield k.sleep_us(INPUT_US)
+
+    # run the kernel (for_us < 0: until stopped)
+    def run(self, for_us=-1):
+        return self.k.run(for_us)
+
+
+def _board_name():
+    try:
+        from firmware_py import board  # noqa: PLC0415
+
+        return board.load(decode.PROFILE).name
+    except (OSError, ValueError, ImportError):
+        return "unknown"
+
+
+# fn(reader) feeding the bytes waiting on stdin to reader.byte, or None where stdin
+# cannot be polled (MicroPython: select.poll on sys.stdin; allocates a little per call,
+# it runs every INPUT_US, never in the frame path)
+def stdin_poller():
+    try:
+        import select  # noqa: PLC0415
+
+        p = select.poll()
+        p.register(sys.stdin, select.POLLIN)
+    except (ImportError, OSError, AttributeError, TypeError, ValueError):
+        return None
+    src = getattr(sys.stdin, "buffer", sys.stdin)
+
+    def poll(reader):
+        for _ in range(512):
+            ev = p.poll(0)
+            if not ev or not ev[0][1] & select.POLLIN:
+                return
+            b = src.read(1)
+            if not b:
+                return
+            reader.byte(b[0] if isinstance(b[0], int) else ord(b[0]))
+
+    return poll
+
+
+# serve on this board: frames on stdout, commands from stdin. prompt: start one request
+# at once; max_requests: return after that many (0: serve until interrupted)
+def main(prompt=None, tokens=64, model=decode.MODEL_FILE, tokenizer=decode.TOKENIZER_FILE,
+         link_bps=tm.DEFAULT_LINK_BPS, rate_hz=tm.DEFAULT_RATE_HZ, max_requests=0, **opts):
+    out = getattr(sys.stdout, "buffer", sys.stdout)
+    srv = Server(tm.stream_writer(out), stdin_poller(), model=model, tokenizer=tokenizer, link_bps=link_bps,
+                 rate_hz=rate_hz, max_requests=max_requests, **opts)
+    print("serve: telemetry at %d Hz on a %d B/s link; waiting for commands" % (rate_hz, link_bps))
+    if prompt is not None:
+        if srv.start(prompt, tokens) != OK:
+            print("serve: the prompt was refused")
+    srv.run()
+    return srv
