@@ -1,7 +1,8 @@
 # KV cache over the pool: append writes in place, lookup is O(1), every policy evicts
 # (or stops with E_FULL) without allocating, watermark fires once at 80 %, forked
 # prefixes are shared and copied on write, regions isolate sequences.
-from fwtest import check, eq, raises, no_alloc, done
+from fwtest import check, eq, raises, no_alloc, done, xorshift
+import kvref
 from firmware_py import kv, pool, quant, status
 from firmware_py.compat import collect, mem_alloc
 
@@ -262,8 +263,9 @@ for _ in range(33100):
 eq(cb.slot_pos(hb, 32999), 32999, "slot 32,999 holds position 32,999")
 check(cb.locate(hb, 33099) >= 0 and cb.locate(hb, 32999) == 32999, "positions above 32,767 are found")
 
-# --- int8 / int4 rows: packed by the model side, copied by the cache
-for dt in ("int8", "int4"):
+# --- int8 / int4tok / int4 rows: packed by the model side (int4: its keys quantized by
+# the cache, the newest block's kept exact in the residual)
+for dt in ("int8", "int4tok", "int4"):
     lq = kv.Layout(5, 4, 8, dt, tokens_per_block=4)
     pq = pool.Pool(lq.block_bytes, 4)
     cq = kv.KVCache(pq, lq, max_seqs=1)
@@ -290,6 +292,124 @@ for dt in ("int8", "int4"):
     err = max(max(abs(kk[i] - ks[3][i]) for i in range(32)), max(abs(vv[i] - vs[3][i]) for i in range(32)))
     bound = max(quant.error_bound(lq, ks[3]), quant.error_bound(lq, vs[3]))
     check(err <= bound, "%s error %f within bound %f" % (dt, err, bound))
+# --- int4 (KIVI): reserve/write/append/read/fork/close heap-locked, every read
+# bit-identical to the reference model (kvref.py, from the spec, big ints), a block
+# holding residual keys never shared, extreme fp32 keys (signs, 0, -0, subnormal, inf,
+# NaN, the largest) through the 32-bit build's integer path
+
+lk = kv.Layout(5, 4, 8, "int4", tokens_per_block=4)
+eq((lk.layer_row, lk.store_row, lk.block_bytes, lk.kv_bytes_per_token, lk.residual_bytes), (160, 48, 1632, 400, 2564),
+   "int4 (KIVI) layout of stories260K's shape with 4-token blocks")
+pk = pool.Pool(lk.block_bytes, 16)
+rk = pk.add_region(16)
+collect()
+a0 = mem_alloc()
+ck = kv.KVCache(pk, lk, max_seqs=3, h2o=True)
+if a0 is not None:  # the sizing rule's fixed bytes (the residual of 3 sequences included) hold the cache
+    collect()  # what stays live: the boot's temporaries are garbage
+    a1 = mem_alloc() - a0
+    pm_bytes = 4 * ck.map_size * 3  # h2o's position maps: kv.bytes_per_block charges them per block
+    print("int4 KVCache(max_seqs=3): %d B allocated (+ %d B h2o map), fixed_bytes %d" % (a1 - pm_bytes, pm_bytes, kv.fixed_bytes(lk, 3)))
+    check(a1 - pm_bytes <= kv.fixed_bytes(lk, 3), "int4: the cache fits kvlayout.fixed_bytes")
+mk = kvref.RefKV(lk, 3, 16, 16, (16,))
+krng = xorshift(7)
+EXTREME = (0.0, -0.0, 1e-40, -1e-40, 3.4e38, -3.4e38, float("inf"), float("-inf"), float("nan"), 1.5, -2.25, 1e-30)
+krows = []
+for n in range(24):
+    b = bytearray(lk.row_bytes)
+    for ly in range(5):
+        k = [((krng(2001) - 1000) / 250.0) + (3.0 if c % 5 == 1 else 0.0) for c in range(32)]
+        if n == 5:
+            k = [EXTREME[c % len(EXTREME)] for c in range(32)]
+        v = [(krng(201) - 100) / 50.0 for c in range(32)]
+        quant.pack_layer(lk, k, v, b, ly * lk.layer_row)
+    krows.append(b)
+KB = [0, 0, 0, 0, 0]  # handles / results for the locked closures
+kout = bytearray(lk.layer_row)
+
+
+def kivi_same(what):
+    # every cached position of every open sequence reads as the reference's, and no
+    # block holding residual keys is shared
+    for hh, sq in mk.seqs.items():
+        for pos in range(sq.n):
+            slot = sq.slot_of(pos)
+            eq(ck.locate(hh, pos), kvref.E_EMPTY if slot is None else slot, "%s: locate %d" % (what, pos))
+            if slot is None:
+                continue
+            for ly in range(5):
+                eq(ck.read(hh, pos, ly, kout, 0), status.OK, what)
+                check(bytes(kout) == mk.row_of(sq, slot, ly), "%s: seq %d pos %d layer %d bit-identical" % (what, hh, pos, ly))
+        kb = ck.current_block(hh)
+        check(kb < 0 or pk.ref[ck.block_at(hh, kb)] == 1, "%s: the block with residual keys is private" % what)
+
+
+def k_append9():
+    for n in range(9):
+        KB[1] = ck.append(KB[0], krows[n])
+
+
+KB[0] = ck.open(rk, "full", 0)
+eq(mk.open(0, "full", 0, 4, 0), KB[0], "int4 open")
+no_alloc("int4: 9 appends (two folds)", k_append9)
+for n in range(9):
+    mk.append(KB[0], krows[n])
+eq(ck.current_block(KB[0]), 2, "int4: the residual follows block 2")
+check(ck.residual_word(KB[0], 8, 0) >= 0 and ck.residual_word(KB[0], 3, 0) == status.E_EMPTY, "int4: slot 8 residual, 3 folded")
+kivi_same("int4 full after folds")
+
+
+def k_reserve_write():
+    KB[1] = ck.reserve(KB[0])
+    for ly in range(5):
+        KB[2] = ck.write(KB[0], ly, krows[9], ly * lk.layer_row)
+
+
+no_alloc("int4: reserve then write every layer", k_reserve_write)
+mk.reserve(KB[0])
+for ly in range(5):
+    mk.write(KB[0], ly, krows[9], ly * lk.layer_row)
+eq((KB[1], KB[2]), (9, status.OK), "int4 reserve + write")
+kivi_same("int4 after write")
+
+
+def k_fork():
+    KB[3] = ck.fork(KB[0])  # folds the source's residual first
+    KB[2] = ck.write(KB[0], 1, krows[10], lk.layer_row)  # the source's reservation: its block copied, residual again
+    KB[4] = ck.append(KB[3], krows[11])
+
+
+no_alloc("int4: fork, write after fork, append to the fork", k_fork)
+eq(mk.fork(KB[0]), KB[3], "int4 fork")
+eq((KB[2], KB[4]), (mk.write(KB[0], 1, krows[10], lk.layer_row), mk.append(KB[3], krows[11])), "int4 write/append after fork")
+kivi_same("int4 after fork")
+
+# rings refill blocks partly (old quantized slots requantized with the new); h2o folds per token
+for pol, cap in (("window", 6), ("sinks", 7), ("h2o", 10)):
+    KB[0] = ck.open(rk, pol, cap, 2 if pol == "h2o" else 4, 3 if pol == "h2o" else 0)
+    eq(mk.open(0, pol, cap, 2 if pol == "h2o" else 4, 3 if pol == "h2o" else 0), KB[0], "int4 open " + pol)
+
+    def k_ring():
+        for n in range(20):
+            KB[1] = ck.append(KB[0], krows[n])
+            KB[2] = ck.add_score(KB[0], ck.locate(KB[0], n // 2), n % 3)
+
+    no_alloc("int4: 20 appends into %s %d" % (pol, cap), k_ring)
+    for n in range(20):
+        mk.append(KB[0], krows[n])
+        mk.add_score(KB[0], mk.locate(KB[0], n // 2), n % 3)
+    kivi_same("int4 " + pol)
+    h_close = KB[0]
+
+    def k_close():
+        KB[1] = ck.close(KB[0])
+
+    no_alloc("int4: close %s" % pol, k_close)
+    mk.close(h_close)
+for hh in list(mk.seqs):
+    eq(ck.close(hh), mk.close(hh), "int4 close")
+eq(pk.blocks_used, 0, "int4: every block back")
+
 # --- misuse found by review: every int argument compared before arithmetic, non-ints
 # refused, never an exception or an allocation, same answer on every interpreter
 lm = kv.Layout(2, 1, 4, "fp32", tokens_per_block=4)
