@@ -47,7 +47,7 @@
 # nothing on MicroPython (tests/firmware/fw_tiers.py); configuration (Tiers, open) raises
 # TiersError with one line.
 from firmware_py.compat import const, ticks_add, ticks_diff
-from firmware_py.pool import T_END, T_LO, TF, copy32, filled
+from firmware_py.pool import T_END, T_LO, TF, copy32, filled, zero32
 from firmware_py.status import E_EMPTY, E_FULL, E_NO_BLOCK, E_RANGE, E_STALE, E_STATE, INT_MAX, OK
 
 KV_READ = const(0)  # bandwidth.py's category numbers (bwm.KV_READ, bwm.KV_WRITE)
@@ -445,8 +445,26 @@ class Tiers:
                     self.spend[i] = 1  # not flushed yet: retried at the next step
                 continue
             if pool.tier_of(b) != want:
-                if self._start(i, k, b, want) < 0:
+                if n <= k * t:  # a ring block never written yet: nothing to copy
+                    if self._swap_empty(i, k, b, want) < 0:
+                        self._defer(i)
+                elif self._start(i, k, b, want) < 0:
                     self._defer(i)
+
+    # block b (table index k of slot i) holds no position yet (a window's ring block before the
+    # ring reached it): give the entry an empty block of range dst at once, no copy. OK or
+    # E_NO_BLOCK
+    def _swap_empty(self, i, k, b, dst):
+        pool = self.pool
+        nb = pool.alloc(self.region, dst)
+        if nb < 0:
+            return E_NO_BLOCK
+        zero32(self.arena, nb * self.bw_words, 2 * self.t)  # every slot empty, as kv.open leaves a ring block
+        owner = pool.owner[b]
+        _retarget(self.cache, i, k, nb)
+        pool.unref(b)
+        pool.transfer(nb, owner)
+        return OK
 
     # copy block b (table index k of slot i) to range dst: DMA descriptors, or a CPU copy
     # completed now. OK, E_FULL (ring or move records), E_NO_BLOCK (range full)
