@@ -221,4 +221,27 @@ a = bw6.occupy(PS, K_DMA, 51000)
 c = bw6.occupy(PS, K_READ, 3860)
 eq(c, a + bw6.cost_us(PS, K_READ, 3860), "the CPU read waits for the DMA in flight")
 eq(bw6.report()["psram"]["all"]["stalls"], 1, "one stall counted")
+
+# --- the decode's traffic: per layer and per token, heap-locked ---
+k7 = Kernel(VirtualClock(), max_tasks=2)
+bw7 = bwm.Bandwidth(b, kernel=k7)
+tr = bwm.DecodeTraffic(bw7, 181760, 131584, 256, "psram", "psram")
+
+
+def token_steps():
+    for n in range(1, 41):
+        for _ in range(5):
+            us = tr.layer(n)
+            k7.clock.charge(us)
+        k7.clock.charge(tr.final())
+
+
+token_steps()
+no_alloc("DecodeTraffic: 40 tokens x 5 layers charged and priced", token_steps)
+w = bw7.report()["psram"]
+eq(w["weights"]["bytes"], 80 * (5 * 181760 + 131584), "weights bytes per token x tokens")
+eq(w["kv_write"]["bytes"], 80 * 5 * 256, "one K/V row per layer per token")
+eq(w["kv_read"]["bytes"], 2 * 5 * 256 * (40 * 41 // 2), "every cached row read by each attention pass")
+eq(tr.layer(bwm.CHARGE_MAX), E_RANGE, "an attention pass over CHARGE_MAX bytes is refused, nothing charged")
+eq(bw7.report()["psram"]["weights"]["bytes"], w["weights"]["bytes"], "... nothing")
 done()
