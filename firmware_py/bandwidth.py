@@ -360,6 +360,9 @@ class Bandwidth(CostModel):
         now = self.clock.now()
         bu = self.bucket_us
         d = ticks_diff(now, self.base)
+        if d < 0:  # untouched for more than half the tick circle (~9 min): everything has left
+            d = self.nr * bu
+            self.base = ticks_add(now, -d)
         if d < bu:
             return now
         steps = d // bu

@@ -269,3 +269,13 @@ def test_costmodel_bench_prediction_and_emulation_agree():
     p = r["predictions"][0]
     assert p["board"] == "esp32s3_n8r8" and p["weights_bytes_per_token"] > 1000000
     assert p["weights_only_tok_s"] == round(1e6 / p["weights_only_us_per_token"], 1)
+
+
+def test_a_tracker_untouched_for_more_than_half_the_tick_circle_starts_afresh():
+    clk, bw = new()
+    ps = bw.tier_id("psram")
+    bw.charge(ps, bwm.IO, 1000)
+    clk.charge(compat.TICKS_PERIOD // 2 + 5000)  # ticks_diff now reads this as the past
+    assert bw.window(ps) == 0
+    assert bw.charge(ps, bwm.IO, 10) == OK and bw.window(ps) == 10
+    assert bw.report()["psram"]["io"]["bytes"] == 1010
