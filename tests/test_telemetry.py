@@ -1,0 +1,214 @@
+# The board side end to end on CPython (VirtualClock, deterministic): firmware_py.serve
+# runs kvrtos-tiny beside the telemetry task; commands go in as the console encodes them,
+# the frames come out through the console's decoder; the text is decode.py's, the KV
+# bytes fit the layout's slope, the dashboard renders, the trace is valid. And the
+# firmware's frames are byte-identical on the three interpreters.
+import io
+import json
+import os
+import re
+
+import pytest
+
+from conftest import FIRMWARE_TESTS, ROOT, mp32_or_skip, run_firmware
+from firmware_py import decode, serve, telemetry as tm
+from firmware_py.clock import VirtualClock
+from host import console, monitor, trace
+
+TINY = os.path.join(ROOT, "models", "kvrtos-tiny")
+MODEL = os.path.join(TINY, "model.bin")
+TOK = os.path.join(TINY, "tokenizer.bin")
+
+
+class Board:
+    # a Server on a VirtualClock whose link is a bytearray and whose input is a list of command frames
+    def __init__(self, **kw):
+        self.cap = bytearray()
+        self.cmds = []
+        self.lines = []
+        self.srv = serve.Server(self._write, self._poll, clock=VirtualClock(), model=MODEL, tokenizer=TOK, layer_us=2000,
+                                out=self.lines.append, **kw)
+
+    def _write(self, buf, n):
+        self.cap.extend(bytes(buf[:n]))
+
+    def _poll(self, reader):
+        while self.cmds:
+            reader.feed(self.cmds.pop(0))
+
+    def send(self, kind, **kw):
+        self.cmds.append(console.command(kind, **kw))
+
+    def run(self, us=-1):
+        self.srv.run(us)
+
+    def decoded(self):
+        d = console.StreamDecoder()
+        out = d.feed(bytes(self.cap)) + d.flush()
+        return d, [v for k, v in out if k == "frame"]
+
+
+def events(frames, name=None):
+    return [e for f in frames if f["type"] == "event" for e in f["events"] if name is None or e["event"] == name]
+
+
+def text_of(frames, req=None):
+    return "".join(f["text"] for f in frames if f["type"] == "text" and (req is None or f["request"] == req))
+
+
+@pytest.fixture(scope="module")
+def full_run():
+    # one request, policy full, 200 tokens (past 12 blocks of 16)
+    b = Board(max_requests=1)
+    b.send("prompt", text="Once upon a time", tokens=200)
+    b.run()
+    return b
+
+
+def test_text_is_decode_pys_and_every_frame_is_good(full_run):
+    d, frames = full_run.decoded()
+    assert d.corrupt == 0 and d.dropped == 0 and d.good == len(frames)
+    s = decode.Session(MODEL, TOK)
+    ids = s.encode("Once upon a time")
+    pieces = []
+    k = serve.Kernel(VirtualClock())
+    k.spawn("d", 1, s.task(k, ids, 200, pieces.append))
+    k.run()
+    want = b"".join(pieces).decode() + "\n"
+    assert text_of(frames, 1) == want
+    assert [e["event"] for e in events(frames) if e["event"] != "watermark"] == ["ack", "start", "done"]
+    done = events(frames, "done")[0]
+    assert done["tokens"] == 200 and done["reason_name"] == "done"
+    per = [f for f in frames if f["type"] == "periodic"]
+    assert per[-1]["core"]["tokens"] == 200
+    assert full_run.srv.tm.periodic_max <= 115, full_run.srv.tm.periodic_max
+    lay = [f for f in frames if f["type"] == "layout"][-1]["layout"]
+    assert lay["task.0"] == "telemetry" and "decode" in lay.values() and lay["kv.dtype"] == "fp32"
+
+
+def test_kv_bytes_fit_the_layouts_slope(full_run, tmp_path):
+    _, frames = full_run.decoded()
+    tr, series = trace.build(frames)
+    fit = trace.kv_fit(series)
+    lay = series["layout"]
+    assert fit["points"] >= 10 and fit["tokens_max"] >= 190
+    tb = int(lay["kv.token_bytes"])
+    assert abs(fit["fitted_bytes_per_token"] - tb) / tb < 0.05, fit  # blocks of 16 tokens: a staircase around the line
+    assert fit["kv_bytes_per_token"] == int(lay["kv.kv_bytes_per_token"]) and fit["token_bytes"] == tb
+    from host import budget
+
+    calc = budget.compute("esp32s3_n8r8", MODEL, "fp32")
+    assert calc["cache_bytes_per_token"] == tb and calc["kv_bytes_per_token"] == fit["kv_bytes_per_token"]
+
+
+def check_trace(tr):
+    # the structure Perfetto / chrome://tracing read
+    assert isinstance(tr["traceEvents"], list) and tr["traceEvents"]
+    json.loads(json.dumps(tr))
+    phases = set()
+    for e in tr["traceEvents"]:
+        assert isinstance(e["name"], str) and isinstance(e["pid"], int) and e["ph"] in ("M", "X", "C", "i")
+        phases.add(e["ph"])
+        if e["ph"] == "M":
+            assert e["name"] in ("process_name", "thread_name") and isinstance(e["args"]["name"], str)
+            continue
+        assert isinstance(e["ts"], (int, float)) and e["ts"] >= 0
+        if e["ph"] == "X":
+            assert isinstance(e["tid"], int) and e["dur"] >= 0
+        if e["ph"] == "C":
+            assert e["args"] and all(isinstance(v, (int, float)) for v in e["args"].values())
+        if e["ph"] == "i":
+            assert e["s"] in ("g", "p", "t")
+    return phases
+
+
+def test_trace_and_plots(full_run, tmp_path):
+    log = tmp_path / "t.jsonl"
+    _, frames = full_run.decoded()
+    log.write_text("".join(console.jsonl_line(f) + "\n" for f in frames))
+    res = trace.main(str(log), str(tmp_path / "out"), as_json=False)
+    tr = json.load(open(res["trace"]))
+    assert check_trace(tr) == {"M", "X", "C", "i"}
+    names = {e["name"] for e in tr["traceEvents"]}
+    assert {"run", "tokens", "pool blocks", "kv seq 0", "request 1", "start", "done"} <= names
+    slices = [e for e in tr["traceEvents"] if e["name"] == "run"]
+    threads = {e["args"]["name"]: e["tid"] for e in tr["traceEvents"] if e["name"] == "thread_name"}
+    assert threads["decode"] in {e["tid"] for e in slices}  # the decode task's track has run slices
+    assert all(e["dur"] <= e["args"]["interval_ms"] * 1000 for e in slices)
+    for p in res["plots"]:
+        assert os.path.getsize(p) > 1000 and open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_dashboard_renders_from_the_frames(full_run):
+    from rich.console import Console
+
+    _, frames = full_run.decoded()
+    st = console.State()
+    for f in frames:
+        st.update(f)
+    con = Console(file=io.StringIO(), width=140, record=True)
+    con.print(console.render(st, {"good": 5, "corrupt": 1, "dropped": 0, "skipped": 0}, ["board says hi"]))
+    out = con.export_text()
+    for want in ("tasks", "telemetry", "decode", "pool blocks", "KV seq 0", "generated text", "recent events",
+                 "done", "Once upon a time", "board says hi", "frames good 5 corrupt 1"):
+        assert want in out, want
+
+
+def test_monitor_replays_a_capture_with_the_dashboard(full_run, tmp_path):
+    cap = tmp_path / "c.bin"
+    cap.write_bytes(bytes(full_run.cap))
+    buf = io.StringIO()
+    m = monitor.Monitor(str(cap), out=buf, view="dashboard", jsonl_path=str(tmp_path / "r.jsonl"))
+    m.replay(str(cap))
+    m.close()
+    out = buf.getvalue()
+    assert "tasks" in out and "generated text" in out and "Once upon a time" in out
+    s = m.summary()
+    assert s["frames"]["good"] > 30 and s["frames"]["corrupt"] == 0 and s["requests_done"] == 1
+    assert len(open(tmp_path / "r.jsonl").read().splitlines()) == s["frames"]["good"]
+
+
+def test_config_stop_refusals_and_a_second_request():
+    b = Board(max_requests=0)
+    b.send("config", policy="window", window=48, kv_dtype="int8")
+    b.send("prompt", text="Once upon a time", tokens=500)
+    b.run(2000000)  # 2 s of board time: the request is running
+    b.send("prompt", text="Another", tokens=5)  # refused: one is running
+    b.send("config", policy="nope")  # refused: bad value
+    b.run(500000)
+    b.send("stop")
+    b.run(500000)
+    b.send("prompt", text="The cat", tokens=30)  # the same options: the session is reused
+    b.send("layout")
+    b.run(5000000)
+    d, frames = b.decoded()
+    assert d.corrupt == 0
+    acks = [(e["type"], e["status"]) for e in events(frames, "ack")]
+    assert acks == [(tm.T_CMD_CONFIG, 0), (tm.T_CMD_PROMPT, 0), (tm.T_CMD_PROMPT, -6), (tm.T_CMD_CONFIG, -5),
+                    (tm.T_CMD_STOP, 0), (tm.T_CMD_PROMPT, 0), (tm.T_CMD_LAYOUT, 0)]
+    assert any("config refused" in ln for ln in b.lines)
+    done = events(frames, "done")
+    assert [(e["request"], e["reason_name"]) for e in done] == [(1, "stopped"), (2, "done")]
+    assert done[1]["tokens"] == 30
+    assert events(frames, "refused") and events(frames, "evict")  # the window ring evicted past 48
+    lay = [f["layout"] for f in frames if f["type"] == "layout"][-1]
+    assert lay["kv.dtype"] == "int8" and lay["kv.policy"] == "window"
+    seqs = [r for f in frames if f["type"] == "periodic" for r in f.get("seqs", [])]
+    assert max(r["cached"] for r in seqs) == 48 and max(r["cap"] for r in seqs) == 48
+    assert text_of(frames, 2).startswith("The cat")
+
+
+def test_the_firmware_frames_are_the_same_bytes_on_every_interpreter():
+    script = os.path.join(FIRMWARE_TESTS, "fw_telemetry.py")
+    digests = {}
+    interps = ["micropython", "cpython"]
+    try:
+        mp32_or_skip()
+        interps.append("micropython32")
+    except pytest.skip.Exception:
+        pass
+    for interp in interps:
+        r = run_firmware(script, interp)
+        assert r.returncode == 0, r.stdout + r.stderr
+        digests[interp] = re.search(r"^digest (\w+ \d+)$", r.stdout, re.M).group(1)
+    assert len(set(digests.values())) == 1, digests
