@@ -262,7 +262,7 @@ def _cli(argv=None):
     ap = argparse.ArgumentParser(prog="python -m host.budget", description="KV budget of a model on a board")
     ap.add_argument("--board", default="esp32s3_n8r8")
     ap.add_argument("--model", default="stories260K")
-    ap.add_argument("--kv-dtype", default="fp32")
+    ap.add_argument("--kv-dtype", default="fp32", help="KV element type: %s (int4: KIVI, int4tok: per token)" % ", ".join(KV_DTYPES))
     ap.add_argument("--policy", default="full")
     ap.add_argument("--window", default="0")
     ap.add_argument("--batch", type=int, default=1)
