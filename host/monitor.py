@@ -25,6 +25,7 @@ from host import console as con
 from host.errors import UserError
 
 RETRY_S = 0.2  # how often a lost port is looked for again
+DONE_GRACE_S = 0.5  # --until-done: read this long after the last done event (its last periodic frames)
 _UNSAFE = re.compile(r"[^\t\x20-\x7e]")  # what may need escaping on the console (ASCII printable and tab pass)
 
 
@@ -365,6 +366,7 @@ class Monitor:
             self.emit("connected to %s" % self.port, note=True)
         if on_open is not None:
             on_open(self)
+        grace = None  # once until_done requests have ended: read until this time, then return
         try:
             while deadline is None or time.monotonic() < deadline:
                 try:
@@ -387,8 +389,10 @@ class Monitor:
                     hit = self.feed(data, pattern)
                     if hit is not None:
                         return hit
-                    if until_done and self.done_events >= until_done:
-                        return "done"
+                    if until_done and self.done_events >= until_done and grace is None:
+                        grace = time.monotonic() + DONE_GRACE_S  # the frames sent after the done event
+                if grace is not None and time.monotonic() >= grace:
+                    return "done"
             return None
         finally:
             self.flush_partial("monitor stopped")

@@ -105,3 +105,58 @@ def test_monitor_started_after_flash_sees_the_boot_report(tmp_path):
 def test_monitor_missing_port_is_one_line():
     r = kv("monitor", "--port", "/dev/no-such-port")
     assert one_line_error(r) and r.returncode == 2 and "no serial port" in r.stderr, r.stderr
+
+
+def test_telemetry_end_to_end_on_the_virtual_board(tmp_path):
+    # the virtual board flashed with the firmware and kvrtos-tiny: `monitor --start`
+    # runs firmware_py.serve on it, sends a prompt; the frames stream while the model
+    # generates, the console decodes them (no corrupt frame), the text is what CPython
+    # generates, the capture replays to the same frames, the trace is valid and the KV
+    # bytes fit the layout's bytes per token
+    import json
+
+    from test_telemetry import check_trace
+
+    model = os.path.join(ROOT, "models", "kvrtos-tiny", "model.bin")
+    jl, cap, out = tmp_path / "t.jsonl", tmp_path / "c.bin", tmp_path / "trace"
+    with start(tmp_path) as vb:
+        r = kv("flash", "--port", vb.port, "--model", model, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        r = kv("monitor", "--port", vb.port, "--start", "--prompt", "Once upon a time", "--tokens", "80", "--until-done", "1",
+               "--timeout", "240", "--jsonl", str(jl), "--capture", str(cap), "--json", "--link-bps", "200000", timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    s = json.loads(r.stdout)
+    f = s["frames"]
+    assert f["good"] > 20 and f["corrupt"] == 0 and f["dropped"] == 0 and s["requests_done"] == 1, s
+    assert s["frames_by_type"]["periodic"] > 5 and s["frames_by_type"]["text"] > 0 and s["tokens"] == 80, s
+    frames = [json.loads(ln) for ln in open(jl)]
+    assert len(frames) == f["good"]
+    text = "".join(fr["text"] for fr in frames if fr["type"] == "text")
+    host = kv("generate", "--model", model, "--prompt", "Once upon a time", "--tokens", "80")
+    assert host.returncode == 0 and text.strip() == host.stdout.splitlines()[0].strip(), (text, host.stdout)
+    lay = [fr["layout"] for fr in frames if fr["type"] == "layout"][-1]
+    assert lay["task.0"] == "telemetry" and "heap" in {k for fr in frames for k in fr}, lay
+    rep = kv("monitor", "--replay", str(cap), "--json")
+    assert rep.returncode == 0 and json.loads(rep.stdout)["frames"]["good"] == f["good"], rep.stdout + rep.stderr
+    tr = kv("trace", str(jl), "--out", str(out), "--json")
+    assert tr.returncode == 0, tr.stdout + tr.stderr
+    res = json.loads(tr.stdout)
+    check_trace(json.load(open(res["trace"])))
+    fit = res["kv_fit"]
+    assert fit and abs(fit["fitted_bytes_per_token"] - fit["token_bytes"]) / fit["token_bytes"] < 0.08, fit
+    assert fit["token_bytes"] == int(lay["kv.token_bytes"])
+
+
+def test_monitor_and_trace_bad_input_is_one_line(tmp_path):
+    bad = tmp_path / "x.jsonl"
+    bad.write_text("not json\n")
+    for args, code in ((("monitor", "--replay", str(tmp_path / "none.bin")), 2),
+                       (("monitor", "--replay", str(bad), "--port", "/dev/null"), 2),
+                       (("monitor", "--port", "/dev/null", "--policy", "nope"), 2),
+                       (("monitor", "--port", "/dev/null", "--tokens", "0"), 2),
+                       (("monitor", "--port", "/dev/null", "--jsonl", str(tmp_path)), 2),
+                       (("trace", str(tmp_path / "none.jsonl")), 2),
+                       (("trace", str(bad)), 2),
+                       (("trace", str(bad), "--out", str(bad)), 2)):
+        r = kv(*args)
+        assert one_line_error(r) and r.returncode == code, (args, r.returncode, r.stderr)
