@@ -441,6 +441,9 @@ class DMAQueue:
             if self.admit:  # wait for room in the category's window on both tiers: it is charged then
                 tiers = self.burst[F_TIERS]
                 rv = yield self.bw.admit_copy(tiers & 0xFF, tiers >> 8, self.burst[F_CAT], n)
+                while rv == E_FULL:  # booked past the tracker's horizon by others: try a bucket later
+                    yield k.sleep_us(self.bw.bucket_us)
+                    rv = yield self.bw.admit_copy(tiers & 0xFF, tiers >> 8, self.burst[F_CAT], n)
                 us = self._charge(n, rv != OK)
             else:
                 us = self._charge(n, True)
@@ -511,9 +514,9 @@ class DMAQueue:
 
     # charge the burst in flight (n bytes) to the tracker and price it; the µs from now
     # until it completes (0 without a tracker). The payload is charged once, to its
-    # category, on each tier it touches (charge: False when admission already did; a
-    # refused admission, a burst over the whole budget, is charged here unpoliced and
-    # counted in the tracker's refusals). The setup, per burst: the GDMA descriptors'
+    # category, on each tier it touches (charge: False when admission already did; an
+    # admission refused with E_RANGE, a burst over the category's whole budget, is charged
+    # here unpoliced and counted in the tracker's refusals; E_FULL is retried a bucket later). The setup, per burst: the GDMA descriptors'
     # bytes fetched from internal RAM, charged to the engine's own category (dma), and
     # the first-access latency of each tier the cost model adds per transfer.
     # The two tiers are held busy until it ends (contention with other traffic)
