@@ -125,14 +125,14 @@ def test_ring_never_loses_duplicates_or_reorders_and_bytes_land(sc):
                  board=BRD if bw is not None else None)
     bufs = fill(sc["seed"])
     ref = [bytearray(b) for b in bufs]
-    ids = [q.add_buffer(b, t) for b, t in zip(bufs, TIERS)]
+    ids = [q.add_buffer(b, t) for b, t in zip(bufs, TIERS, strict=True)]
     align = {0: 1, 1: 32}
     results = []  # (producer, request index, result) in the order the producers saw them
     accepted = {}  # cookie -> request
 
     def producer(p, reqs, pauses, nowait):
         last = None
-        for i, (req, pause) in enumerate(zip(reqs, pauses)):
+        for i, (req, pause) in enumerate(zip(reqs, pauses, strict=True)):
             s, so, d, do, n, cat = req
             if nowait:
                 while True:
@@ -192,7 +192,7 @@ def test_ring_never_loses_duplicates_or_reorders_and_bytes_land(sc):
     for c in range(n):
         s, so, d, do, ln, _ = accepted[c]
         ref[d][do:do + ln] = ref[s][so:so + ln]
-    for b, r in zip(bufs, ref):
+    for b, r in zip(bufs, ref, strict=True):
         assert b == r
     moved = sum(accepted[c][4] for c in range(n))
     assert st["bytes"] == moved
