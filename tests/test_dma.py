@@ -175,6 +175,7 @@ def test_ring_never_loses_duplicates_or_reorders_and_bytes_land(sc):
         assert first == nxt
         reqs = [accepted[c] for c in range(first, first + cnt)]
         assert sum(r[4] for r in reqs) == nbytes
+        assert (reqs[0][1], reqs[0][3]) == (so, do), "a burst starts where its first descriptor does"
         assert nbytes <= sc["max_burst"] or cnt == 1
         if not sc["merge"]:
             assert cnt == 1
