@@ -179,7 +179,7 @@ def test_ring_never_loses_duplicates_or_reorders_and_bytes_land(sc):
         assert nbytes <= sc["max_burst"] or cnt == 1
         if not sc["merge"]:
             assert cnt == 1
-        for j, (rs, rso, rd, rdo, rn, rcat) in enumerate(reqs):
+        for j, (rs, rso, rd, rdo, _rn, rcat) in enumerate(reqs):
             assert (ids[rs], ids[rd], rcat) == (s, d, cat)
             if j:
                 prev = reqs[j - 1]
