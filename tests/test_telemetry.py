@@ -212,3 +212,22 @@ def test_the_firmware_frames_are_the_same_bytes_on_every_interpreter():
         assert r.returncode == 0, r.stdout + r.stderr
         digests[interp] = re.search(r"^digest (\w+ \d+)$", r.stdout, re.M).group(1)
     assert len(set(digests.values())) == 1, digests
+
+
+def test_bench_pieces_run_small(tmp_path):
+    # ./kv bench telemetry's parts at a small size: the MicroPython side-by-side runs (a
+    # q8row copy of kvrtos-tiny), frames with every source within the budget, the section renders
+    from host import convert, interp, paths
+    from host.bench import telemetry as bt
+
+    q8 = tmp_path / "model.bin"
+    convert.convert(MODEL, str(q8), "q8row")
+    r = interp.run(os.path.join(paths.ROOT, "host", "bench", "_telemetry_mp.py"), "micropython",
+                   args=[str(q8), TOK, "20", "1", "2"], timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    m = json.loads(r.stdout.strip().splitlines()[-1])
+    assert m["backend"] == "q8" and len(m["on_us"]) == len(m["off_us"]) == 2 and m["tick_us"] > 0
+    assert m["frame_bytes_max"] <= 115 and m["decode_run_us"] > 0
+    mean, mx, n = bt.all_sources_frames(seconds=3)
+    assert n >= 25 and mx <= 115 and mean > 60
+
