@@ -274,6 +274,12 @@ def trace(c, log, out=None, json=False):
     """Chrome trace JSON (Perfetto) and PNG plots from a telemetry JSONL log: KV bytes vs tokens with the fitted slope, pool, bandwidth."""
     from host import trace as trace_mod
 
+    if log in ("-h", "--help"):
+        # invoke hands a flag typed where the positional LOG goes to the task as LOG
+        import subprocess
+
+        subprocess.run([sys.executable, "-m", "host.cli", "--help", "trace"])
+        return
     trace_mod.main(paths_user(log), paths_user(out) if out else None, as_json=json)
 
 
