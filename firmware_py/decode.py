@@ -349,7 +349,7 @@ def uses_q8(backend, weights_int8, kv_dtype):
 def budget_blocks(heap, cfg, weights_bytes, lay, firmware_bytes=0, h2o=False, batch=1, word_bytes=WORD_BYTES, q8=False):
     reserve = reserve_for(cfg, firmware_bytes, word_bytes, q8)
     avail = heap - reserve - weights_bytes - batch * (cfg.activation_bytes() + lay.row_bytes)
-    n = (avail - pool.POOL_FIXED_BYTES - kv.KV_FIXED_BYTES) // block_cost(cfg, lay, batch, h2o, q8, word_bytes)
+    n = (avail - pool.POOL_FIXED_BYTES - kv.fixed_bytes(lay, batch)) // block_cost(cfg, lay, batch, h2o, q8, word_bytes)
     return reserve, n if n > 0 else 0
 
 
@@ -372,7 +372,7 @@ def block_cost(cfg, lay, batch=1, h2o=False, q8=False, word_bytes=WORD_BYTES):
 
 # heap bytes a pool of n_blocks + its cache + its slots' run state needs (the inverse of budget_blocks)
 def pool_heap(n_blocks, cfg, lay, batch=1, h2o=False, q8=False, word_bytes=WORD_BYTES):
-    return pool.POOL_FIXED_BYTES + kv.KV_FIXED_BYTES + n_blocks * block_cost(cfg, lay, batch, h2o, q8, word_bytes)
+    return pool.POOL_FIXED_BYTES + kv.fixed_bytes(lay, batch) + n_blocks * block_cost(cfg, lay, batch, h2o, q8, word_bytes)
 
 
 # (usable heap B, profile's firmware_reserved_bytes) a decode boot sizes from: `heap`

@@ -640,7 +640,7 @@ class KVCache:
 
     # copy the layer row of position pos of h into dst at byte dst_off (a multiple of 4).
     # OK, or E_STALE, E_RANGE (layer, dst_off, len(dst), pos outside 0 .. length - 1),
-    # E_EMPTY (pos was evicted); O(layer_row), no allocation
+    # E_EMPTY (pos was evicted, or its block left the pool); O(layer_row), no allocation
     def read(self, h, pos, layer, dst, dst_off):
         i = self._idx(h)
         if i < 0:
@@ -657,6 +657,8 @@ class KVCache:
         slot = self._locate(i, pos)
         if slot < 0:
             return slot
+        if self.table[i * self.max_blocks + slot // self.t] < 0:  # the block left the pool (retarget to -1)
+            return E_EMPTY
         self._read(i, slot, layer, dst, dst_off >> 2)
         return OK
 
@@ -697,7 +699,8 @@ class KVCache:
                w - kd)
 
     # slot holding position pos of h, or E_STALE, E_RANGE (pos outside 0 .. length - 1),
-    # E_EMPTY (evicted); O(1)
+    # E_EMPTY (evicted); O(1). The slot's block may have left the pool (retarget to -1):
+    # block_at / row_offset / read say E_EMPTY for it
     def locate(self, h, pos):
         i = self._idx(h)
         if i < 0:
@@ -712,20 +715,28 @@ class KVCache:
         cap = self.meta[_CFG + i * _NF + _F_CAP]
         pol = self.meta[_CFG + i * _NF + _F_POL]
         if pol == _FULL:
-            return pos
-        if pol == _WINDOW:
-            return pos % cap if pos >= n - cap else E_EMPTY
-        s = self.meta[_CFG + i * _NF + _F_SINKS]
-        if pos < s:
-            return pos
-        if pol == _SINKS:
-            return s + (pos - s) % (cap - s) if pos >= n - (cap - s) else E_EMPTY
-        slot = self.pos_map[i * self.map_size + pos % self.map_size]
-        if slot < 0:
-            return E_EMPTY
+            slot = pos
+        elif pol == _WINDOW:
+            if pos < n - cap:
+                return E_EMPTY
+            slot = pos % cap
+        else:
+            s = self.meta[_CFG + i * _NF + _F_SINKS]
+            if pos < s:
+                slot = pos
+            elif pol == _SINKS:
+                if pos < n - (cap - s):
+                    return E_EMPTY
+                slot = s + (pos - s) % (cap - s)
+            else:
+                slot = self.pos_map[i * self.map_size + pos % self.map_size]
+                if slot < 0:
+                    return E_EMPTY
+        if pol != _H2O:
+            return slot
         t = self.t
         b = self.table[i * self.max_blocks + slot // t]
-        if get32(self.arena, b * self.block_words + (slot % t) * 2) != pos + 1:
+        if b < 0 or get32(self.arena, b * self.block_words + (slot % t) * 2) != pos + 1:
             return E_EMPTY
         return slot
 
@@ -907,6 +918,30 @@ class KVCache:
             if self.table[j] >= 0:
                 k += 1
         return k
+
+    # point block-table entry k of h, now `old`, at block `new` (a private pool block
+    # holding the same bytes, e.g. a copy in another tier range of the pool), or at -1 (the
+    # block left the pool, e.g. spilled to flash: its positions then read E_EMPTY here).
+    # The caller gives `old` back to the pool. OK, or E_STALE, E_RANGE (k, or new not a
+    # block of the pool), E_STATE (the entry is not `old`; old or new is shared; new is -1
+    # for the block holding a reservation or int4 residual keys), with nothing changed; O(1)
+    def retarget(self, h, k, old, new):
+        i = self._idx(h)
+        if i < 0:
+            return i
+        if (k.__class__ is not int or k < 0 or k >= self.max_blocks or old.__class__ is not int
+                or new.__class__ is not int or new < _NONE or new >= self.pool.n_blocks):
+            return E_RANGE
+        ti = i * self.max_blocks + k
+        if old < 0 or self.table[ti] != old or self.ref[old] != 1 or (new >= 0 and self.ref[new] != 1):
+            return E_STATE
+        if new < 0:
+            o = _CFG + i * _NF
+            slot = self.meta[o + _F_SLOT] - 1
+            if (slot >= 0 and slot // self.t == k) or self.meta[o + _F_CUR] == k + 1:
+                return E_STATE
+        self.table[ti] = new
+        return OK
 
     # pool block at block-table index k of h (slots k*T .. k*T + T - 1; layer l's T rows
     # are contiguous in it), for attention kernels to read: never write through it

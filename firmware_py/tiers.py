@@ -72,12 +72,11 @@ class TiersError(ValueError):
     pass
 
 
-# the one place this module writes kv.py's internals (as kvh2o.py, a friend module): point
-# block-table entry k of sequence slot i at pool block b (-1: the block is not in the pool,
-# its rows are in the flash file). kv.py method wanted instead: cache.retarget(h, k, old, new)
-# -> OK | E_STALE | E_RANGE | E_STATE (entry is not old), O(1), no allocation
-def _retarget(cache, i, k, b):
-    cache.table[i * cache.max_blocks + k] = b
+# point block-table entry k of tiered sequence slot i, now pool block old, at block new
+# (-1: the block left the pool, its rows are in the flash file) through kv.KVCache.retarget;
+# the status (OK, or E_STATE when the entry changed meanwhile / a block is shared)
+def _retarget(self, i, k, old, new):
+    return self.cache.retarget(self.sh[i] - 1, k, old, new)
 
 
 class Tiers:
@@ -437,8 +436,7 @@ class Tiers:
             if ref[b] != 1:
                 continue
             if want == FLASH:
-                if self.swb[i] >= (k + 1) * t and self.fmap[base + k] >= 0:
-                    _retarget(self.cache, i, k, _NONE)
+                if self.swb[i] >= (k + 1) * t and self.fmap[base + k] >= 0 and _retarget(self, i, k, b, _NONE) == OK:
                     pool.unref(b)
                     self.spills += 1
                 else:
@@ -461,7 +459,9 @@ class Tiers:
             return E_NO_BLOCK
         zero32(self.arena, nb * self.bw_words, 2 * self.t)  # every slot empty, as kv.open leaves a ring block
         owner = pool.owner[b]
-        _retarget(self.cache, i, k, nb)
+        if _retarget(self, i, k, b, nb) != OK:
+            pool.unref(nb)
+            return E_NO_BLOCK
         pool.unref(b)
         pool.transfer(nb, owner)
         return OK
@@ -540,10 +540,8 @@ class Tiers:
     # when the sequence was closed, the entry changed or old became shared meanwhile
     def _finish(self, i, k, old, new, h):
         pool = self.pool
-        cache = self.cache
-        if cache._idx(h) == i and cache.table[i * self.mb + k] == old and pool.ref[old] == 1:
-            owner = pool.owner[old]
-            _retarget(cache, i, k, new)
+        owner = pool.owner[old]
+        if self.sh[i] == h + 1 and self.cache.retarget(h, k, old, new) == OK:
             pool.unref(old)
             pool.transfer(new, owner)
             self.completed += 1

@@ -164,11 +164,9 @@ def test_attention_streamed_over_tiers_equals_plain_cache(tmp_path):
     fs.close()
 
 
-def test_kv_read_trusts_a_spilled_entry(tmp_path):
-    # the finding for kv.py: a block-table entry of -1 for a position kv believes cached is
-    # indexed anyway. kv.read returns OK with bytes from the wrong place (CPython's ptr32 shim
-    # indexes from the arena's end; viper on MicroPython reads before the arena); locate()
-    # answers the slot; row_offset / block_at / slot_pos say E_EMPTY (safe)
+def test_kv_reads_a_spilled_entry_as_empty(tmp_path):
+    # a block that left the pool (retargeted to -1, its rows in the flash file) is E_EMPTY
+    # through every kv.py read path; tiers.read serves it from the flash file
     lay = LAY["fp32"]
     p, r, c, q, fs, T = boot(tmp_path, lay, 2, 4, False, flash_slots=8)
     h = T.open(r, "full", 0, 1, 1, True, 16)
@@ -177,9 +175,9 @@ def test_kv_read_trusts_a_spilled_entry(tmp_path):
         assert T.append(h, row) >= 0
     assert T.where(h, 0) == tiers.FLASH
     d = bytearray(lay.layer_row)
-    assert c.read(h, 0, 0, d, 0) == OK  # what kv.py does today
-    assert bytes(d) != expect_row(lay, rows, 0, 0)
-    assert c.locate(h, 0) == 0
+    assert c.read(h, 0, 0, d, 0) == E_EMPTY
+    assert bytes(d) == bytes(lay.layer_row)  # nothing written
+    assert c.locate(h, 0) == 0  # the slot; its block is what is missing
     assert (c.row_offset(h, 0, 0), c.block_at(h, 0), c.slot_pos(h, 0)) == (E_EMPTY, E_EMPTY, E_EMPTY)
     assert T.read(h, 0, 0, d, 0) == OK and bytes(d) == expect_row(lay, rows, 0, 0)
     fs.close()

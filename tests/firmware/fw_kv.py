@@ -533,4 +533,38 @@ eq(PR, [kv.ST_EVICTED, status.E_FULL, 0x3FFFFFFE], "the last position appends, t
 h8 = cm.open(rm, "full", 1)
 cm.append(h8, row2)
 eq(cm.events, 0x3FFFFFFF, "events saturate")
+# --- retarget: a block-table entry moves to a copy in the pool, or leaves it (-1) ---
+pr = pool.Pool(L.block_bytes, 6)
+rr = pr.add_region(6)
+cr = kv.KVCache(pr, L, max_seqs=2)
+hr = cr.open(rr, "full", 12)
+for i in range(10):
+    cr.append(hr, rows[i])
+b0 = cr.block_at(hr, 0)
+nb = pr.alloc(rr)
+pool.copy32(pr.arena, nb * cr.block_words, pr.arena, b0 * cr.block_words, cr.block_words)
+RT = [0] * 8
+
+
+def retargets():
+    RT[0] = cr.retarget(hr, 0, b0 + 1, nb)  # the entry is not b0 + 1
+    RT[1] = cr.retarget(hr, 99, b0, nb)  # no such entry
+    RT[2] = cr.retarget(hr, 0, b0, 6)  # not a block of the pool
+    RT[3] = cr.retarget(hr + 1, 0, b0, nb)  # stale handle
+    RT[4] = cr.retarget(hr, 2, cr.block_at(hr, 2), -1)  # the block holding the reservation... (slot 9 is block 2)
+    RT[5] = cr.retarget(hr, 0, b0, nb)
+    RT[6] = cr.read(hr, 1, 2, out, 0)
+    RT[7] = cr.retarget(hr, 1, cr.block_at(hr, 1), -1)
+
+
+no_alloc("retarget and reads through a retargeted entry", retargets)
+eq(RT[:5], [status.E_STATE, status.E_RANGE, status.E_RANGE, status.E_STALE, status.E_STATE], "retarget refusals")
+eq((RT[5], RT[6]), (status.OK, status.OK), "moved to the copy; reads from it")
+eq((pool.get32(out, 0), pool.get32(out, 1)), (2, 2), "position 1's layer 2 row, read from the copy")
+eq(RT[7], status.OK, "a block away from the reservation may leave the pool")
+pr.unref(b0)
+eq((cr.read(hr, 5, 0, out, 0), cr.block_at(hr, 1), cr.row_offset(hr, 5, 0)), (status.E_EMPTY,) * 3,
+   "a position whose block left the pool reads E_EMPTY on every path")
+eq(cr.read(hr, 9, 0, out, 0), status.OK, "the others still read")
+eq(cr.append(hr, rows[10]), status.OK, "and appending goes on")
 done()

@@ -8,7 +8,6 @@ import sys
 from fwtest import check, eq, raises, no_alloc, done
 from firmware_py import dma, flashkv, kv, pool, tiers
 from firmware_py.clock import VirtualClock
-from firmware_py.compat import IS_MICROPYTHON
 from firmware_py.sched import Kernel
 from firmware_py.status import E_EMPTY, E_STALE, E_STATE, OK
 
@@ -142,11 +141,12 @@ eq([got[k] for k in range(8)], [rows[ids[16 * k]][0] for k in range(8)], "every 
 eq((T.stage_hits, T.stage_misses), (4, 0), "every flash block was already staged (read ahead) when asked for")
 eq((T.block(h, 9), T.block(h, -1) < 0, T.block(h + 1, 0)), (E_EMPTY, True, E_STALE), "block() refusals")
 
-# kv.read on a position whose block went to flash: it trusts the table entry -1 (on CPython the
-# shim indexes from the arena's end; viper would read before the arena): shown, not run under viper
-if not IS_MICROPYTHON:
-    eq(c.read(h, 0, 0, dst, 0), OK, "kv.read of a spilled position returns OK (the bug tiers.read avoids)")
-    check(dst != rows[ids[0]][:LR], "... with bytes that are not the row written")
+# kv.read on a position whose block went to flash: E_EMPTY (the entry is -1), dst untouched
+for j in range(LR):
+    dst[j] = 0x5A
+eq(c.read(h, 0, 0, dst, 0), E_EMPTY, "kv.read of a spilled position is E_EMPTY")
+eq(c.locate(h, 0), 0, "locate still names its slot (block_at / row_offset say E_EMPTY)")
+check(all(dst[j] == 0x5A for j in range(LR)), "... with nothing written to dst")
 eq(T.close(h), OK, "close")
 eq((fs.used, p.blocks_used), (0, 0), "close released the flash slots and every block")
 
