@@ -106,7 +106,7 @@ def bench_docs(c, render=False, only=""):
     help={
         "board": "board profile name (boards/NAME.json)",
         "model": "catalog name (stories260K, Llama-3-8B, ...) or a llama2.c checkpoint path",
-        "kv_dtype": "fp32, fp16, int8 or int4",
+        "kv_dtype": "fp32, fp16, int8, int4 (KIVI) or int4tok (int4 per token)",
         "policy": "full, window, sinks or h2o",
         "window": "tokens kept by window/sinks/h2o policies",
         "batch": "concurrent sequences sharing the memory",
@@ -114,12 +114,14 @@ def bench_docs(c, render=False, only=""):
         "weights_dtype": "weights element type (default: the checkpoint's or the catalog's)",
         "weights_bytes": "weights size in bytes, overriding what the model implies",
         "word_bytes": "MCU heap figures for this word size: 4 the board (default), 8 the 64-bit unix port / virtual board",
+        "sram_kv_bytes": "MCU: KV bytes of internal SRAM for the tiers' sram range, or max (default: what is left after ESP-IDF and MicroPython, an estimate)",
+        "flash_kv_bytes": "MCU: KV bytes of a preallocated flash file (full policy, not int4), or max (default 0)",
         "json": "print one JSON object",
     }
 )
 @one_line_errors
 def budget(c, board="esp32s3_n8r8", model="stories260K", kv_dtype="fp32", policy="full", window="0", batch="1", tokens="0", weights_dtype="", weights_bytes="0", json=False,
-           word_bytes="0"):
+           word_bytes="0", sram_kv_bytes="", flash_kv_bytes=""):
     """How many KV tokens fit on a board with a model, and the heap the firmware needs."""
     from host import budget as budget_mod
     from host import models
@@ -130,6 +132,7 @@ def budget(c, board="esp32s3_n8r8", model="stories260K", kv_dtype="fp32", policy
         board=board, model=model, kv_dtype=kv_dtype, policy=policy, window=window,
         batch=_whole(batch, "--batch", 1), tokens=_whole(tokens, "--tokens"), weights_dtype=weights_dtype,
         weights_bytes=_whole(weights_bytes, "--weights-bytes"), as_json=json, word_bytes=_whole(word_bytes, "--word-bytes"),
+        sram_kv_bytes=sram_kv_bytes or None, flash_kv_bytes=flash_kv_bytes or None,
     )
     if not r["fits"]:
         # the figures are on stdout; exit 3 says "does not fit" (2: bad input)
@@ -156,7 +159,7 @@ def convert(c, model="", out="", format="q8row", group=""):
 @task(help={"model": "llama2.c checkpoint path, or stories260K (../shared/models); default models/kvrtos-tiny",
             "prompt": "text to continue", "tokens": "new tokens to generate", "tokenizer": "tokenizer.bin (default: beside the model)",
             "temperature": "0 = greedy", "top_p": "nucleus mass kept, (0, 1]", "seed": "sampling seed (same seed, same tokens)",
-            "kv_dtype": "fp32, fp16, int8 or int4", "policy": "full, window, sinks or h2o", "window": "tokens kept by window/sinks/h2o",
+            "kv_dtype": "fp32, fp16, int8, int4 (KIVI) or int4tok (int4 per token)", "policy": "full, window, sinks or h2o", "window": "tokens kept by window/sinks/h2o",
             "backend": "auto, numpy, plain or q8", "runtime": "cpython, micropython (the unix port, default board heap) or board",
             "rope": "absolute (keys at their own position) or cache (StreamingLLM: rank in the cache)",
             "port": "--runtime board: serial port (default: ESP32-S3 by USB VID, else the virtual board)"})

@@ -1,14 +1,18 @@
 # "How many KV tokens fit on this board with this model, and how big must the heap
 # be": the arithmetic the firmware uses at boot (firmware_py.kv sizing rule), done in
 # advance on the host. `./kv budget --board B --model M --kv-dtype D [--policy P
-# --window W] [--json]`; `python -m host.budget ... --batch N --tokens T` for batches.
+# --window W] [--sram-kv-bytes B --flash-kv-bytes B] [--json]`; `python -m host.budget
+# ... --batch N --tokens T` for batches. The memory tiers (how many KV tokens the SRAM
+# range, the heap's pool and a flash file hold, their block ranges, the flash wear) are
+# `tiers` in the result: tiers_of() (docs/budget.md, "Memory tiers").
 import argparse
 import json
 import math
 import os
 import sys
 
-from firmware_py import decode, kv
+from firmware_py import decode, flashkv, kv
+from firmware_py import tiers as tiers_mod
 from host import boards, models, mp32, paths
 from host.errors import UserError
 
@@ -26,12 +30,41 @@ BOARD_WORD_BYTES = 4
 # per 32 weights: 8.5 and 4.5 bits)
 WEIGHT_BYTES = {"fp32": 4.0, "fp16": 2.0, "int8": 8.5 / 8, "int4": 4.5 / 8}
 
+# --- memory tiers (tiers_of): the estimates, each with where it comes from ---------------
+# What ESP-IDF and MicroPython keep of an ESP32-S3's 512 KiB of internal SRAM when the GC
+# heap is in PSRAM: the caches taken from SRAM, IRAM code, static data, task stacks and the
+# IDF heap's room for Wi-Fi/USB/TLS buffers. An ESTIMATE (no board here has measured it):
+# a board's esp32.idf_heap_info(esp32.HEAP_DATA) at boot (firmware_py/app.py reads it) is
+# the figure that replaces it. What is left is the SRAM range's default and its bound.
+SRAM_KEPT_BYTES = 384 * 1024
+SRAM_KEPT_SOURCE = ("estimate: ESP-IDF + MicroPython keep 384 KiB of the internal SRAM (caches, IRAM code, static data, "
+                    "stacks, the IDF heap's Wi-Fi/USB room); a board's esp32.idf_heap_info(esp32.HEAP_DATA) at boot measures it")
+# The flash the firmware image takes before the filesystem, by chip: MicroPython's esp32
+# port (ports/esp32/partitions-4MiBplus.csv, the default table since it auto-detects the
+# flash size: "the first 2MiB is used for bootloader, nvs, phy_init and firmware", the rest
+# is the vfs partition) and its rp2 port (boards/RPI_PICO2: 4 MB flash - 1 MB firmware =
+# 3 MB filesystem). Board names start with the chip.
+FIRMWARE_FLASH_BYTES = {
+    "esp32s3": (2 * 1024 * 1024, "MicroPython esp32 partitions-4MiBplus.csv: bootloader, nvs, phy_init and the app in the first 2 MiB"),
+    "rp2350": (1024 * 1024, "MicroPython rp2 RPI_PICO2: 1 MB firmware, the rest of the flash is the filesystem"),
+}
+# What the filesystem holds besides the model file and the KV file: the firmware's .mpy
+# files (178,485 B for 38 files, measured: host.flash.build() of esp32s3_n8r8 at af99d5e),
+# the tokenizer (tok512.bin: 6,227 B), board.json, and LittleFS's metadata and per-file
+# blocks (4 KiB each): an ESTIMATE rounded up to 256 KiB
+FS_FIXED_BYTES = 256 * 1024
+FS_FIXED_SOURCE = ("estimate: 256 KiB for the firmware's .mpy files (178,485 B measured), the tokenizer, board.json "
+                   "and LittleFS metadata")
+FLASH_BATCH = 16  # tiers.BATCH: write-back batch, tokens (the source documents' "flush after 16 tokens")
+
 
 def compute(board, model, kv_dtype="fp32", policy="full", window=0, batch=1, tokens=0, weights_dtype="", weights_bytes=0,
-            word_bytes=0):
+            word_bytes=0, sram_kv_bytes=None, flash_kv_bytes=None):
     # the budget as a dict (see docs/budget.md for every field); UserError on bad input.
     # weights_dtype re-prices the model's parameters; weights_bytes overrides both;
-    # word_bytes: the MicroPython build's word (0: the board's, 4; 8: the 64-bit unix port)
+    # word_bytes: the MicroPython build's word (0: the board's, 4; 8: the 64-bit unix port);
+    # sram_kv_bytes / flash_kv_bytes: the tiers' KV bytes (None: the default, "max": the
+    # bound; see tiers_of)
     brd = boards.load(board)
     m = models.load(model)
     if weights_dtype:
@@ -155,6 +188,266 @@ def compute(board, model, kv_dtype="fp32", policy="full", window=0, batch=1, tok
         out["backend"] = "q8" if q8 else "plain"
         out["heap_figures_from"] = heap_figures_from(word)
         out["heap_overhead_bytes"] = out["heap_bytes_needed"] - reserved - m.weights_bytes - acts - pool_blocks * layout.block_bytes
+    q8_ = q8 if brd.kind == "mcu" else False
+    out["tiers"] = tiers_of(brd, m, cfg, layout, policy, batch, blocks, memory, h2o, q8_, word_bytes or BOARD_WORD_BYTES,
+                            sram_kv_bytes, flash_kv_bytes)
+    return out
+
+
+def tier_bytes(text, flag):
+    # an option's tier size: None (not given: the default), "max" (the bound) or a whole
+    # number >= 0; anything else is a one-line UserError (exit 2)
+    if text is None or text == "":
+        return None
+    if isinstance(text, bool):
+        raise UserError("%s must be a whole number of bytes >= 0 or max, got %r" % (flag, text), 2)
+    if isinstance(text, int):
+        n = text
+    else:
+        t = str(text).strip()
+        if t.lower() == "max":
+            return "max"
+        try:
+            n = int(t)
+        except ValueError:
+            raise UserError("%s must be a whole number of bytes >= 0 or max, got %r" % (flag, text), 2) from None
+    if n < 0:
+        raise UserError("%s must be a whole number of bytes >= 0 or max, got %d" % (flag, n), 2)
+    if n > _ABSURD_BYTES:
+        raise UserError("%s %d is more than 1 PiB: not a real tier (check the number)" % (flag, n), 2)
+    return n
+
+
+def tiers_of(brd, m, cfg, layout, policy="full", batch=1, heap_blocks=0, memory=0, h2o=False, q8=False, word=BOARD_WORD_BYTES,
+             sram_kv_bytes=None, flash_kv_bytes=None):
+    # the KV tokens each memory tier holds, as a tiered pool would place them
+    # (firmware_py/tiers.py over pool.Pool(..., tiers=(n_sram, n_psram)) + a
+    # flashkv.FlashStore): a dict (docs/budget.md, "Memory tiers"); UserError (2) on a bad
+    # size. MCU with PSRAM: sram = a range of internal SRAM (estimate), psram = the GC heap's
+    # pool, flash = an optional preallocated file (estimate). MCU without PSRAM: the heap's
+    # pool is the sram tier. SoC: the pool is the dram tier and the options do not apply.
+    sram_kv_bytes = tier_bytes(sram_kv_bytes, "--sram-kv-bytes")
+    flash_kv_bytes = tier_bytes(flash_kv_bytes, "--flash-kv-bytes")
+    t = layout.tokens_per_block
+    bb = layout.block_bytes
+    names = [tr.name for tr in brd.tiers]
+    out = {"block_bytes": bb, "tokens_per_block": t, "notes": []}
+    notes = out["notes"]
+    if brd.kind != "mcu":
+        for flag, v in (("--sram-kv-bytes", sram_kv_bytes), ("--flash-kv-bytes", flash_kv_bytes)):
+            if v is not None:
+                raise UserError("%s applies to MCU boards (SRAM / PSRAM / flash tiers); %s is a %s with %s" % (
+                    flag, brd.name, brd.kind, ", ".join(names)), 2)
+        heap_tier = next((tr.name for tr in brd.tiers if tr.kind == "dram"), names[0])
+        out["heap_tier"] = heap_tier
+        out[heap_tier] = {"bytes": heap_blocks * bb, "blocks": heap_blocks, "tokens": heap_blocks * t, "range": [0, heap_blocks]}
+        out["pool"] = "Pool(%d, %d)" % (bb, heap_blocks)
+        out["total_tokens"] = heap_blocks * t
+        out["tokens_per_sequence"] = (heap_blocks // batch) * t
+        out["limited_by"] = "pool"
+        return out
+    has_psram = brd.total_bytes("psram") > 0
+    sram_tier = next((tr for tr in brd.tiers if tr.kind == "sram"), None)
+    ovh = decode.block_cost(cfg, layout, batch, h2o, q8, word) - bb  # heap bytes per pool block besides its data
+    n_sram = 0
+    if has_psram and sram_tier is not None:
+        left = max(sram_tier.bytes - SRAM_KEPT_BYTES, 0)
+        want = left if sram_kv_bytes in (None, "max") else sram_kv_bytes
+        if want > left:
+            raise UserError("--sram-kv-bytes %d is more than board %s's SRAM tier can give: at most %d B (%d B less the "
+                            "%d B ESP-IDF and MicroPython keep, an estimate)" % (want, brd.name, left, sram_tier.bytes, SRAM_KEPT_BYTES), 2)
+        n_sram = want // bb
+        # the SRAM range's blocks are more pool blocks: their bookkeeping and their slots'
+        # run state are heap bytes, which the heap's own range gives up
+        n_psram = decode.budget_blocks(memory - n_sram * ovh, cfg, m.weights_bytes, layout, brd.firmware_bytes, h2o, batch, word,
+                                       q8)[1] if n_sram else heap_blocks
+        n_psram = min(n_psram, heap_blocks)
+        out["heap_tier"] = "psram"
+        out["sram"] = {
+            "bytes": n_sram * bb, "blocks": n_sram, "tokens": n_sram * t, "range": [0, n_sram],
+            "asked_bytes": want, "tier_bytes": sram_tier.bytes, "kept_bytes": SRAM_KEPT_BYTES, "max_bytes": left,
+            "estimate": True, "source": SRAM_KEPT_SOURCE,
+            "keep_blocks_per_sequence": tiers_mod.KEEP_SRAM,
+        }
+        out["psram"] = {
+            "bytes": n_psram * bb, "blocks": n_psram, "tokens": n_psram * t, "range": [n_sram, n_sram + n_psram],
+            "heap_blocks": heap_blocks, "given_up_blocks": heap_blocks - n_psram,
+        }
+        if n_sram:
+            notes.append("on a board MicroPython cannot put a buffer in SRAM (its GC heap is in PSRAM): there the sram range "
+                         "is a label on the same arena and only the emulator prices it as SRAM (docs/tiers-placement.md)")
+        if n_sram and n_sram < tiers_mod.KEEP_SRAM * batch + 1:
+            notes.append("the sram range (%d blocks) is smaller than tiers.py's default placement needs (%d newest blocks per "
+                         "sequence + 1 while a copy is in flight)" % (n_sram, tiers_mod.KEEP_SRAM))
+        if n_psram < heap_blocks:
+            notes.append("the sram range's %d blocks cost %d B of heap bookkeeping and slot state each: the heap's range "
+                         "holds %d fewer blocks" % (n_sram, ovh, heap_blocks - n_psram))
+        pool_n = n_sram + n_psram
+        out["pool"] = 'Pool(%d, %d, tiers=(%d, %d), tier_names=("sram", "psram"))' % (bb, pool_n, n_sram, n_psram)
+    else:
+        if sram_kv_bytes not in (None, 0):
+            raise UserError("--sram-kv-bytes: board %s has no PSRAM, its GC heap already is the SRAM tier (its pool is the "
+                            "sram tier's KV)" % brd.name, 2)
+        n_psram = heap_blocks
+        out["heap_tier"] = "sram"
+        out["sram"] = {"bytes": heap_blocks * bb, "blocks": heap_blocks, "tokens": heap_blocks * t, "range": [0, heap_blocks],
+                       "heap_blocks": heap_blocks}
+        pool_n = heap_blocks
+        out["pool"] = "Pool(%d, %d)" % (bb, pool_n)
+    out["flash"] = _flash_tier(brd, m, layout, policy, flash_kv_bytes)
+    n_flash = out["flash"]["blocks"]
+    total = pool_n + n_flash
+    out["total_tokens"] = total * t
+    # kv.KVCache takes at most pool.n_blocks table entries per sequence: a sequence spilled
+    # to flash is still no longer than the pool has blocks (docs/tiers-placement.md, limits)
+    per = min(total // batch, pool_n)
+    out["tokens_per_sequence"] = per * t
+    out["limited_by"] = "kv_table" if n_flash and pool_n and total // batch > pool_n else "pool"
+    if n_flash and out["limited_by"] == "kv_table":
+        notes.append("a sequence's block table has at most the pool's %d entries (kv.KVCache), so one sequence holds at most "
+                     "%s tokens however large the flash file; the flash tier frees pool blocks for other sequences"
+                     % (pool_n, _n(pool_n * t)))
+    return out
+
+
+def _flash_tier(brd, m, layout, policy, flash_kv_bytes):
+    # the flash part: slots of whole 4 KiB sectors in a preallocated file (flashkv.FlashStore),
+    # bounded by the flash tier less the firmware image, the model file and the filesystem's
+    # own files (estimates), with the wear the flashkv model projects for it
+    ft = next((tr for tr in brd.tiers if tr.kind == "flash"), None)
+    sector = flashkv.SECTOR_BYTES
+    slot = -(-layout.block_bytes // sector) * sector
+    chip = next((k for k in FIRMWARE_FLASH_BYTES if brd.name.startswith(k)), None)
+    if ft is None or chip is None:
+        if flash_kv_bytes not in (None, 0):
+            raise UserError("--flash-kv-bytes: board %s has no flash tier whose layout this calculator knows" % brd.name, 2)
+        return {"bytes": 0, "blocks": 0, "tokens": 0, "slot_bytes": slot, "estimate": True,
+                "note": "no flash tier with a known layout on this board"}
+    fw, fw_src = FIRMWARE_FLASH_BYTES[chip]
+    model_file = os.path.getsize(m.name) if os.path.isfile(m.name) else m.weights_bytes
+    left = max(ft.bytes - fw - model_file - FS_FIXED_BYTES, 0)
+    refused = ""
+    if policy != "full":
+        refused = "the flash tier is for full-policy sequences (a ring's blocks are rewritten; tiers.py refuses it)"
+    elif layout.kivi:
+        refused = "the flash tier does not take int4 (KIVI) blocks (their keys are folded after the block fills; tiers.py refuses it)"
+    want = 0 if flash_kv_bytes is None else (left if flash_kv_bytes == "max" else flash_kv_bytes)
+    if want and refused:
+        raise UserError("--flash-kv-bytes: %s" % refused, 2)
+    if want > left:
+        raise UserError("--flash-kv-bytes %d is more than board %s's flash can give: at most %d B (%d B flash less %d B firmware, "
+                        "the %d B model file and %d B of filesystem files, estimates)" % (
+                            want, brd.name, left, ft.bytes, fw, model_file, FS_FIXED_BYTES), 2)
+    n = want // slot
+    out = {
+        "bytes": n * slot, "blocks": n, "tokens": n * layout.tokens_per_block, "range": [0, n],
+        "asked_bytes": want, "slot_bytes": slot, "sectors": n * (slot // sector), "tier_bytes": ft.bytes,
+        "firmware_bytes": fw, "model_file_bytes": model_file, "fs_files_bytes": FS_FIXED_BYTES, "max_bytes": 0 if refused else left,
+        "estimate": True, "source": "%s; %s; the model file %s" % (fw_src, FS_FIXED_SOURCE,
+                                                                    "as it is" if os.path.isfile(m.name) else "taken as its weights"),
+    }
+    if refused:
+        out["note"] = refused
+    else:
+        out["store"] = "FlashStore(path, %d, %d)" % (n, layout.block_bytes) if n else ""
+        out["wear"] = flash_wear(brd, layout, n)
+    return out
+
+
+def tiers_row(args):
+    # one row of docs/budget.md's tiers table for `python -m host.budget` options `args` (a
+    # string; the same as ./kv budget's); tests/test_budget.py regenerates every row and compares
+    import shlex
+
+    a = _parser().parse_args(shlex.split(args))
+    r = compute(a.board, a.model, a.kv_dtype, a.policy, a.window, a.batch, a.tokens, a.weights_dtype, a.weights_bytes, a.word_bytes,
+                a.sram_kv_bytes, a.flash_kv_bytes)
+    tr = r["tiers"]
+    fl = tr.get("flash", {})
+    wear = fl.get("wear") or {}
+    cells = ["`%s`" % args, r["kv_dtype"]]
+    for name in ("sram", "psram", "flash"):
+        d = tr.get(name)
+        cells.append("%s / %s" % (_n(d["blocks"]), _n(d["tokens"])) if d else "-")
+    cells += [_n(tr["total_tokens"]), _n(tr["tokens_per_sequence"]),
+              "%s / %s" % (wear["erases_per_1000_tokens"], wear["erases_per_1000_tokens_write_through"]) if wear else "-",
+              "%s / %s" % (_n(wear["lifetime_tokens_levelled"]), _n(wear["lifetime_tokens_one_slot"]))
+              if wear.get("lifetime_tokens_levelled") else "-"]
+    return "| " + " | ".join(cells) + " |"
+
+
+def flash_wear(brd, layout, n_slots=0, batch_tokens=FLASH_BATCH, tokens=1000):
+    # flashkv.py's wear model for tiers.py's write-back, computed without a file: every
+    # `batch_tokens` tokens one flush (one transaction) writes the new tokens' slot headers
+    # and each layer's rows into their block's slot; each sector it touches costs one erase
+    # (a preallocated file: every sector holds data) of flashkv.ERASE_US, plus the flash
+    # tier's program time. Same figures as host/bench/_flash.py's erases_per_1000_tokens,
+    # which runs the real Tiers + FlashStore (tests/test_budget.py checks they agree).
+    # n_slots: the flash part's slots, for the lifetime projection
+    from firmware_py import bandwidth as bwm
+    from firmware_py.clock import VirtualClock
+
+    t = layout.tokens_per_block
+    sector = flashkv.SECTOR_BYTES
+    slot = -(-layout.block_bytes // sector) * sector
+    bw = bwm.Bandwidth(brd, clock=VirtualClock())
+    ftid = next(i for i, tr in enumerate(brd.tiers) if tr.kind == "flash")
+    res = {}
+    for b in sorted({batch_tokens, 1}, reverse=True):
+        erases = 0
+        per_sector = {}
+        us = 0
+        flushes = 0
+        done = 0
+        for n in range(1, tokens + 1):
+            if n - done < b:
+                continue
+            touched = set()
+            nbytes = 0
+            p = done
+            while p < n:
+                k = p // t
+                a = p - k * t
+                e = min(n - k * t, t)
+                base = k * slot
+                spans = [(8 * a, 8 * (e - a))]
+                spans += [(layout.rows_off + (ly * t + a) * layout.store_row, (e - a) * layout.store_row)
+                          for ly in range(layout.n_layers)]
+                for off, ln in spans:
+                    touched.update(range((base + off) // sector, (base + off + ln - 1) // sector + 1))
+                nbytes += (e - a) * (8 + layout.n_layers * layout.store_row)
+                p = k * t + e
+            for s in touched:
+                per_sector[s] = per_sector.get(s, 0) + 1
+            erases += len(touched)
+            c = bw.cost_us(ftid, bwm.K_WRITE, nbytes)
+            us += len(touched) * flashkv.ERASE_US + (c if c > 0 else 0)
+            flushes += 1
+            done = n
+        res[b] = {"erases": erases, "flushes": flushes, "us": us, "max": max(per_sector.values()) if per_sector else 0,
+                  "sectors": len(per_sector)}
+    wb, wt = res[batch_tokens], res[1]
+    spb = slot // sector
+    out = {
+        "model": "firmware_py/flashkv.py: one flush rewrites each sector it touches once, one erase each "
+                 "(a preallocated file), %d ms per erase, %d erases per sector; tokens %d" % (
+                     flashkv.ERASE_US // 1000, flashkv.ENDURANCE, tokens),
+        "batch_tokens": batch_tokens,
+        "erases_per_1000_tokens": round(wb["erases"] * 1000 / tokens, 1),
+        "erases_per_1000_tokens_write_through": round(wt["erases"] * 1000 / tokens, 1),
+        "batching_saves": round(wt["erases"] / wb["erases"], 1) if wb["erases"] else None,
+        "max_erases_per_sector_per_block": wb["max"],
+        "sectors_per_block": spb,
+        "flash_ms_per_token": round(wb["us"] / tokens / 1000, 3),
+        "flash_ms_per_token_write_through": round(wt["us"] / tokens / 1000, 3),
+        "endurance_erases": flashkv.ENDURANCE,
+    }
+    if n_slots:
+        # levelled: the flash part's sectors share the erases evenly (slots taken in turn);
+        # one slot: flashkv's free list is LIFO, so a freed slot is the next one handed
+        # out: the worst case is every spilled block going through the same slot
+        out["lifetime_tokens_levelled"] = int(flashkv.ENDURANCE * n_slots * spb * tokens // wb["erases"]) if wb["erases"] else None
+        out["lifetime_tokens_one_slot"] = int(flashkv.ENDURANCE * t // wb["max"]) if wb["max"] else None
     return out
 
 
@@ -198,7 +491,7 @@ def _params_of(m):
 
 
 def main(board="esp32s3_n8r8", model="stories260K", kv_dtype="fp32", policy="full", window=0, as_json=False,
-         batch=1, tokens=0, out=None, weights_dtype="", weights_bytes=0, word_bytes=0):
+         batch=1, tokens=0, out=None, weights_dtype="", weights_bytes=0, word_bytes=0, sram_kv_bytes=None, flash_kv_bytes=None):
     # print the budget (one JSON object with as_json); UserError on bad input
     out = out or sys.stdout
     try:
@@ -209,7 +502,8 @@ def main(board="esp32s3_n8r8", model="stories260K", kv_dtype="fp32", policy="ful
     from firmware_py import llama2c
 
     try:
-        r = compute(board, model, kv_dtype, policy, window, batch, tokens, weights_dtype, weights_bytes, word_bytes)
+        r = compute(board, model, kv_dtype, policy, window, batch, tokens, weights_dtype, weights_bytes, word_bytes,
+                    sram_kv_bytes, flash_kv_bytes)
     except (kv.KVError, llama2c.CheckpointError, fw_board.BoardError) as e:
         raise UserError(str(e), 2) from None
     if as_json:
@@ -242,9 +536,53 @@ def main(board="esp32s3_n8r8", model="stories260K", kv_dtype="fp32", policy="ful
         w("  heap needed       %s B (micropython -X heapsize=%d; usable %s B)\n"
           % (_n(r["heap_bytes_needed"]), r["heap_bytes_needed"], _n(r["heap_bytes_needed_usable"])))
         w("  heap figures      %s\n" % r["heap_figures_from"])
+    _write_tiers(w, r["tiers"])
     if r["note"]:
         w("  note: %s\n" % r["note"])
     return r
+
+
+def _write_tiers(w, tr):
+    # the tiers section of the text report
+    t = tr["tokens_per_block"]
+    first = True
+    for name in ("sram", "psram", "dram", "flash"):
+        d = tr.get(name)
+        if d is None:
+            continue
+        lead = "  tiers             " if first else "                    "
+        first = False
+        rng = ("blocks %d-%d" % (d["range"][0], d["range"][1] - 1)) if d.get("blocks") else "no blocks"
+        if name == tr["heap_tier"]:
+            what = "the heap's pool"
+        elif name == "sram":
+            what = "%s of the %s B left after what ESP-IDF and MicroPython keep, an estimate; --sram-kv-bytes" % (
+                _n(d["bytes"]), _n(d["max_bytes"]))
+        elif "note" in d and not d.get("blocks"):
+            what = d["note"]
+        else:
+            what = "%s, slots of %s B; at most %s B after the firmware, the model file and the filesystem's files, an " \
+                   "estimate; --flash-kv-bytes B or max" % (
+                       "a preallocated file of %s B" % _n(d["bytes"]) if d["blocks"] else "no file asked", _n(d["slot_bytes"]),
+                       _n(d["max_bytes"]))
+            rng = ("slots %d-%d" % (d["range"][0], d["range"][1] - 1)) if d["blocks"] else "no slots"
+        w("%s%-5s %s blocks = %s tokens, %s (%s)\n" % (lead, name, _n(d["blocks"]), _n(d["tokens"]), rng, what))
+    w("                    pool  %s, %d tokens per block\n" % (tr["pool"], t))
+    fw = tr.get("flash", {}).get("wear")
+    if fw:
+        w("  flash wear        {:,.1f} erases per 1,000 tokens with write-back of {} tokens (write-through {:,.1f}, {}x more); "
+          "{:.3f} ms of flash time per token (write-through {:.3f})\n".format(
+              fw["erases_per_1000_tokens"], fw["batch_tokens"], fw["erases_per_1000_tokens_write_through"],
+              fw["batching_saves"], fw["flash_ms_per_token"], fw["flash_ms_per_token_write_through"]))
+        if "lifetime_tokens_levelled" in fw:
+            w("                    a sector lasts %s erases: %s tokens through the flash part when its slots are used in turn, "
+              "%s when one slot takes every block\n" % (_n(fw["endurance_erases"]), _n(fw["lifetime_tokens_levelled"] or 0),
+                                                        _n(fw["lifetime_tokens_one_slot"] or 0)))
+    w("  tiers total       %s tokens; one sequence at most %s (%s)\n" % (
+        _n(tr["total_tokens"]), _n(tr["tokens_per_sequence"]),
+        "its block table has the pool's entries" if tr["limited_by"] == "kv_table" else "the pool's blocks"))
+    for note in tr["notes"]:
+        w("  tiers note: %s\n" % note)
 
 
 def _n(v):
@@ -257,8 +595,8 @@ def _mib(b):
     return "%.2f MiB" % (b / (1 << 20)) if b >= 1 << 20 else "%.1f KiB" % (b / 1024)
 
 
-def _cli(argv=None):
-    # python -m host.budget: the invoke task's options plus --batch and --tokens
+def _parser():
+    # python -m host.budget's options: the invoke task's
     ap = argparse.ArgumentParser(prog="python -m host.budget", description="KV budget of a model on a board")
     ap.add_argument("--board", default="esp32s3_n8r8")
     ap.add_argument("--model", default="stories260K")
@@ -270,11 +608,19 @@ def _cli(argv=None):
     ap.add_argument("--weights-dtype", default="", help="re-price the weights: fp32, fp16, int8 (q8_0) or int4 (q4_0)")
     ap.add_argument("--weights-bytes", type=int, default=0, help="weights take exactly this many bytes")
     ap.add_argument("--word-bytes", type=int, default=0, help="MCU: 4 the board (default), 8 the 64-bit unix port")
+    ap.add_argument("--sram-kv-bytes", default=None, help="KV bytes of internal SRAM for the tiers' sram range, or max "
+                                                         "(default: what is left after ESP-IDF and MicroPython, an estimate)")
+    ap.add_argument("--flash-kv-bytes", default=None, help="KV bytes of a preallocated flash file, or max (default 0)")
     ap.add_argument("--json", action="store_true")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def _cli(argv=None):
+    # python -m host.budget: the invoke task's options
+    a = _parser().parse_args(argv)
     try:
         r = main(a.board, a.model, a.kv_dtype, a.policy, a.window, a.json, a.batch, a.tokens, None, a.weights_dtype, a.weights_bytes,
-                 a.word_bytes)
+                 a.word_bytes, a.sram_kv_bytes, a.flash_kv_bytes)
     except UserError as e:
         sys.stderr.write("budget: %s\n" % e)
         return e.code

@@ -288,3 +288,153 @@ def test_front_door_forwards_batch_tokens_and_weights():
     assert r.returncode == 0 and json.loads(r.stdout)["weights_bytes"] == 1200000000, r.stderr
     r = kv_cli("--batch", "many")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+
+
+# --- memory tiers: SRAM range, the heap's pool (PSRAM), a flash file; flash wear --------------
+
+
+def test_tiers_are_new_keys_and_leave_every_existing_figure_unchanged():
+    plain = budget.compute("esp32s3_n8r8", "stories260K", "int8")
+    asked = budget.compute("esp32s3_n8r8", "stories260K", "int8", sram_kv_bytes="max", flash_kv_bytes="max")
+    none = budget.compute("esp32s3_n8r8", "stories260K", "int8", sram_kv_bytes=0, flash_kv_bytes=0)
+    for r in (asked, none):
+        assert {k: v for k, v in r.items() if k != "tiers"} == {k: v for k, v in plain.items() if k != "tiers"}
+    tr = plain["tiers"]
+    bb, t = plain["block_bytes"], plain["tokens_per_block"]
+    assert tr["heap_tier"] == "psram" and tr["block_bytes"] == bb and tr["tokens_per_block"] == t
+    # the default sram range is its bound: the tier less what ESP-IDF and MicroPython keep (an estimate)
+    s = tr["sram"]
+    assert s["estimate"] and s["max_bytes"] == 512 * 1024 - budget.SRAM_KEPT_BYTES and s["blocks"] == s["max_bytes"] // bb
+    assert s["bytes"] == s["blocks"] * bb and s["tokens"] == s["blocks"] * t and s["range"] == [0, s["blocks"]]
+    p = tr["psram"]
+    assert p["heap_blocks"] == plain["pool_blocks"] and p["blocks"] + p["given_up_blocks"] == plain["pool_blocks"]
+    assert p["range"] == [s["blocks"], s["blocks"] + p["blocks"]] and p["tokens"] == p["blocks"] * t
+    assert tr["pool"] == 'Pool(%d, %d, tiers=(%d, %d), tier_names=("sram", "psram"))' % (bb, s["blocks"] + p["blocks"], s["blocks"], p["blocks"])
+    assert tr["flash"]["blocks"] == 0 and tr["flash"]["tokens"] == 0 and tr["flash"]["wear"]["erases_per_1000_tokens"] > 0
+    # no sram range: the heap's pool exactly as today
+    assert none["tiers"]["psram"]["blocks"] == plain["pool_blocks"] and none["tiers"]["sram"]["blocks"] == 0
+    assert none["tiers"]["total_tokens"] == plain["max_tokens"]
+
+
+@pytest.mark.parametrize("board,dtype,batch", [("esp32s3_n8r8", "fp32", 1), ("esp32s3_n8r8", "int8", 1), ("esp32s3_n4r2", "fp32", 1),
+                                               ("esp32s3_n16r8", "int4", 3), ("esp32s3_n8r8", "int8", 4)])
+def test_the_tiered_pools_heap_part_still_fits_the_heap(board, dtype, batch):
+    # the sram range's blocks are pool blocks: their bookkeeping and slots' run state are heap
+    # bytes; the heap keeps reserve + weights + activations + the tiered pool less the sram data
+    from firmware_py import decode, kv
+    from host import models as host_models
+
+    r = budget.compute(board, "stories260K", dtype, batch=batch, sram_kv_bytes="max")
+    tr = r["tiers"]
+    cfg = host_models.load("stories260K").cfg
+    lay = kv.Layout(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, dtype)
+    n_s, n_p = tr["sram"]["blocks"], tr["psram"]["blocks"]
+    heap_part = decode.pool_heap(n_s + n_p, cfg, lay, batch, False, False, 4) - n_s * lay.block_bytes
+    assert r["reserved_bytes"] + r["weights_bytes"] + r["activations_bytes"] + heap_part <= r["memory_bytes"]
+    # ... and one more psram block would not
+    more = decode.pool_heap(n_s + n_p + 1, cfg, lay, batch, False, False, 4) - n_s * lay.block_bytes
+    assert r["reserved_bytes"] + r["weights_bytes"] + r["activations_bytes"] + more > r["memory_bytes"]
+
+
+def test_flash_file_is_bounded_by_the_flash_less_firmware_model_and_files():
+    r = budget.compute("esp32s3_n8r8", "stories260K", "fp32", flash_kv_bytes="max")
+    f = r["tiers"]["flash"]
+    assert f["estimate"] and f["slot_bytes"] == 6 * 4096  # 20,608 B blocks in whole 4 KiB sectors
+    assert f["max_bytes"] == 8 * 1024 * 1024 - 2 * 1024 * 1024 - r["weights_bytes"] - budget.FS_FIXED_BYTES
+    assert f["blocks"] == f["max_bytes"] // f["slot_bytes"] and f["bytes"] == f["blocks"] * f["slot_bytes"]
+    assert f["sectors"] == 6 * f["blocks"] and f["tokens"] == 16 * f["blocks"] and f["store"] == "FlashStore(path, %d, 20608)" % f["blocks"]
+    w = f["wear"]
+    assert w["lifetime_tokens_levelled"] == 100000 * f["sectors"] * 1000 // 372  # 372 erases per 1,000 tokens
+    assert w["lifetime_tokens_one_slot"] == 100000 * 16 // w["max_erases_per_sector_per_block"]
+    # a checkpoint on the filesystem is counted at its own size
+    c = budget.compute("esp32s3_n8r8", stories(), "fp32", flash_kv_bytes="max")["tiers"]["flash"]
+    assert c["model_file_bytes"] == os.path.getsize(stories())
+
+
+def test_one_sequence_is_no_longer_than_the_pool_however_large_the_flash():
+    # kv.KVCache takes at most pool.n_blocks table entries per sequence
+    one = budget.compute("esp32s3_n8r8", "stories260K", "int8", flash_kv_bytes="max")["tiers"]
+    pool_n = one["sram"]["blocks"] + one["psram"]["blocks"]
+    assert one["total_tokens"] == 16 * (pool_n + one["flash"]["blocks"])
+    assert one["tokens_per_sequence"] == 16 * pool_n and one["limited_by"] == "kv_table"
+    four = budget.compute("esp32s3_n8r8", "stories260K", "int8", batch=4, flash_kv_bytes="max")["tiers"]
+    n4 = four["sram"]["blocks"] + four["psram"]["blocks"] + four["flash"]["blocks"]
+    assert four["tokens_per_sequence"] == 16 * min(n4 // 4, four["sram"]["blocks"] + four["psram"]["blocks"])
+    assert four["tokens_per_sequence"] * 4 > 16 * (four["sram"]["blocks"] + four["psram"]["blocks"])  # flash frees pool blocks
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "int8", "int4tok"])
+@pytest.mark.parametrize("batch", [16, 1, 5])
+def test_flash_wear_equals_the_real_tiers_and_flashstore(dtype, batch):
+    # the calculator's wear (no file) against host/bench/_flash.py, which appends 1,000 tokens
+    # through tiers.Tiers into a real flashkv.FlashStore and counts its erases
+    from firmware_py import kv
+    from host import boards
+    from host.bench import _flash
+
+    real = _flash.erases_per_1000_tokens(batch, dtype=dtype)
+    w = budget.flash_wear(boards.load("esp32s3_n8r8"), kv.Layout(5, 4, 8, dtype), batch_tokens=batch)
+    assert w["erases_per_1000_tokens"] == real["erases_per_1000_tokens"]
+    assert w["flash_ms_per_token"] == real["flash_ms_per_token"]
+    assert w["max_erases_per_sector_per_block"] == real["max_erases_per_sector"]
+    assert w["sectors_per_block"] == real["sectors_per_block"]
+    through = _flash.erases_per_1000_tokens(1, dtype=dtype)
+    assert w["erases_per_1000_tokens_write_through"] == through["erases_per_1000_tokens"]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--sram-kv-bytes", "-5"], "--sram-kv-bytes must be a whole number of bytes >= 0 or max, got -5"),
+    (["--sram-kv-bytes", "lots"], "--sram-kv-bytes must be a whole number of bytes >= 0 or max, got 'lots'"),
+    (["--flash-kv-bytes", "1e6"], "--flash-kv-bytes must be a whole number of bytes >= 0 or max, got '1e6'"),
+    (["--flash-kv-bytes", "-1"], "--flash-kv-bytes must be a whole number of bytes >= 0 or max, got -1"),
+    (["--sram-kv-bytes", "600000"], "--sram-kv-bytes 600000 is more than board esp32s3_n8r8's SRAM tier can give: at most 131072 B"),
+    (["--flash-kv-bytes", "99999999"], "--flash-kv-bytes 99999999 is more than board esp32s3_n8r8's flash can give: at most"),
+    (["--flash-kv-bytes", "max", "--kv-dtype", "int4"], "--flash-kv-bytes: the flash tier does not take int4 (KIVI) blocks"),
+    (["--flash-kv-bytes", "4096", "--policy", "window", "--window", "64"], "--flash-kv-bytes: the flash tier is for full-policy sequences"),
+    (["--board", "rp2350_pico2", "--sram-kv-bytes", "1024"], "--sram-kv-bytes: board rp2350_pico2 has no PSRAM"),
+    (["--board", "rk3588_4gb", "--model", "Qwen2.5-0.5B", "--flash-kv-bytes", "1"], "--flash-kv-bytes applies to MCU boards"),
+    (["--board", "rk3588_4gb", "--model", "Qwen2.5-0.5B", "--sram-kv-bytes", "max"], "--sram-kv-bytes applies to MCU boards"),
+])
+def test_bad_tier_values_are_one_line_and_exit_2(args, needle):
+    r = kv_cli(*args)
+    assert r.returncode == 2 and r.stdout == "", (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kv budget: ") and needle in lines[0] and "Traceback" not in r.stderr, r.stderr
+    # the module CLI says the same
+    m = subprocess.run([sys.executable, "-m", "host.budget", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert m.returncode == 2 and m.stderr.strip().splitlines() == ["budget: " + lines[0][len("kv budget: "):]], m.stderr
+
+
+def test_front_door_reports_the_tiers_in_json_and_text():
+    r = kv_cli("--kv-dtype", "int8", "--sram-kv-bytes", "65536", "--flash-kv-bytes", "1000000", "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)["tiers"]
+    assert d["sram"]["asked_bytes"] == 65536 and d["sram"]["blocks"] == 65536 // 7808
+    assert d["flash"]["asked_bytes"] == 1000000 and d["flash"]["blocks"] == 1000000 // 8192
+    assert d == budget.compute("esp32s3_n8r8", "stories260K", "int8", sram_kv_bytes=65536, flash_kv_bytes=1000000)["tiers"]
+    t = kv_cli("--kv-dtype", "int8", "--sram-kv-bytes", "65536", "--flash-kv-bytes", "1000000")
+    assert t.returncode == 0, t.stderr
+    assert "  tiers             sram  8 blocks = 128 tokens, blocks 0-7 (" in t.stdout
+    assert "                    flash 122 blocks = 1,952 tokens, slots 0-121 (" in t.stdout
+    assert "  flash wear        124.0 erases per 1,000 tokens with write-back of 16 tokens" in t.stdout
+    assert "an estimate" in t.stdout
+
+
+def test_soc_and_sram_only_boards_put_the_pool_on_their_heap_tier():
+    r = budget.compute("rk3588_4gb", "Qwen2.5-1.5B", "fp16")
+    assert r["tiers"]["heap_tier"] == "dram" and r["tiers"]["dram"]["blocks"] == r["pool_blocks"]
+    assert "flash" not in r["tiers"] and r["tiers"]["total_tokens"] == r["max_tokens"]
+    p = budget.compute("rp2350_pico2", "stories260K", "int8", flash_kv_bytes="max")
+    assert p["tiers"]["heap_tier"] == "sram" and p["tiers"]["sram"]["blocks"] == p["pool_blocks"] and "psram" not in p["tiers"]
+    assert p["tiers"]["flash"]["max_bytes"] == 4 * 1024 * 1024 - 1024 * 1024 - p["weights_bytes"] - budget.FS_FIXED_BYTES
+
+
+def test_docs_tiers_table_is_the_calculators():
+    # docs/budget.md's tiers table: every row regenerated from its options
+    doc = open(os.path.join(ROOT, "docs", "budget.md")).read()
+    sec = doc[doc.index("## Memory tiers"):doc.index("## It is right")]
+    rows = [ln for ln in sec.splitlines() if ln.startswith("| `--")]
+    assert len(rows) >= 6
+    for ln in rows:
+        args = ln.split("`")[1]
+        assert budget.tiers_row(args) == ln, args
