@@ -44,6 +44,7 @@ _T_BUSY_S = const(5)
 _T_IDLE_US = const(2)
 _T_IDLE_S = const(3)
 _NTOT = const(13)
+_INT_MAX = const(0x3FFFFFFF)  # status.INT_MAX: the largest small int on the ESP32
 
 
 class ThermalError(ValueError):
@@ -72,16 +73,20 @@ class ModelTemp:
     # dT/dt = (ambient + rise * load - T) / tau, integrated in integer milli-degrees on
     # clock (any object with now()); load in per mille, set by the guard each period
     def __init__(self, clock, ambient_c=AMBIENT_C, rise_c=RISE_C, tau_us=TAU_US, start_c=None):
-        for name, v in (("ambient_c", ambient_c), ("rise_c", rise_c), ("tau_us", tau_us)):
+        if start_c is None:
+            start_c = ambient_c
+        for name, v in (("ambient_c", ambient_c), ("rise_c", rise_c), ("tau_us", tau_us), ("start_c", start_c)):
             if v.__class__ is not int:
                 raise ThermalError("%s must be an int, got %r" % (name, v))
-        if not -40 <= ambient_c <= 125 or not 0 <= rise_c <= 150 or not _STEP_US <= tau_us <= 1000000000:
-            raise ThermalError("ModelTemp needs ambient_c -40..125, rise_c 0..150, tau_us %d..1e9" % _STEP_US)
+        if (not -40 <= ambient_c <= 125 or not 0 <= rise_c <= 150 or not _STEP_US <= tau_us <= 1000000000
+                or not -40 <= start_c <= 200):
+            raise ThermalError("ModelTemp needs ambient_c -40..125, rise_c 0..150, start_c -40..200, tau_us %d..1e9"
+                               % _STEP_US)
         self.clock = clock  # time source
         self.ambient_mc = ambient_c * 1000  # ambient, milli-°C
         self.rise_mc = rise_c * 1000  # rise at full load, milli-°C
         self.tau_us = tau_us  # time constant
-        self.t_mc = (ambient_c if start_c is None else start_c) * 1000  # die temperature now
+        self.t_mc = start_c * 1000  # die temperature now
         self.load = 0  # load driving it, per mille
         self.last = clock.now()  # ticks at which t_mc was last brought up to date
 
@@ -182,12 +187,11 @@ class Guard:
             self.peak_mc = t
         self.samples += 1
         st = self.state
-        if t >= self.throttle_mc:
+        # each band is entered at its threshold and left only at or below threshold - hysteresis
+        if t >= self.throttle_mc or (st == SLOW and t > self.throttle_mc - self.hyst_mc):
             new = SLOW
-        elif t >= self.shrink_mc:
-            new = SLOW if st == SLOW and t > self.throttle_mc - self.hyst_mc else SHRINK
-        elif st != NORMAL and t > self.shrink_mc - self.hyst_mc:
-            new = SHRINK if st == SHRINK or t < self.throttle_mc - self.hyst_mc else SLOW
+        elif t >= self.shrink_mc or (st != NORMAL and t > self.shrink_mc - self.hyst_mc):
+            new = SHRINK
         else:
             new = NORMAL
         if new != st:
@@ -201,18 +205,23 @@ class Guard:
                 self.on_event(new, t)
         return new
 
-    # the KV budget to open a request with when it asks for `tokens` (at least 1); O(1)
+    # the KV budget to open a request with when it asks for `tokens` (1 .. 2**30 - 1), or
+    # E_RANGE (not an int, or out of range); O(1), no allocation
     def budget(self, tokens):
-        if tokens.__class__ is not int or tokens < 1:
+        if tokens.__class__ is not int or tokens < 1 or tokens > _INT_MAX:
             return E_RANGE
         if self.state == NORMAL:
             return tokens
-        b = tokens * self.shrink_pct // 100 if tokens < 10000000 else tokens // 100 * self.shrink_pct
+        p = self.shrink_pct
+        b = (tokens // 100) * p + (tokens % 100) * p // 100  # tokens * p / 100 without a product past 2**30
         return b if b > 0 else 1
 
-    # µs to sleep after a token that took token_us (0 unless SLOW); O(1)
+    # µs to sleep after a token that took token_us (0 .. 2**30 - 1; longer ones count as
+    # 10 s), 0 unless SLOW; E_RANGE for a negative or non-int token_us; O(1), no allocation
     def pause_us(self, token_us):
-        if self.state != SLOW or token_us <= 0:
+        if token_us.__class__ is not int or token_us < 0 or token_us > _INT_MAX:
+            return E_RANGE
+        if self.state != SLOW:
             return 0
         if token_us > 10000000:
             token_us = 10000000

@@ -21,6 +21,8 @@ t1 = m.read_mc()
 check(31000 <= t1 <= 33000, "one tau of cooling covers ~63 %% of the way (%d)" % t1)
 raises(ThermalError, ModelTemp, clk, 25, 40, 10)
 raises(ThermalError, ModelTemp, clk, 25.0)
+raises(ThermalError, ModelTemp, clk, 25, 40, 10000000, 1.5)  # start_c a float
+raises(ThermalError, ModelTemp, clk, 25, 40, 10000000, 10 ** 7)  # start_c past the integer bound
 
 # --- the guard in a kernel: busy 90 % -> hot -> SLOW; the load stops -> NORMAL ---
 clk = VirtualClock()
@@ -70,6 +72,10 @@ eq(g.pause_us(10000), 10000, "slow: sleep as long as the token took")
 eq(g.budget(1), 1, "a budget never shrinks below one token")
 eq(g.budget(0), -5, "a zero budget is E_RANGE")
 eq(g.budget(3.0), -5, "a float budget is E_RANGE")
+eq((g.budget(True), g.budget(2 ** 30)), (-5, -5), "a bool or a budget past 2**30 - 1 is E_RANGE")
+eq(g.budget(0x3FFFFFFF), 0x3FFFFFFF // 100 * 50 + 0x3FFFFFFF % 100 * 50 // 100, "the largest budget halves without a big product")
+eq((g.pause_us(1.5), g.pause_us(True), g.pause_us(None), g.pause_us(-1)), (-5,) * 4, "pause_us refuses non-ints and negatives")
+eq(g.pause_us(0x3FFFFFFF), 10000000, "a very long token counts as 10 s")
 g.state = NORMAL
 eq(g.budget(512), 512, "normal: the budget asked for")
 eq(g.pause_us(10000), 0, "normal: no pause")
@@ -78,12 +84,40 @@ eq(g.pause_us(10000), 0, "normal: no pause")
 def per_sample():
     g.sample()
     g.budget(512)
+    g.budget(0x3FFFFFFF)
     g.pause_us(1000)
+    g.pause_us(0x3FFFFFFF)
     src.read_mc()
 
 
 g.on_event = None
 no_alloc("guard sample, budget, pause and the model's read", per_sample)
+
+# --- the band edges: entered at the threshold, left only at or below threshold - hysteresis ---
+class Fixed:
+    v = 0
+
+    def read_mc(self):
+        return self.v
+
+    def set_load(self, p):
+        pass
+
+
+for sh, thr, hy in ((65, 85, 3), (65, 66, 3), (10, 11, 5), (65, 85, 0)):
+    fx = Fixed()
+    gg = Guard(k, fx, throttle_c=thr, shrink_c=sh, hysteresis_c=hy)
+    for st in (NORMAL, SHRINK, SLOW):
+        for t in list(range((sh - hy - 2) * 1000, (thr + 2) * 1000 + 1, 500)) + [(thr - hy) * 1000, (sh - hy) * 1000]:
+            gg.state = st
+            fx.v = t
+            if t >= thr * 1000 or (st == SLOW and t > (thr - hy) * 1000):
+                want = SLOW
+            elif t >= sh * 1000 or (st != NORMAL and t > (sh - hy) * 1000):
+                want = SHRINK
+            else:
+                want = NORMAL
+            eq(gg.sample(), want, "shrink %d throttle %d hyst %d from %d at %d mC" % (sh, thr, hy, st, t))
 
 # --- configuration mistakes: one-line errors ---
 raises(ThermalError, Guard, k, src, 85, 90)  # shrink above throttle
