@@ -1,0 +1,335 @@
+# Co-running workloads for the memory-tier scenarios (host/bench/tiers.py, and later the
+# emulator's scenarios): kernel tasks that move their data through the DMA descriptor
+# queue (firmware_py/dma.py) beside a decoding model, each with its own statistics in a
+# preallocated array('i'). Everything a period does (release, submit, wait, stats) is
+# allocation-free on MicroPython (tests/firmware/fw_workloads.py runs the periods with the
+# heap locked on the 64-bit and 32-bit unix ports and on CPython).
+#
+#   a = AudioCapture(k, q, sram_tier, psram_tier, cat)        # boot: buffers, ids, stats
+#   k.spawn("audio", 7, a.task())
+#   w = WifiBurst(k, q, psram_tier, sram_tier, cat, bw=bw, paced=True)
+#   k.spawn("wifi", 4, w.task())
+#
+# AudioCapture: an I2S microphone (16 kHz, 16-bit mono by default) whose peripheral DMA
+# fills a ping-pong buffer in internal SRAM, one half per period (512 B every 16 ms). At
+# each half's end (the release) the task moves that half to a ring of slots in PSRAM by
+# the DMA queue. Deadline: the move must have landed before the I2S peripheral comes
+# back to write the same half, i.e. (halves - 1) periods after the release (16 ms with two
+# halves): later, samples not yet moved are overwritten. A period whose move lands after
+# its deadline is a miss; latency = landing time - release. A period whose half was
+# already being overwritten when the task got the CPU is lost (a miss, not moved): the
+# task goes on with the newest half not yet overwritten, as an I2S driver does on overrun.
+#
+# WifiBurst: a Wi-Fi sender that every period (100 ms) sends a burst of packets whose
+# payload lives in PSRAM, each moved by the DMA queue into the driver's TX buffers in
+# internal SRAM (a ring of tx_bufs buffers). Unpaced, it submits the whole burst at once
+# (blocking only while the ring is full); paced, it sends `group` packets at a time, each
+# group only when the tracker says the category's window has room for it
+# (Bandwidth.wait_us: nothing is booked, the DMA engine charges the bytes when it moves
+# them, once) and after the previous group has landed (so the window holds its bytes).
+from array import array
+
+from firmware_py.compat import const, ticks_add, ticks_diff
+from firmware_py.status import E_FULL, OK, CARRY_N
+
+_US_PER_S = const(1000000)
+
+# AudioCapture.st fields
+A_PERIODS = const(0)  # periods completed (moves landed or refused)
+A_MISSES = const(1)  # periods whose move landed after the deadline (or was refused)
+A_WORST_US = const(2)  # worst latency: release -> the move landed, µs
+A_LAT_US = const(3)  # total latency, µs part
+A_LAT_S = const(4)  # ... whole seconds
+A_START_WORST_US = const(5)  # worst release -> the task ran (the CPU was held by others)
+A_BYTES = const(6)  # bytes moved, part below CARRY_N
+A_BYTES_G = const(7)  # ... times CARRY_N
+A_REFUSED = const(8)  # submits refused (a status < 0: nothing moved)
+A_LAST_US = const(9)  # latency of the last period moved
+A_LOST = const(10)  # periods never moved: the task ran only after their half was overwritten (misses too)
+NA = const(11)
+AUDIO_FIELDS = ("periods", "misses", "worst_us", "lat_us", "lat_s", "start_worst_us", "bytes", "bytes_g",
+                "refused", "last_us", "lost")
+
+# WifiBurst.st fields
+W_BURSTS = const(0)  # bursts completed (every packet landed)
+W_PACKETS = const(1)  # packets submitted (accepted by the queue)
+W_BYTES = const(2)  # bytes submitted, part below CARRY_N
+W_BYTES_G = const(3)  # ... times CARRY_N
+W_WAITS = const(4)  # throttled waits (paced: the window had no room for the next group)
+W_WAIT_US = const(5)  # their total time, µs part
+W_WAIT_S = const(6)  # ... whole seconds
+W_WORST_US = const(7)  # worst burst duration: release -> its last packet landed
+W_LATE = const(8)  # bursts not done by the next release
+W_REFUSED = const(9)  # submits refused (status < 0)
+NW = const(10)
+WIFI_FIELDS = ("bursts", "packets", "bytes", "bytes_g", "waits", "wait_us", "wait_s", "worst_us", "late", "refused")
+
+
+class WorkloadError(ValueError):
+    # a configuration mistake (sizes, periods, tiers); one line
+    pass
+
+
+def _add(st, i, n):
+    # st[i] += n carrying into st[i + 1] at CARRY_N; no allocation
+    v = st[i] + n
+    if v >= CARRY_N:
+        st[i + 1] += v // CARRY_N
+        v %= CARRY_N
+    st[i] = v
+
+
+def _add_us(st, i, us):
+    # st[i] (µs) += us carrying whole seconds into st[i + 1]; no allocation
+    v = st[i] + us
+    if v >= _US_PER_S:
+        st[i + 1] += v // _US_PER_S
+        v %= _US_PER_S
+    st[i] = v
+
+
+def _pos_int(name, v, lo=1, hi=0x3FFFFFFF):
+    if v.__class__ is not int or not lo <= v <= hi:
+        raise WorkloadError("%s must be an int in %d..%d, got %r" % (name, lo, hi, v))
+    return v
+
+
+class AudioCapture:
+    # k: the Kernel; q: the dma.DMAQueue; sram_tier / psram_tier: tier numbers of the
+    # queue's board (where the I2S buffer and the PSRAM ring live); cat: the payload's
+    # category (a tracker category: e.g. bw.add_category("audio")). rate_hz, sample_bytes,
+    # period_us: the stream (period bytes = rate x sample bytes x period, a multiple of 32:
+    # the GDMA's PSRAM block). halves: the I2S ping-pong buffer's halves (>= 2). slots: PSRAM
+    # ring slots. deadline_us: default (halves - 1) periods. fill: write each half's samples
+    # (a pattern of the period number: what the I2S wrote) before moving it, so a reader
+    # can check the bytes that landed (check_slot)
+    def __init__(self, k, q, sram_tier, psram_tier, cat, rate_hz=16000, sample_bytes=2, period_us=16000,
+                 halves=2, slots=16, deadline_us=0, fill=True):
+        _pos_int("rate_hz", rate_hz, 1, 1000000)
+        _pos_int("sample_bytes", sample_bytes, 1, 8)
+        _pos_int("period_us", period_us, 100, 10000000)
+        _pos_int("halves", halves, 2, 64)
+        _pos_int("slots", slots, 1, 4096)
+        prod = rate_hz * sample_bytes * period_us
+        if prod % 1000000:
+            raise WorkloadError("audio: %d Hz x %d B x %d us is not a whole number of bytes" % (rate_hz, sample_bytes, period_us))
+        nb = prod // 1000000
+        if nb % 32 or nb > 4064:
+            raise WorkloadError("audio: a period of %d B must be a multiple of 32 B and at most 4,064 B (one PSRAM descriptor)" % nb)
+        if deadline_us.__class__ is not int or deadline_us < 0:
+            raise WorkloadError("audio: deadline_us must be an int >= 0, got %r" % (deadline_us,))
+        self.k = k  # the Kernel
+        self.q = q  # the DMA queue
+        self.cat = cat  # payload category
+        self.period_us = period_us  # one half fills in this long
+        self.nb = nb  # bytes per period (one half)
+        self.halves = halves  # halves of the I2S buffer
+        self.slots = slots  # PSRAM ring slots
+        self.deadline_us = deadline_us or (halves - 1) * period_us  # release -> landed, at most
+        self.fill = bool(fill)
+        self.i2s = bytearray(halves * nb)  # the I2S peripheral's buffer (internal SRAM)
+        self.ring = bytearray(slots * nb)  # where the samples go (PSRAM)
+        self.src = q.add_buffer(self.i2s, sram_tier)
+        self.dst = q.add_buffer(self.ring, psram_tier)
+        self.st = array("i", bytes(4 * NA))  # stats, A_*
+        self.landed = array("i", [-1] * slots)  # PSRAM slot -> the period whose samples landed there last (-1: none)
+        self.seq = 0  # periods released so far
+        self.release = 0  # ticks of the current period's release
+        self.running = False  # task() started
+
+    # the byte the I2S wrote at i of period n (a checkable pattern); no allocation
+    @staticmethod
+    def sample(n, i):
+        return (n * 37 + i * 7 + (i >> 8)) & 0xFF
+
+    def _fill(self, half, n):
+        b = self.i2s
+        o = half * self.nb
+        i = 0
+        e = self.nb
+        while i < e:
+            b[o + i] = (n * 37 + i * 7 + (i >> 8)) & 0xFF
+            i += 1
+
+    # (slots checked, slots that hold what the I2S wrote in the period that landed there
+    # last): every landed byte is checked against its pattern (host checks; allocates)
+    def check(self):
+        n_ok = n = 0
+        for j in range(self.slots):
+            p = self.landed[j]
+            if p < 0:
+                continue
+            n += 1
+            o = j * self.nb
+            if all(self.ring[o + i] == self.sample(p, i) for i in range(self.nb)):
+                n_ok += 1
+        return n, n_ok
+
+    # the task's generator (spawn it at the highest priority): first release one period
+    # after it starts; every release moves one half. Per period: no allocation
+    def task(self):
+        k = self.k
+        q = self.q
+        st = self.st
+        nb = self.nb
+        rel = ticks_add(k.now(), self.period_us)
+        self.running = True
+        while True:
+            yield k.sleep_until(rel)
+            late = ticks_diff(k.now(), rel)  # the CPU was held by another task this long
+            if late > st[A_START_WORST_US]:
+                st[A_START_WORST_US] = late
+            while late >= self.deadline_us:  # that half is already being overwritten: its samples are lost
+                self.seq += 1
+                st[A_PERIODS] += 1
+                st[A_MISSES] += 1
+                st[A_LOST] += 1
+                rel = ticks_add(rel, self.period_us)
+                late = ticks_diff(k.now(), rel)
+            if late < 0:  # every period released so far was lost: wait for the next one
+                continue
+            self.release = rel
+            n = self.seq
+            self.seq = n + 1
+            half = n % self.halves
+            if self.fill:
+                self._fill(half, n)
+            c = yield q.submit(self.src, half * nb, self.dst, (n % self.slots) * nb, nb, self.cat)
+            if c >= 0:
+                rv = yield q.wait(c)
+            else:
+                rv = c
+            lat = ticks_diff(k.now(), rel)
+            st[A_PERIODS] += 1
+            st[A_LAST_US] = lat
+            if rv != OK:
+                st[A_REFUSED] += 1
+                st[A_MISSES] += 1
+            else:
+                _add(st, A_BYTES, nb)
+                self.landed[n % self.slots] = n
+                if lat > self.deadline_us:
+                    st[A_MISSES] += 1
+            if lat > st[A_WORST_US]:
+                st[A_WORST_US] = lat
+            _add_us(st, A_LAT_US, lat)
+            rel = ticks_add(rel, self.period_us)
+
+    # the stats as a dict (allocates: reporting only)
+    def stats(self):
+        st = self.st
+        p = st[A_PERIODS]
+        m = p - st[A_LOST]  # periods whose move was attempted
+        lat = st[A_LAT_S] * _US_PER_S + st[A_LAT_US]
+        return {"periods": p, "misses": st[A_MISSES], "lost": st[A_LOST], "refused": st[A_REFUSED],
+                "worst_latency_us": st[A_WORST_US], "mean_latency_us": round(lat / m, 1) if m else 0.0, "worst_start_us": st[A_START_WORST_US],
+                "bytes": st[A_BYTES_G] * CARRY_N + st[A_BYTES], "deadline_us": self.deadline_us,
+                "period_us": self.period_us, "period_bytes": self.nb}
+
+
+class WifiBurst:
+    # k: the Kernel; q: the DMA queue; psram_tier / sram_tier: where the payload and the
+    # driver's TX buffers live; cat: the payload's category. packet_bytes (a multiple of
+    # 32, <= 4,064), packets per burst, period_us between releases, offset_us: the first
+    # release after the start. tx_bufs: TX buffers in SRAM (packet i goes to buffer
+    # i % tx_bufs). bw + paced: send `group` packets at a time, each group when the
+    # tracker's window for (psram_tier, cat) has room (its budget), after the previous one
+    # landed; unpaced: the whole burst at once
+    def __init__(self, k, q, psram_tier, sram_tier, cat, packet_bytes=1472, packets=64, period_us=100000,
+                 offset_us=0, tx_bufs=16, bw=None, paced=False, group=11):
+        _pos_int("packet_bytes", packet_bytes, 32, 4064)
+        if packet_bytes % 32:
+            raise WorkloadError("wifi: packet_bytes must be a multiple of 32 (the GDMA's PSRAM block), got %d" % packet_bytes)
+        _pos_int("packets", packets, 1, 65536)
+        _pos_int("period_us", period_us, 100, 100000000)
+        _pos_int("offset_us", offset_us, 0, 100000000)
+        _pos_int("tx_bufs", tx_bufs, 1, 1024)
+        _pos_int("group", group, 1, 65536)
+        if paced and bw is None:
+            raise WorkloadError("wifi: paced needs the bandwidth tracker (bw=)")
+        self.k = k
+        self.q = q
+        self.bw = bw  # the tracker pacing the groups (paced), or None
+        self.paced = bool(paced)
+        self.cat = cat
+        self.ps = psram_tier
+        self.pb = packet_bytes
+        self.packets = packets
+        self.period_us = period_us
+        self.offset_us = offset_us
+        self.tx_bufs = tx_bufs
+        self.group = group
+        if self.paced:
+            most = bw.piece(psram_tier, cat) // packet_bytes
+            if most < 1:
+                raise WorkloadError("wifi: the category's budget is smaller than one packet")
+            if most < group:
+                self.group = most
+        self.payload = bytearray(packets * packet_bytes)  # what is sent (PSRAM)
+        for i in range(len(self.payload)):
+            self.payload[i] = (i * 13 + (i >> 9)) & 0xFF
+        self.tx = bytearray(tx_bufs * packet_bytes)  # the driver's TX buffers (internal SRAM)
+        self.src = q.add_buffer(self.payload, psram_tier)
+        self.dst = q.add_buffer(self.tx, sram_tier)
+        self.st = array("i", bytes(4 * NW))  # stats, W_*
+
+    # the task's generator. Per burst: no allocation
+    def task(self):
+        k = self.k
+        q = self.q
+        st = self.st
+        pb = self.pb
+        rel = ticks_add(k.now(), self.offset_us)
+        while True:
+            yield k.sleep_until(rel)
+            i = 0
+            c = -1
+            total = self.packets
+            while i < total:
+                n = total - i
+                if self.paced:
+                    if n > self.group:
+                        n = self.group
+                    while True:  # the window's room for this group, as the tracker's admission would grant it
+                        w = self.bw.wait_us(self.ps, self.cat, n * pb)
+                        if w == E_FULL:
+                            w = self.bw.bucket_us
+                        if w <= 0:
+                            break
+                        st[W_WAITS] += 1
+                        _add_us(st, W_WAIT_US, w)
+                        yield k.sleep_us(w)
+                j = 0
+                while j < n:
+                    p = i + j
+                    r = yield q.submit(self.src, p * pb, self.dst, (p % self.tx_bufs) * pb, pb, self.cat)
+                    if r < 0:
+                        st[W_REFUSED] += 1
+                    else:
+                        c = r
+                        st[W_PACKETS] += 1
+                        _add(st, W_BYTES, pb)
+                    j += 1
+                if self.paced and c >= 0:
+                    yield q.wait(c)  # landed: the engine has charged it, the window holds it
+                i += n
+            if c >= 0:
+                yield q.wait(c)
+            d = ticks_diff(k.now(), rel)
+            st[W_BURSTS] += 1
+            if d > st[W_WORST_US]:
+                st[W_WORST_US] = d
+            if d > self.period_us:
+                st[W_LATE] += 1
+            rel = ticks_add(rel, self.period_us)
+            if ticks_diff(k.now(), rel) > 0:  # a burst longer than the period: the next starts now
+                rel = k.now()
+
+    # the stats as a dict (allocates: reporting only)
+    def stats(self):
+        st = self.st
+        return {"bursts": st[W_BURSTS], "packets": st[W_PACKETS], "bytes": st[W_BYTES_G] * CARRY_N + st[W_BYTES],
+                "throttled_waits": st[W_WAITS], "throttled_wait_us": st[W_WAIT_S] * _US_PER_S + st[W_WAIT_US],
+                "worst_burst_us": st[W_WORST_US], "late_bursts": st[W_LATE], "refused": st[W_REFUSED],
+                "packet_bytes": self.pb, "packets_per_burst": self.packets, "period_us": self.period_us,
+                "paced": self.paced, "group": self.group if self.paced else self.packets}
