@@ -438,3 +438,18 @@ def test_docs_tiers_table_is_the_calculators():
     for ln in rows:
         args = ln.split("`")[1]
         assert budget.tiers_row(args) == ln, args
+
+
+def test_the_filesystem_estimate_holds_the_firmware_build_and_tokenizer():
+    # FS_FIXED_BYTES (the flash tier's bound) must cover what `kv flash` puts beside the model
+    # and the KV file: the .mpy build, board.json, the tokenizer, one 4 KiB LittleFS block per
+    # file at least
+    from host import boards, flash
+
+    arts = flash.build(boards.load("esp32s3_n8r8"))
+    tok = os.path.join(ROOT, "models", "kvrtos-tiny", "tokenizer.bin")
+    d = paths.shared_models()
+    big = d and os.path.join(d, "tok512.bin")
+    tok_bytes = max(os.path.getsize(p) for p in (tok, big) if p and os.path.exists(p))
+    on_fs = sum(-(-len(a.data) // 4096) * 4096 for a in arts) + -(-tok_bytes // 4096) * 4096
+    assert on_fs < budget.FS_FIXED_BYTES, on_fs
