@@ -295,6 +295,8 @@ def tiers_of(brd, m, cfg, layout, policy="full", batch=1, heap_blocks=0, memory=
                        "heap_blocks": heap_blocks}
         pool_n = heap_blocks
         out["pool"] = "Pool(%d, %d)" % (bb, pool_n)
+    if policy != "full":
+        notes.append("these are the tiers' capacity: a %s policy keeps only its window's blocks of it" % policy)
     out["flash"] = _flash_tier(brd, m, layout, policy, flash_kv_bytes)
     n_flash = out["flash"]["blocks"]
     total = pool_n + n_flash
