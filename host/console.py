@@ -195,11 +195,17 @@ class StreamDecoder:
     # what came before it; after it the next two bytes say frame (a code, then 0xFE) or
     # text. Counts: good, corrupt, dropped (sequence numbers missing between good frames),
     # skipped (what the board says it skipped), text bytes.
+    # The result does not depend on how the stream is split into feed() calls: the same
+    # frames, corrupt reasons and counts in the same order, and the same text bytes (a
+    # run of text may come in more pieces when fed in pieces). A candidate that grows
+    # past max_frame stays a candidate: its bytes are dropped (not kept, not text) up to
+    # the next 0x00, where it is refused as "too long" (or "truncated" at the end).
     def __init__(self, max_frame=MAX_WIRE, keep_raw=False):
         self.max_frame = max_frame  # a candidate longer than this is not a frame
         self.keep_raw = keep_raw  # frames also carry raw_type and raw_body (hex): checks
         self.state = "text"  # "text", "open" (after a 0x00: deciding), "frame" (collecting)
         self.cand = bytearray()  # bytes since the last 0x00 while deciding / collecting
+        self.over = False  # the candidate being collected passed max_frame: dropping to the next 0x00
         self.good = 0
         self.corrupt = 0
         self.truncated = 0  # candidates cut by the end of the stream (counted in corrupt too)
@@ -277,7 +283,11 @@ class StreamDecoder:
             b = data[i]
             if b == 0:
                 if self.state == "frame":
-                    self._candidate(out)
+                    if self.over:
+                        self.over = False
+                        self._reject(out, "too long")
+                    else:
+                        self._candidate(out)
                 else:
                     self._text(out, bytes(self.cand))  # one byte after a 0x00, then another: text
                     self.cand = bytearray()
@@ -295,29 +305,31 @@ class StreamDecoder:
                         self.cand = bytearray()
                         self.state = "text"
                 continue
-            # collecting a frame up to the next 0x00
+            # collecting a frame up to the next 0x00 (the 0x00 itself is handled above)
             j = data.find(b"\x00", i)
-            take = data[i:] if j < 0 else data[i:j]
-            self.cand += take
-            i = n if j < 0 else j
-            if len(self.cand) > self.max_frame:
-                self._reject(out, "too long")  # not a frame after all: what follows is unknown
-                self.cand = bytearray()
-                self.state = "text" if j < 0 else "open"
-                if j >= 0:
-                    i = j + 1
+            if j < 0:
+                j = n
+            if not self.over:
+                self.cand += data[i:j]
+                if len(self.cand) > self.max_frame:
+                    # not a frame (no frame is this long): drop it up to the next 0x00,
+                    # in whatever reads it comes, and refuse it there as "too long"
+                    self.over = True
+                    self.cand = bytearray()
+            i = j
         return out
 
     def flush(self, why="truncated"):
         # the end of the stream (or a lost port): a partial frame is a rejection, a byte
         # after a 0x00 is text
         out = []
-        if self.state == "frame" and self.cand:
+        if self.state == "frame":
             self.truncated += 1
             self._reject(out, why)
         elif self.cand:
             self._text(out, bytes(self.cand))
         self.cand = bytearray()
+        self.over = False
         self.state = "text"
         return out
 

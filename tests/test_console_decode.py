@@ -4,7 +4,9 @@
 # every intact frame is recovered, and text between intact frames comes through as is,
 # however the stream is split into reads. Also: every single-bit error of a real
 # periodic frame is refused, the real encoder's output decodes, and the commands.
+import os
 import random
+import sys
 import zlib
 
 from hypothesis import HealthCheck, given, settings
@@ -12,6 +14,9 @@ from hypothesis import strategies as st
 
 from firmware_py import telemetry as tm
 from host import console
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import telemetry_indep  # noqa: E402  (written from docs/telemetry.md alone)
 
 TEXT = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1, max_size=40)
 
@@ -132,6 +137,94 @@ def test_clean_stream_passes_text_exactly_and_every_frame(items, splits):
     assert b"".join(v for k, v in out if k == "text") == texts
     got = [(v["seq"], v["raw_type"], bytes.fromhex(v["raw_body"])) for k, v in out if k == "frame"]
     assert got == want and d.corrupt == 0 and d.dropped == 0
+
+
+def normal(out):
+    # a feed's results with adjacent text pieces joined (fed in pieces, a run of text may
+    # come in more pieces; nothing else may differ) and frames as (type, seq, ms, body)
+    res = []
+    for kind, v in out:
+        if kind == "text":
+            if res and res[-1][0] == "text":
+                res[-1] = ("text", res[-1][1] + v)
+            else:
+                res.append(("text", bytes(v)))
+        elif kind == "frame":
+            res.append(("frame", (v["raw_type"], v["seq"], v["ms"], bytes.fromhex(v["raw_body"]))))
+        else:
+            res.append((kind, v))
+    return res
+
+
+def overlong(draw, closed):
+    # a run that opens like a frame (0x00, a code, 0xFE) and is longer than any frame:
+    # a lost closing delimiter, line noise; lengths around the limit too
+    n = draw(st.sampled_from([console.MAX_WIRE - 2, console.MAX_WIRE - 1, console.MAX_WIRE + 1 - 2,
+                              console.MAX_WIRE + 5, 1100, 1500, 2400]))
+    run = bytes([draw(st.integers(1, 255)), tm.MAGIC]) + draw(st.binary(min_size=n, max_size=n)).replace(b"\x00", b"\x01")
+    return b"\x00" + run + (b"\x00" if closed else b"")
+
+
+@st.composite
+def long_capture(draw):
+    # a damaged capture (above) with over-long runs and text put in at random places
+    # (inside frames too, or unclosed at the end), and split points for the reads
+    stream = draw(capture())[0]
+    for _ in range(draw(st.integers(0, 3))):
+        pos = draw(st.integers(0, len(stream)))
+        piece = overlong(draw, True) if draw(st.booleans()) else draw(TEXT).encode()
+        stream = stream[:pos] + piece + stream[pos:]
+    if draw(st.integers(0, 3)) == 0:
+        stream += overlong(draw, draw(st.booleans()))
+    how = draw(st.sampled_from(["random", "random", "every", "fixed"]))
+    if how == "every":  # one byte per read
+        splits = list(range(1, len(stream)))
+    elif how == "fixed":  # the same size every read, as a serial port with a timeout
+        k = draw(st.sampled_from([2, 7, 64, 1000]))
+        splits = list(range(k, len(stream), k))
+    else:
+        splits = sorted(draw(st.lists(st.integers(0, len(stream)), max_size=20)))
+    return stream, splits
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(long_capture())
+def test_decoding_does_not_depend_on_the_reads_and_agrees_with_the_independent_decoder(cap):
+    stream, splits = cap
+    whole, out_whole = decode(stream)
+    split, out_split = decode(stream, splits)
+    # fed whole or in any reads: the same frames, refusals, text and counts, in the same order
+    assert normal(out_split) == normal(out_whole)
+    assert split.counts() == whole.counts()
+    # and the same as a decoder written from docs/telemetry.md alone
+    text, frames, bad = telemetry_indep.decode(stream)
+    assert b"".join(v for k, v in out_whole if k == "text") == text
+    assert [v for k, v in normal(out_whole) if k == "frame"] == frames
+    assert [v for k, v in out_whole if k == "corrupt"] == bad
+    assert whole.text_bytes == len(text) and whole.good == len(frames) and whole.corrupt == len(bad)
+    assert whole.truncated == bad.count("truncated")
+
+
+def test_an_over_long_candidate_is_dropped_to_the_next_delimiter_in_any_reads():
+    # the review's case: 00 05 FE, 1,100 bytes, TAIL, 00, a good frame; the candidate is
+    # refused as too long and none of its bytes pass as text, fed whole or in small reads
+    good = console.encode_frame(console.payload(2, b"", seq=1))
+    s = b"hi\n\x00\x05\xfe" + b"q" * 1100 + b"TAIL\x00" + good + b"bye"
+    for k in (len(s), 1, 7, 64, 1000):
+        d, out = decode(s, range(k, len(s), k))
+        assert [x for x in normal(out) if x[0] != "frame"] == [("text", b"hi\n"), ("corrupt", "too long"), ("text", b"bye")]
+        assert d.good == 1 and d.why == {"too long": 1} and d.text_bytes == 6
+    # unclosed at the end of the capture: truncated, whatever its length
+    for k in (len(s), 1, 64):
+        cut = s[:s.index(b"TAIL")]
+        d, out = decode(cut, range(k, len(cut), k))
+        assert normal(out) == [("text", b"hi\n"), ("corrupt", "truncated")] and d.truncated == 1
+    # exactly the longest run a frame makes is still a candidate (refused here by COBS,
+    # not by length); one byte more is too long
+    for n, why in ((console.MAX_WIRE, "not COBS"), (console.MAX_WIRE + 1, "too long")):
+        run = b"\xff\xfe" + b"q" * (n - 2)
+        d, out = decode(b"\x00" + run + b"\x00", range(1, n + 2))
+        assert normal(out) == [("corrupt", why)]
 
 
 def periodic_frame():

@@ -1,0 +1,60 @@
+# An independent telemetry stream decoder, written from docs/telemetry.md alone (its Wire,
+# Payload and CRC sections: the delimiters, the frame-or-text rule, COBS, the checks, the
+# largest payload and so the longest run a frame makes), not from host/console.py; it
+# imports nothing from host/ or firmware_py/ on purpose. tests/test_console_decode.py
+# checks the console's StreamDecoder against it on random damaged captures, so a change
+# that makes the decoder and the specification disagree fails there. Change this file
+# only when docs/telemetry.md changes, never to match the decoder's code.
+import zlib
+
+MAGIC, PROTO, HDR, MAX_PAYLOAD = 0xFE, 1, 9, 1024
+MAX_RUN = (MAX_PAYLOAD + 4) + 1 + (MAX_PAYLOAD + 4) // 254  # longest COBS run a frame makes
+
+
+def cobs(run):
+    out, i = bytearray(), 0
+    while i < len(run):
+        c = run[i]
+        if c == 0 or i + c > len(run):
+            return None
+        out += run[i + 1:i + c]
+        i += c
+        if c < 0xFF and i < len(run):
+            out.append(0)
+    return bytes(out)
+
+
+def check(run):
+    if len(run) > MAX_RUN:
+        return "too long", None
+    d = cobs(run)
+    if d is None:
+        return "not COBS", None
+    if len(d) < HDR + 4:
+        return "short", None
+    pay = d[:-4]
+    if zlib.crc32(pay).to_bytes(4, "little") != d[-4:]:
+        return "CRC", None
+    if pay[0] != MAGIC or pay[1] != PROTO:
+        return "magic/version", None
+    return None, (pay[2], pay[3] | pay[4] << 8, int.from_bytes(pay[5:9], "little"), pay[HDR:])
+
+
+def decode(stream):
+    # -> (text bytes, [(type, seq, ms, body)], [reasons]) for a whole capture
+    runs = stream.split(b"\x00")
+    text, frames, bad = bytearray(runs[0]), [], []
+    for k, run in enumerate(runs[1:], 1):
+        last = k == len(runs) - 1  # no closing 0x00: the capture ended inside it
+        if len(run) >= 2 and run[1] == MAGIC:
+            if last:
+                bad.append("truncated")
+                continue
+            why, f = check(run)
+            if f is None:
+                bad.append(why)
+            else:
+                frames.append(f)
+        else:
+            text += run
+    return bytes(text), frames, bad
