@@ -190,6 +190,7 @@ class KVCache:
         self.pos_map = filled("i", max_seqs * self.map_size, _NONE) if h2o else array("i")  # see above
         self.events = 0  # watermark events emitted so far (all sequences), saturating at 2**30 - 1
         self.on_watermark = None  # callable(handle) run when a sequence crosses its watermark, or None
+        self.on_close = None  # callable(handle) run by close() before the sequence is dropped, or None
 
     # result of the last reserve()/append(): its flags (>= 0) or its refusal; O(1)
     @property
@@ -276,7 +277,9 @@ class KVCache:
 
     # a new sequence sharing every block of h (reference counted, copied on the first
     # write of either), with h's policy, budget, positions and scores but no
-    # reservation. The new handle, or E_STALE / E_NO_SLOT; O(blocks + M), no allocation
+    # reservation. The new handle, or E_STALE / E_NO_SLOT / E_FULL (a block at its
+    # reference limit) / E_STATE (a block of h left the pool: retarget to -1); O(blocks + M),
+    # no allocation
     def fork(self, h):
         src = self._idx(h)
         if src < 0:
@@ -286,6 +289,15 @@ class KVCache:
             return E_NO_SLOT
         mb = self.max_blocks
         table = self.table
+        so = _CFG + src * _NF
+        m = self.meta
+        n = m[so + _F_N]
+        cap = m[so + _F_CAP]
+        t = self.t
+        held = (n if n < cap else cap) if m[so + _F_POL] == _FULL else cap  # slots the table must hold
+        for k in range((held + t - 1) // t):
+            if table[src * mb + k] < 0:  # a block that left the pool (retarget to -1): the child could not read it
+                return E_STATE
         for k in range(mb):
             b = table[src * mb + k]
             if b >= 0 and self.pool.share(b) < 0:  # E_FULL: the block has 32,767 references
@@ -296,9 +308,7 @@ class KVCache:
                     table[i * mb + j] = _NONE
                 return E_FULL
             table[i * mb + k] = b
-        m = self.meta
         o = _CFG + i * _NF
-        so = _CFG + src * _NF
         if m[so + _F_CUR]:  # int4 (KIVI): the source's residual is quantized into its (now shared) block
             self._fold(src)
         for f in range(_NF):  # the whole row, then what is the new slot's own
@@ -321,6 +331,8 @@ class KVCache:
         i = self._idx(h)
         if i < 0:
             return i
+        if self.on_close is not None:
+            self.on_close(h)  # h is still open here (e.g. tiers.py gives back its flash slots)
         mb = self.max_blocks
         for k in range(i * mb, i * mb + mb):
             b = self.table[k]
@@ -924,7 +936,10 @@ class KVCache:
     # block left the pool, e.g. spilled to flash: its positions then read E_EMPTY here).
     # The caller gives `old` back to the pool. OK, or E_STALE, E_RANGE (k, or new not a
     # block of the pool), E_STATE (the entry is not `old`; old or new is shared; new is -1
-    # for the block holding a reservation or int4 residual keys), with nothing changed; O(1)
+    # for the block holding a reservation or int4 residual keys, or for an h2o sequence;
+    # new already in one of this cache's tables), with nothing changed. O(table entries)
+    # (the scan that proves new is in no table of this cache; a block of another cache
+    # on the same pool is the caller's to rule out), no allocation
     def retarget(self, h, k, old, new):
         i = self._idx(h)
         if i < 0:
@@ -935,11 +950,20 @@ class KVCache:
         ti = i * self.max_blocks + k
         if old < 0 or self.table[ti] != old or self.ref[old] != 1 or (new >= 0 and self.ref[new] != 1):
             return E_STATE
+        o = _CFG + i * _NF
         if new < 0:
-            o = _CFG + i * _NF
             slot = self.meta[o + _F_SLOT] - 1
-            if (slot >= 0 and slot // self.t == k) or self.meta[o + _F_CUR] == k + 1:
-                return E_STATE
+            if (self.meta[o + _F_POL] == _H2O or (slot >= 0 and slot // self.t == k)
+                    or self.meta[o + _F_CUR] == k + 1):
+                return E_STATE  # h2o's victim scan reads every ring block; the open row and residual need theirs
+        else:
+            table = self.table
+            j = 0
+            end = len(table)
+            while j < end:  # new must not be in any table of this cache (another sequence's, or this one's)
+                if table[j] == new:
+                    return E_STATE
+                j += 1
         self.table[ti] = new
         return OK
 

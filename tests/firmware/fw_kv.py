@@ -567,4 +567,25 @@ eq((cr.read(hr, 5, 0, out, 0), cr.block_at(hr, 1), cr.row_offset(hr, 5, 0)), (st
    "a position whose block left the pool reads E_EMPTY on every path")
 eq(cr.read(hr, 9, 0, out, 0), status.OK, "the others still read")
 eq(cr.append(hr, rows[10]), status.OK, "and appending goes on")
+# retarget refusals the review found: new already in a table; -1 for an h2o sequence; fork of
+# a sequence whose block left the pool; on_close runs before the sequence is dropped
+hq = cr.open(rr, "full", 8)
+cr.append(hq, rows[0])
+bq = cr.block_at(hq, 0)
+nb2 = pr.alloc(rr)
+eq(cr.retarget(hr, 2, cr.block_at(hr, 2), bq), status.E_STATE, "new is another sequence's block: refused")
+pr.unref(nb2)
+closed = []
+cr.on_close = closed.append
+eq(cr.close(hq), status.OK, "close")
+eq(closed, [hq], "on_close got the handle")
+cr.on_close = None
+eq(cr.fork(hr), status.E_STATE, "fork of a sequence with a block out of the pool is refused")
+ph = pool.Pool(L.block_bytes, 8)
+rh = ph.add_region(8)
+ch = kv.KVCache(ph, L, max_seqs=2, h2o=True)
+hh = ch.open(rh, "h2o", 12, sinks=1, recent=4)
+for i in range(6):
+    ch.append(hh, rows[i])
+eq(ch.retarget(hh, 0, ch.block_at(hh, 0), -1), status.E_STATE, "h2o: a block may not leave the pool (its victim scan reads them all)")
 done()
