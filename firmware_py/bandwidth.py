@@ -24,8 +24,8 @@
 # apply_preset, tier_id, category_id) raises BandwidthError with one line.
 from array import array
 
-from firmware_py.compat import const, ticks_add, ticks_diff
-from firmware_py.status import OK, E_FULL, E_RANGE, INT_MAX, CARRY_N
+from firmware_py.compat import const, ticks_add, ticks_diff, TICKS_PERIOD
+from firmware_py.status import OK, E_FULL, E_RANGE, INT_MAX, CARRY_N, MAX_WAIT_US
 
 # built-in categories (ids); add_category() appends user categories after these
 KV_READ = const(0)  # attention reads of cached K/V rows
@@ -91,6 +91,9 @@ SNAP_FIELDS = ("window", "util_permille", "peak", "peak_permille", "budget", "by
 _US_PER_S = const(1000000)
 _QK_MAX = const(0x100000)  # ns per KiB at most on the fast path (tiers of ~1 MB/s and up)
 _QB_MAX = const(64000)  # ns per byte at most on the slow path (tiers of 15.6 kB/s and up)
+_LAT_MAX = const(10000000)  # first-access latency at most 10 ms (keeps cost_us's intermediates < 2**30)
+_SPAN_MAX = const(0x10000000)  # the ring (window + horizon) spans at most 2**28 us (~4.5 min)
+_HALF = TICKS_PERIOD // 2  # half the tick circle (2**29 on the ESP32: a small int)
 
 
 class BandwidthError(ValueError):
@@ -143,12 +146,18 @@ class CostModel:
                 self.slow[i * N_KINDS + kind] = slow
             self.has_dma[i] = 1 if c["dma_bytes_per_s"] else 0
             lb = c["line_bytes"]
+            if not _is_int(lb) or lb < 1:
+                raise BandwidthError("%s: line_bytes must be a positive integer, got %r" % (where, lb))
+            if not _is_int(c["latency_ns"]) or not 0 <= c["latency_ns"] <= _LAT_MAX:
+                raise BandwidthError("%s: latency_ns %r outside 0..10**7" % (where, c["latency_ns"]))
             self.line_bytes[i] = lb
             # one line: its miss latency plus its bytes at the stream rate (config time: big ints allowed)
             self.line_ns[i] = c["line_ns"] + (lb * 1000000000 + c["line_stream_bytes_per_s"] // 2) // c["line_stream_bytes_per_s"]
             self.lat[i] = c["latency_ns"]
             if self.line_ns[i] < 1 or self.line_ns[i] > 1000000:
                 raise BandwidthError("%s: a cache line costs %d ns: outside 1..10**6" % (where, self.line_ns[i]))
+        self.frac = 0  # ns below the whole µs the last _cost() rounded off (0..999)
+        self.frac_tier = 0  # the tier whose cost set the pace of the last _copy_cost()
 
     # ns to move n bytes on tier by kind (K_*): latency + n at the kind's rate (K_LINE:
     # whole lines); 0 for n == 0; E_RANGE for a bad argument, a kind the tier has not (DMA
@@ -180,49 +189,88 @@ class CostModel:
         return kib * q + (((n & 1023) * q) >> 10) + self.lat[tier]
 
     # µs (rounded down) to move n bytes on tier by kind; any n up to CHARGE_MAX; E_RANGE
-    # as cost_ns. No intermediate reaches 2**30 (31-bit small ints on the ESP32)
+    # as cost_ns, and for a result over 2**30 - 1 µs (a very slow tier). No intermediate
+    # reaches 2**30 (31-bit small ints on the ESP32)
     def cost_us(self, tier, kind, n):
+        return self._cost(tier, kind, n)
+
+    # cost_us, and the ns it rounded off (0..999) left in self.frac (a remainder-carrying
+    # caller adds them up: occupy with Bandwidth(carry_ns=True)); no allocation
+    def _cost(self, tier, kind, n):
         if not (_is_int(tier) and _is_int(kind) and _is_int(n)):
             return E_RANGE
         if tier < 0 or tier >= self.n_tiers or kind < 0 or kind >= N_KINDS or n < 0 or n > CHARGE_MAX:
             return E_RANGE
         if n == 0:
+            self.frac = 0
             return 0
         if kind == K_LINE:
+            # lines * c ns = (lines // 1000) * c µs + (lines % 1000) * c ns; c <= 10**6
             lines = (n + self.line_bytes[tier] - 1) // self.line_bytes[tier]
             c = self.line_ns[tier]
-            return (lines // 1000) * c + ((lines % 1000) * c) // 1000
-        i = tier * N_KINDS + kind
-        q = self.qk[i]
-        if q == 0:
+            hi = lines // 1000
+            if hi > INT_MAX // c:
+                return E_RANGE
+            hi *= c
+            x = (lines % 1000) * c  # < 999 * 10**6 + ... < 2**30
+        else:
+            i = tier * N_KINDS + kind
+            q = self.qk[i]
+            if q == 0:
+                return E_RANGE
+            if self.slow[i]:  # q ns per byte, <= 64,000: (n // 1000) * q < 2**30 for n <= CHARGE_MAX
+                hi = (n // 1000) * q
+                x = (n % 1000) * q + self.lat[tier]
+            else:  # q ns per KiB, <= 2**20: x <= 1000 * 2**20 + 10**7 < 2**30
+                kib = n >> 10
+                hi = (kib // 1000) * q
+                x = (kib % 1000) * q + (((n & 1023) * q) >> 10) + self.lat[tier]
+        lo = x // 1000
+        if lo > INT_MAX - hi:
             return E_RANGE
-        if self.slow[i]:  # q ns per byte, <= 64,000: (n // 1000) * q < 2**30 for n <= CHARGE_MAX
-            return (n // 1000) * q + ((n % 1000) * q + self.lat[tier]) // 1000
-        kib = n >> 10
-        return (kib // 1000) * q + ((kib % 1000) * q + (((n & 1023) * q) >> 10) + self.lat[tier]) // 1000
+        self.frac = x - lo * 1000
+        return hi + lo
 
     # µs to copy n bytes from tier src to tier dst, by the CPU (dma=0) or by DMA (dma=1).
     # Two tiers: the slower side sets the pace (the profile's read figure of the source
     # and write figure of the destination are each measured as copies from / to SRAM;
     # by DMA, each tier's DMA figure). One tier: its copy figure (CPU), or its DMA cost
-    # twice (DMA: read and write share the tier). E_RANGE as cost_us
+    # twice (DMA: read and write share the tier). E_RANGE as cost_us (and for a result
+    # over 2**30 - 1 µs)
     def copy_us(self, src, dst, dma, n):
+        return self._copy_cost(src, dst, dma, n)
+
+    # copy_us, and the ns rounded off the side that sets the pace in self.frac (same-tier
+    # DMA: twice its DMA cost's, 0..1998), its tier in self.frac_tier
+    def _copy_cost(self, src, dst, dma, n):
         if dma.__class__ is not int and dma.__class__ is not bool:
             return E_RANGE
+        self.frac_tier = src
         if src == dst and _is_int(src):
             if dma:
-                a = self.cost_us(src, K_DMA, n)
-                return a if a < 0 else 2 * a
-            return self.cost_us(src, K_COPY, n)
+                a = self._cost(src, K_DMA, n)
+                if a < 0:
+                    return a
+                if a > INT_MAX >> 1:
+                    return E_RANGE
+                self.frac *= 2
+                return 2 * a
+            return self._cost(src, K_COPY, n)
         if dma:
-            a = self.cost_us(src, K_DMA, n)
-            b = self.cost_us(dst, K_DMA, n)
+            b = self._cost(dst, K_DMA, n)
+            fb = self.frac
+            a = self._cost(src, K_DMA, n)
         else:
-            a = self.cost_us(src, K_READ, n)
-            b = self.cost_us(dst, K_WRITE, n)
+            b = self._cost(dst, K_WRITE, n)
+            fb = self.frac
+            a = self._cost(src, K_READ, n)
         if a < 0 or b < 0:
             return E_RANGE
-        return a if a > b else b
+        if b > a or (b == a and fb > self.frac):
+            self.frac = fb
+            self.frac_tier = dst
+            return b
+        return a
 
 
 def _tier_costs(t):
@@ -244,8 +292,11 @@ class Bandwidth(CostModel):
     # the tracker for one board: every tier of board.memory, N_BUILTIN + user_categories
     # categories. clock: the kernel's clock (now()); kernel: needed by admit/admit_copy.
     # window_us: the sliding window; buckets: its resolution; horizon: how many windows
-    # ahead an admission may be booked (waits longer than that are refused E_FULL)
-    def __init__(self, board, clock=None, kernel=None, window_us=16000, buckets=16, horizon=1, user_categories=4):
+    # ahead an admission may be booked (waits longer than that are refused E_FULL);
+    # carry_ns: occupy / move carry each tier's rounded-off ns into its next transfer
+    # (many small transfers then sum to their exact time; cost_us itself is unchanged)
+    def __init__(self, board, clock=None, kernel=None, window_us=16000, buckets=16, horizon=1, user_categories=4,
+                 carry_ns=False):
         CostModel.__init__(self, board)
         if kernel is not None and clock is None:
             clock = kernel.clock
@@ -258,6 +309,9 @@ class Bandwidth(CostModel):
         if window_us % buckets or window_us > 1000000:
             raise BandwidthError("bandwidth: window_us (%d) must be a multiple of buckets (%d) and at most 1 s"
                                  % (window_us, buckets))
+        if window_us * (1 + horizon) > _SPAN_MAX:
+            raise BandwidthError("bandwidth: window_us * (1 + horizon) = %d us: over 2**28 (choose a smaller horizon)"
+                                 % (window_us * (1 + horizon)))
         self.clock = clock
         self.k = kernel  # the Kernel admissions block on, or None (admit refuses)
         self.window_us = window_us
@@ -270,16 +324,21 @@ class Bandwidth(CostModel):
         self.cat_names = list(CATEGORY_NAMES)  # category id -> name
         nt = self.n_tiers
         nrow = nt * self.n_cat_max
-        self.bucket_max = INT_MAX // self.nr  # one bucket holds at most this: a window sum stays < 2**30
+        # one tier's bucket, all categories together, holds at most this: every window sum,
+        # a tier's all-categories one and its peak included, stays < 2**30
+        self.bucket_max = INT_MAX // self.nr
+        self.tb = array("i", bytes(4 * nt * self.nr))  # [tier * nr + slot] bytes per bucket, all categories
         self.b = array("i", bytes(4 * nrow * self.nr))  # [row * nr + slot] bytes per bucket
         self.win = array("i", bytes(4 * nrow))  # [row] bytes in the window (buckets up to now)
         self.twin = array("i", bytes(4 * nt))  # [tier] bytes in the window, all categories
         self.budget = array("i", [NO_BUDGET] * nrow)  # [row] admission budget per window, bytes
-        self.lg = array("i", bytes(4 * nrow))  # [row] ticks of the last booked grant
-        self.lgf = array("i", bytes(4 * nrow))  # [row] 1 while that grant lies ahead
+        self.lg = array("i", bytes(4 * nrow))  # [row] buckets from the current one to the last booked grant (0: none ahead)
         self.st = array("i", bytes(4 * nt * (self.n_cat_max + 1) * NSTAT))  # stats rows, see S_*
-        self.busy = array("i", bytes(4 * nt))  # [tier] ticks until which the tier is busy
-        self.busyf = array("i", bytes(4 * nt))  # [tier] 1 while busy lies ahead
+        self.busy = array("i", bytes(4 * nt))  # [tier] µs from `seen` until the tier is free (0: free)
+        self.carry_ns = bool(carry_ns)  # occupy carries rounded-off ns per tier (opt-in)
+        self.rem = array("i", bytes(4 * nt))  # [tier] ns carried into the tier's next transfer (carry_ns)
+        self._pt = -1  # tier whose rem the pending transfer sets (-1: none), and to what
+        self._pr = 0
         self.cap = array("i", bytes(4 * nt))  # [tier] bytes the tier moves in one window at its bandwidth
         self.unit = array("i", bytes(4 * nt))  # [tier] bytes per permille of cap (>= 1)
         self.bw = [t.bandwidth for t in board.tiers]  # [tier] bandwidth, bytes/s
@@ -292,6 +351,7 @@ class Bandwidth(CostModel):
             self.unit[i] = max(1, c // 1000)
         self.slot = 0  # ring slot of the current bucket
         self.base = clock.now()  # ticks at which the current bucket began
+        self.seen = self.base  # ticks of the last _advance (every mark above is relative to it)
 
     # --- configuration ---------------------------------------------------------------
 
@@ -355,23 +415,43 @@ class Bandwidth(CostModel):
 
     # move the window to now: buckets that left it are taken out of the sums and cleared
     # (they become the farthest future buckets), booked buckets that came due join the
-    # sums. O(rows) per bucket passed, at most the ring's length; no allocation
+    # sums, the grant and busy marks count down. O(rows) per bucket passed, at most the
+    # ring's length; no allocation.
+    # Idle gaps: the time since the last call is read as (now - seen) mod the tick
+    # period (time only moves forward), exact for any gap below 2**30 µs (17.9 min); a
+    # gap of at least the ring's span clears the window. Every mark is relative (µs or
+    # buckets from `seen`), so none can ever read as lying ahead after the circle turns.
+    # A gap of a whole multiple of the tick period with no call at all reads the same
+    # ticks as no gap: poll() (or poll_task()) at least once per MAX_WAIT_US closes that
     def _advance(self):
         now = self.clock.now()
+        e = ticks_diff(now, self.seen)
+        if e == 0:
+            return now
+        if e < 0:  # more than half the circle: the gap is e mod the period
+            e = (e + _HALF) + _HALF
+        self.seen = now
+        busy = self.busy
+        for tier in range(self.n_tiers):
+            v = busy[tier]
+            if v:
+                busy[tier] = v - e if v > e else 0
         bu = self.bucket_us
-        d = ticks_diff(now, self.base)
-        if d < 0:  # untouched for more than half the tick circle (~9 min): everything has left
-            d = self.nr * bu
-            self.base = ticks_add(now, -d)
+        nr = self.nr
+        if e >= nr * bu:  # everything in the ring has left: as if exactly its span passed
+            self.base = ticks_add(now, -nr * bu)
+            d = nr * bu
+        else:  # base <= the last call < now: d < span + one bucket
+            d = ticks_diff(now, self.base)
         if d < bu:
             return now
         steps = d // bu
         self.base = ticks_add(self.base, steps * bu)
-        nr = self.nr
         nb = self.nb
         ncm = self.n_cat_max
         ncat = self.n_cat
         b = self.b
+        tb = self.tb
         win = self.win
         twin = self.twin
         st = self.st
@@ -387,6 +467,7 @@ class Bandwidth(CostModel):
             for tier in range(self.n_tiers):
                 tw = twin[tier]
                 r0 = tier * ncm
+                tb[tier * nr + leave] = 0
                 for c in range(ncat):
                     i = (r0 + c) * nr
                     v = b[i + leave]
@@ -409,18 +490,29 @@ class Bandwidth(CostModel):
         if steps > nr:
             slot = (slot + (steps - nr) % nr) % nr
         self.slot = slot
-        # grants that are no longer ahead (cleared here so a stale one never reads as ahead
-        # after the tick circle turns)
         lg = self.lg
-        lgf = self.lgf
-        base = self.base
         for r in range(self.n_tiers * ncm):
-            if lgf[r] and ticks_diff(lg[r], base) <= 0:
-                lgf[r] = 0
-        for tier in range(self.n_tiers):
-            if self.busyf[tier] and ticks_diff(self.busy[tier], now) <= 0:
-                self.busyf[tier] = 0
+            v = lg[r]
+            if v:
+                lg[r] = v - steps if v > steps else 0
         return now
+
+    # advance the window and count down the marks now; OK. Cheap (O(tiers) unless a
+    # bucket passed). Call it at least once per MAX_WAIT_US (~8.9 min) on a board that may
+    # idle longer (the telemetry task, or spawn poll_task()); no allocation
+    def poll(self):
+        self._advance()
+        return OK
+
+    # a kernel task that polls the tracker every `every_us` µs (at most MAX_WAIT_US):
+    # k.spawn("bwpoll", 0, bw.poll_task()); never ends (allocates once: the generator)
+    def poll_task(self, every_us=MAX_WAIT_US):
+        if not _is_int(every_us) or not 1 <= every_us <= MAX_WAIT_US:
+            raise BandwidthError("bandwidth: poll_task every_us must be 1..%d, got %r" % (MAX_WAIT_US, every_us))
+        k = self._kernel()
+        while True:
+            yield k.sleep_us(every_us)
+            self._advance()
 
     # add n bytes to row r's bucket `off` buckets from now (0: the current one); the
     # caller checked room. Totals and peaks follow
@@ -431,6 +523,7 @@ class Bandwidth(CostModel):
         if slot >= self.nr:
             slot -= self.nr
         self.b[r * self.nr + slot] += n
+        self.tb[tier * self.nr + slot] += n
         st = self.st
         s = (tier * (ncm + 1) + c) * NSTAT
         ts = (tier * (ncm + 1) + ncm) * NSTAT
@@ -446,12 +539,13 @@ class Bandwidth(CostModel):
             if tw > st[ts + S_PEAK]:
                 st[ts + S_PEAK] = tw
 
-    # True when n more bytes fit in row r's bucket `off` ahead (no bucket reaches bucket_max)
-    def _fits(self, r, off, n):
+    # True when n more bytes fit in tier's bucket `off` ahead: its all-categories sum stays
+    # within bucket_max (so does every row's: it is part of that sum)
+    def _fits(self, tier, off, n):
         slot = self.slot + off
         if slot >= self.nr:
             slot -= self.nr
-        return self.b[r * self.nr + slot] + n <= self.bucket_max
+        return self.tb[tier * self.nr + slot] + n <= self.bucket_max
 
     def _refuse(self, tier, c, code):
         s = (tier * (self.n_cat_max + 1) + c) * NSTAT + S_REFUSED
@@ -474,7 +568,7 @@ class Bandwidth(CostModel):
                 return self._refuse(tier, cat, E_RANGE)
             return E_RANGE
         self._advance()
-        if not self._fits(tier * self.n_cat_max + cat, 0, n):
+        if not self._fits(tier, 0, n):
             return self._refuse(tier, cat, E_RANGE)
         if n:
             self._add(tier, cat, 0, n)
@@ -487,7 +581,7 @@ class Bandwidth(CostModel):
             return E_RANGE
         self._advance()
         m = 2 * n if src == dst else n
-        if not (self._fits(src * self.n_cat_max + cat, 0, m) and self._fits(dst * self.n_cat_max + cat, 0, m)):
+        if not (self._fits(src, 0, m) and self._fits(dst, 0, m)):
             return self._refuse(src, cat, E_RANGE)
         if n:
             self._add(src, cat, 0, n)
@@ -500,11 +594,9 @@ class Bandwidth(CostModel):
     # under budget bud, not before its last booked grant; -1 when that lies past the
     # horizon. O(buckets), no allocation
     def _room(self, r, n, bud):
-        s0 = 0
-        if self.lgf[r]:
-            s0 = ticks_diff(self.lg[r], self.base) // self.bucket_us
-            if s0 > self.nf:
-                return -1
+        s0 = self.lg[r]
+        if s0 > self.nf:
+            return -1
         s = self.win[r]
         if s0 == 0 and s + n <= bud:
             return 0
@@ -578,7 +670,7 @@ class Bandwidth(CostModel):
         t = k._cur()
         now = self._advance()
         off = self._grant_off(tier, cat, n)
-        if off >= 0 and not self._fits(tier * self.n_cat_max + cat, off, n):
+        if off >= 0 and not self._fits(tier, off, n):
             off = E_RANGE
         if off < 0:
             if self._ok_args(tier, cat, 0):
@@ -606,7 +698,7 @@ class Bandwidth(CostModel):
                 self._refuse(src, cat, code)
             return k._done_now(t, code)
         off = a if a > b else b
-        if not (self._fits(src * self.n_cat_max + cat, off, m) and self._fits(dst * self.n_cat_max + cat, off, m)):
+        if not (self._fits(src, off, m) and self._fits(dst, off, m)):
             return k._done_now(t, self._refuse(src, cat, E_RANGE))
         if n:
             self._add(src, cat, off, n)
@@ -630,8 +722,7 @@ class Bandwidth(CostModel):
         ncm = self.n_cat_max
         r = tier * ncm + cat
         when = ticks_add(self.base, off * self.bucket_us)
-        self.lg[r] = when
-        self.lgf[r] = 1
+        self.lg[r] = off
         w = ticks_diff(when, now)
         st = self.st
         s = (tier * (ncm + 1) + cat) * NSTAT
@@ -646,96 +737,147 @@ class Bandwidth(CostModel):
 
     # --- pricing with contention ----------------------------------------------------------
 
+    # µs from now (self.seen: call _advance first) at which a transfer of `us` µs on tier
+    # that cannot start before `after` ends: when the tier is free or at `after`, plus us.
+    # E_RANGE when that lies past 2**30 - 1 µs. Changes nothing
+    def _end(self, tier, us, after):
+        b = self.busy[tier]
+        start = b if b > after else after
+        if us > INT_MAX - start:
+            return E_RANGE
+        return start + us
+
     # the tier is used for `us` µs by a transfer that may start `after` µs from now: it
     # starts then, or when the tier is free (after another transfer in flight), and ends
-    # `us` later. Returns the µs from now to its end; marks the tier busy until then
-    def _occupy(self, tier, us, now, after=0):
-        start = ticks_add(now, after)
+    # `us` later. Returns the µs from now to its end; marks the tier busy until then. The
+    # caller checked _end() and called _advance()
+    def _occupy(self, tier, us, after=0):
         ts = (tier * (self.n_cat_max + 1) + self.n_cat_max) * NSTAT
         st = self.st
-        if self.busyf[tier]:
-            d = ticks_diff(self.busy[tier], start)
-            if d > 0:
-                start = self.busy[tier]
-                if st[ts + S_STALLS] < INT_MAX:
-                    st[ts + S_STALLS] += 1
-                _add_us(st, ts + S_STALL_US, ts + S_STALL_S, d)
-        end = ticks_add(start, us)
+        start = after
+        b = self.busy[tier]
+        if b > after:
+            start = b
+            if st[ts + S_STALLS] < INT_MAX:
+                st[ts + S_STALLS] += 1
+            _add_us(st, ts + S_STALL_US, ts + S_STALL_S, b - after)
+        end = start + us
         if us > 0:
             self.busy[tier] = end
-            self.busyf[tier] = 1
             _add_us(st, ts + S_BUSY_US, ts + S_BUSY_S, us)
-        return ticks_diff(end, now)
+        return end
+
+    # the µs a transfer occupies its tier: cost_us, or with carry_ns that plus the tier's
+    # carried ns; the new remainder waits in _pt/_pr until _commit(). E_RANGE as cost_us
+    def _price(self, tier, kind, n):
+        us = self._cost(tier, kind, n)
+        self._pt = -1
+        if us < 0 or not self.carry_ns:
+            return us
+        return self._carry_ns(tier, us)
+
+    # the same for a copy (copy_us)
+    def _price_copy(self, src, dst, dma, n):
+        us = self._copy_cost(src, dst, dma, n)
+        self._pt = -1
+        if us < 0 or not self.carry_ns:
+            return us
+        return self._carry_ns(self.frac_tier, us)
+
+    def _carry_ns(self, tier, us):
+        v = self.rem[tier] + self.frac  # < 3,000
+        c = v // 1000
+        if c > INT_MAX - us:
+            return E_RANGE
+        self._pt = tier
+        self._pr = v - c * 1000
+        return us + c
+
+    # the priced transfer goes ahead: its tier keeps the ns it rounded off
+    def _commit(self):
+        if self._pt >= 0:
+            self.rem[self._pt] = self._pr
+            self._pt = -1
 
     # µs from now until a transfer of n bytes on tier by kind completes, waiting for the
     # tier if another transfer holds it (contention); marks the tier busy. after: it
     # cannot start before that many µs from now (the caller's previous transfer, not yet
-    # charged to the clock). E_RANGE as cost_us
+    # charged to the clock). E_RANGE as cost_us, or when it would end 2**30 µs or more
+    # from now (nothing changed)
     def occupy(self, tier, kind, n, after=0):
-        us = self.cost_us(tier, kind, n)
+        us = self._price(tier, kind, n)
         if us < 0 or not _is_int(after) or after < 0 or after > INT_MAX >> 2:
             return us if us < 0 else E_RANGE
-        return self._occupy(tier, us, self._advance(), after)
+        self._advance()
+        if self._end(tier, us, after) < 0:
+            return E_RANGE
+        self._commit()
+        return self._occupy(tier, us, after)
 
     # the same for a copy src -> dst (dma 0: CPU, 1: DMA): it starts when both tiers are
     # free and holds both until it ends
     def occupy_copy(self, src, dst, dma, n):
-        us = self.copy_us(src, dst, dma, n)
+        us = self._price_copy(src, dst, dma, n)
         if us < 0:
             return us
-        now = self._advance()
-        if src == dst:
-            return self._occupy(src, us, now)
-        # the tier that frees later decides the start; the other waits for it too
-        a = self._free_in(src, now)
-        b = self._free_in(dst, now)
-        if b > a:
-            end = self._occupy(dst, us, now)
-            self._hold(src, end, now)
-        else:
-            end = self._occupy(src, us, now)
-            self._hold(dst, end, now)
-        return end
+        self._advance()
+        if self._copy_end(src, dst, us) < 0:
+            return E_RANGE
+        self._commit()
+        return self._occupy_copy(src, dst, us)
 
-    # µs from now until tier is free (0: free now)
-    def _free_in(self, tier, now):
-        if self.busyf[tier]:
-            d = ticks_diff(self.busy[tier], now)
-            if d > 0:
-                return d
-        return 0
+    # the tier that frees later decides the start of a copy (src on a tie)
+    def _copy_lead(self, src, dst):
+        return dst if self.busy[dst] > self.busy[src] else src
+
+    def _copy_end(self, src, dst, us):
+        return self._end(self._copy_lead(src, dst), us, 0)
+
+    def _occupy_copy(self, src, dst, us):
+        lead = self._copy_lead(src, dst)
+        end = self._occupy(lead, us)
+        if src != dst:
+            self._hold(dst if lead == src else src, end)
+        return end
 
     # hold tier busy until `end` µs from now (the other side of a copy): its busy time
     # counts from when it was free
-    def _hold(self, tier, end, now):
-        d = end - self._free_in(tier, now)
+    def _hold(self, tier, end):
+        d = end - self.busy[tier]
         if d > 0:
             ts = (tier * (self.n_cat_max + 1) + self.n_cat_max) * NSTAT
             _add_us(self.st, ts + S_BUSY_US, ts + S_BUSY_S, d)
-            self.busy[tier] = ticks_add(now, end)
-            self.busyf[tier] = 1
+            self.busy[tier] = end
 
     # charge + occupy: count n bytes of cat on tier and return the µs until the transfer
     # (by kind) completes; the caller spends them (k.charge(us) for CPU work, sleep for
     # DMA). after: as occupy. E_RANGE with nothing changed
     def move(self, tier, kind, cat, n, after=0):
-        us = self.cost_us(tier, kind, n)
+        us = self._price(tier, kind, n)
         if us < 0 or not _is_int(after) or after < 0 or after > INT_MAX >> 2:
             return us if us < 0 else E_RANGE
+        self._advance()
+        if self._end(tier, us, after) < 0:
+            return E_RANGE
         r = self.charge(tier, cat, n)
         if r < 0:
             return r
-        return self._occupy(tier, us, self.clock.now(), after)
+        self._commit()
+        return self._occupy(tier, us, after)
 
     # charge_copy + occupy_copy: the µs until the copy completes; E_RANGE, nothing changed
     def move_copy(self, src, dst, dma, cat, n):
-        us = self.copy_us(src, dst, dma, n)
+        us = self._price_copy(src, dst, dma, n)
         if us < 0:
             return us
+        self._advance()
+        if self._copy_end(src, dst, us) < 0:
+            return E_RANGE
         r = self.charge_copy(src, dst, cat, n)
         if r < 0:
             return r
-        return self.occupy_copy(src, dst, dma, n)
+        self._commit()
+        return self._occupy_copy(src, dst, us)
 
     # --- stats ----------------------------------------------------------------------------
 
@@ -866,7 +1008,11 @@ def _carry(st, ilo, ihi, n):
 
 
 def _add_us(st, iu, isec, us):
-    # add us (0 .. 2**30) to the (µs, s) pair at st[iu], st[isec]; no allocation
+    # add us (0 .. 2**30 - 1) to the (µs, s) pair at st[iu], st[isec]; no allocation (the
+    # whole seconds go first, so no sum passes 2**30)
+    if us >= _US_PER_S:
+        st[isec] += us // _US_PER_S
+        us %= _US_PER_S
     v = st[iu] + us
     if v >= _US_PER_S:
         st[isec] += v // _US_PER_S
