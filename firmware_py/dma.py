@@ -69,7 +69,14 @@ _W_TMO = const(9)  # stash rows only: its timeout (-1 forever): what a timed-out
 _W_PEND = const(10)  # stash rows only: 1 while its wait is not yet accounted
 _NSTASH = const(11)
 
-# stats (q.st, array('i'); counters carry into the next field at CARRY_N, as the kernel's)
+# stats (q.st, array('i'); the field numbers are fixed: firmware_py/telemetry.py reads
+# them). Every field stays a small int on the ESP32 (< 2**30, docs/conventions.md), so a
+# bump never allocates: event counters carry into their _G field at CARRY_N, as the
+# kernel's, and a _G field saturates at INT_MAX (its low field then stays at CARRY_N - 1:
+# ~10**18 events, never reached); times carry µs into whole seconds, which saturate the
+# same way (34 years); FULL and REFUSED, which have no _G field, saturate at INT_MAX
+# (2**30 - 1: ~18 minutes of a producer polling a full ring at 10**6 a second); DEPTH and
+# MAX_DEPTH are at most the ring's slots.
 ST_SUBMITTED = const(0)  # descriptors accepted
 ST_SUBMITTED_G = const(1)
 ST_MERGED = const(2)  # descriptors that joined a burst behind its first one
@@ -88,8 +95,8 @@ ST_STALL_US = const(14)  # producer stall time, µs part
 ST_STALL_S = const(15)  # ... whole seconds
 ST_MAX_DEPTH = const(16)  # most descriptors ever waiting in the ring
 ST_DEPTH = const(17)  # descriptors in the ring now (not the burst in flight)
-ST_FULL = const(18)  # submits refused with E_FULL (nowait, or timeout 0)
-ST_REFUSED = const(19)  # submits refused with E_RANGE
+ST_FULL = const(18)  # submits refused with E_FULL (nowait, or timeout 0); saturates at INT_MAX
+ST_REFUSED = const(19)  # submits refused with E_RANGE; saturates at INT_MAX
 ST_BUSY_US = const(20)  # modelled engine busy time, µs part
 ST_BUSY_S = const(21)  # ... whole seconds
 NST = const(22)
@@ -155,22 +162,42 @@ def _after(c, n):
     return c + n
 
 
-# st[i] += n carrying into st[i + 1] at CARRY_N; no allocation
+# st[i] += n (0 <= n < 2**30 - CARRY_N) carrying into st[i + 1] at CARRY_N; st[i + 1]
+# saturates at INT_MAX (st[i] then stays at CARRY_N - 1); no allocation
 def _add(st, i, n):
     v = st[i] + n
     if v >= CARRY_N:
-        st[i + 1] += v // CARRY_N
+        c = v // CARRY_N
         v %= CARRY_N
+        g = st[i + 1]
+        if g > INT_MAX - c:
+            st[i + 1] = INT_MAX
+            v = CARRY_N - 1
+        else:
+            st[i + 1] = g + c
     st[i] = v
 
 
-# st[i] (µs) += us carrying whole seconds into st[i + 1]; no allocation
+# st[i] (µs) += us (0 <= us < 2**30 - 10**6) carrying whole seconds into st[i + 1],
+# which saturates at INT_MAX (st[i] then stays at 999,999); no allocation
 def _add_us(st, i, us):
     v = st[i] + us
     if v >= _US_PER_S:
-        st[i + 1] += v // _US_PER_S
+        c = v // _US_PER_S
         v %= _US_PER_S
+        g = st[i + 1]
+        if g > INT_MAX - c:
+            st[i + 1] = INT_MAX
+            v = _US_PER_S - 1
+        else:
+            st[i + 1] = g + c
     st[i] = v
+
+
+# st[i] += 1 saturating at INT_MAX (a counter with no carry field); no allocation
+def _bump(st, i):
+    if st[i] < INT_MAX:
+        st[i] += 1
 
 
 class DMAQueue:
@@ -333,10 +360,10 @@ class DMAQueue:
         self.k._tick()
         r = self._check(src, soff, dst, doff, n, cat)
         if r < 0:
-            self.st[ST_REFUSED] += 1
+            _bump(self.st, ST_REFUSED)
             return r
         if self.count >= self.slots or self.putters.head is not None:
-            self.st[ST_FULL] += 1
+            _bump(self.st, ST_FULL)
             return E_FULL
         return self._put(src, soff, dst, doff, n, cat)
 
@@ -350,12 +377,12 @@ class DMAQueue:
         self._settle(t)
         r = self._check(src, soff, dst, doff, n, cat)
         if r < 0:
-            self.st[ST_REFUSED] += 1
+            _bump(self.st, ST_REFUSED)
             return k._done_now(t, r)
         if self.count < self.slots and self.putters.head is None:
             return k._done_now(t, self._put(src, soff, dst, doff, n, cat))
         if timeout_us == 0:
-            self.st[ST_FULL] += 1
+            _bump(self.st, ST_FULL)
             return k._done_now(t, E_FULL)
         w = self.stash[t.id]
         w[F_SRC] = src

@@ -1,8 +1,9 @@
 # The DMA descriptor queue (firmware_py/dma.py): descriptor checks and refusals that
 # change nothing, merging of contiguous requests into bursts (and its limits), backpressure
 # that blocks and never drops, completion by cookie (polled and waited), timeouts, kill,
-# cookie wrap and counter carry, and the hot paths (submit, submit_nowait, wait, done,
-# the engine's loop, snapshot, drain) under micropython.heap_lock().
+# cookie wrap, counter carry and saturation (every stats field near 2**30), and the hot
+# paths (submit, submit_nowait, wait, done, the engine's loop, snapshot, drain) under
+# micropython.heap_lock().
 from array import array
 
 from fwtest import check, eq, raises, no_alloc, done, xorshift
@@ -366,6 +367,98 @@ for admit in (False, True):
         check(bw.st[o + bwm.S_WAITS] > w0, "admission throttled the engine under the lock")
     else:
         eq(bw.st[o + bwm.S_WAITS], 0, "no admission, no waits")
+
+# --- every stats counter near its limit, bumped under the lock: event counters carry
+# into their _G field (which saturates at INT_MAX, its low field then at CARRY_N - 1), the
+# µs fields carry into whole seconds (saturating the same way), FULL and REFUSED saturate
+# at INT_MAX; nothing leaves the 31-bit small ints (micropython32 would allocate) ---
+PAIRS = ((dma.ST_SUBMITTED, CARRY_N), (dma.ST_MERGED, CARRY_N), (dma.ST_BURSTS, CARRY_N), (dma.ST_BYTES, CARRY_N),
+         (dma.ST_LINKS, CARRY_N), (dma.ST_COMPLETED, CARRY_N), (dma.ST_STALLS, CARRY_N),
+         (dma.ST_STALL_US, 1000000), (dma.ST_BUSY_US, 1000000))
+SAT = (dma.ST_FULL, dma.ST_REFUSED)
+eq(sorted([i for i, _ in PAIRS] + [i + 1 for i, _ in PAIRS] + list(SAT) + [dma.ST_MAX_DEPTH, dma.ST_DEPTH]),
+   list(range(dma.NST)), "every stats field is checked here")
+
+
+def near_limit(hi):
+    # (queue, [rounds, E_FULL, E_RANGE, waits OK]) after a heap-locked run that started
+    # with every carry field at hi, its low field one bump short of carrying, and FULL
+    # and REFUSED at INT_MAX - 1
+    k = Kernel(VirtualClock(), max_tasks=8)
+    bw = bwm.Bandwidth(brd, kernel=k)
+    q = dma.DMAQueue(k, slots=2, max_burst=1024, bw=bw, board=brd)
+    s = q.add_buffer(src, SR)
+    d = q.add_buffer(dst, PS)
+    cnt = array("i", [0, 0, 0, 0])
+
+    def prod():
+        while True:
+            i = 0
+            c = 0
+            # 8 contiguous rows into 2 slots: they merge, and the later ones block while a
+            # burst is in flight (stalls that last)
+            while i < 8:
+                c = yield q.submit(s, i * 64, d, i * 64, 64, bwm.KV_WRITE)
+                i += 1
+            while True:  # fill the ring without waiting: ends with an E_FULL
+                r = q.submit_nowait(s, 4096 + i * 64, d, 4096 + i * 64, 64, bwm.KV_WRITE)
+                if r < 0:
+                    break
+                i += 1
+            if r == E_FULL:
+                cnt[1] += 1
+            r = yield q.submit(s, 0, d, 0, 64, bwm.KV_WRITE, 0)  # timeout 0 on a full ring
+            if r == E_FULL:
+                cnt[1] += 1
+            if q.submit_nowait(s, 1, d, 1, 32, 0) == E_RANGE:  # PSRAM offset not aligned
+                cnt[2] += 1
+            r = yield q.submit(s, 0, d, 0, 40, 0)  # PSRAM length not a multiple of 32
+            if r == E_RANGE:
+                cnt[2] += 1
+            r = yield q.wait(c)
+            if r == OK:
+                cnt[3] += 1
+            cnt[0] += 1
+
+    def stop_at():
+        while True:
+            if cnt[0] >= 3:
+                k.stop()
+            yield k.sleep_us(50)
+
+    k.spawn("prod", 1, prod())
+    k.spawn("stop", 1, stop_at())
+    q.spawn(2)
+    k.run()  # warm-up, unlocked
+    for i, unit in PAIRS:
+        q.st[i] = unit - 1
+        q.st[i + 1] = hi
+    for i in SAT:
+        q.st[i] = INT_MAX - 1
+    for j in range(4):
+        cnt[j] = 0
+    no_alloc("every dma counter bumped from near its limit (high words at %d)" % hi, k.run)
+    eq(k.totals[T_FAULTS], 0, "no task faulted")
+    for i in range(dma.NST):
+        check(0 <= q.st[i] <= INT_MAX, "stats field %d (%s) stays a small int: %d" % (i, dma.STAT_NAMES[i], q.st[i]))
+    return q, cnt
+
+
+q, cnt = near_limit(INT_MAX - 1)
+check(cnt[0] >= 3 and cnt[1] >= 2 and cnt[2] >= 2 and cnt[3] >= 3, "every path ran under the lock: %r" % list(cnt))
+for i, unit in PAIRS:  # each bumped, carried into its high word, which reached INT_MAX
+    eq(q.st[i + 1], INT_MAX, "%s carried into %s" % (dma.STAT_NAMES[i], dma.STAT_NAMES[i + 1]))
+    check(q.st[i] < unit, "%s below its unit" % dma.STAT_NAMES[i])
+for i in SAT:
+    eq(q.st[i], INT_MAX, "%s saturated at INT_MAX" % dma.STAT_NAMES[i])
+q, cnt = near_limit(INT_MAX)
+check(cnt[0] >= 3 and cnt[1] >= 2 and cnt[2] >= 2, "every path ran under the lock: %r" % list(cnt))
+for i, unit in PAIRS:  # the high word saturated: the whole counter stays at its largest
+    eq((q.st[i], q.st[i + 1]), (unit - 1, INT_MAX), "%s saturated" % dma.STAT_NAMES[i])
+for i in SAT:
+    eq(q.st[i], INT_MAX, "%s stays at INT_MAX" % dma.STAT_NAMES[i])
+st = q.stats()
+eq((st["full"], st["refused"], st["bytes"]), (INT_MAX, INT_MAX, INT_MAX * CARRY_N + CARRY_N - 1), "stats() reports the saturated values")
 
 # --- on a real clock nothing is modelled: bursts are CPU copies taking their own time ---
 k = Kernel(RealClock(), max_tasks=4)
