@@ -4,11 +4,11 @@
 # window has room; counters carry on the 32-bit build; the cost model's integer figures.
 from array import array
 from fwtest import check, eq, raises, no_alloc, done
-from firmware_py import board, bandwidth as bwm
+from firmware_py import board, bandwidth as bwm, compat
 from firmware_py.bandwidth import KV_READ, KV_WRITE, WEIGHTS, IO, K_READ, K_WRITE, K_DMA, K_LINE
 from firmware_py.clock import VirtualClock
 from firmware_py.sched import Kernel
-from firmware_py.status import OK, E_RANGE, E_FULL, CARRY_N
+from firmware_py.status import OK, E_RANGE, E_FULL, CARRY_N, INT_MAX, MAX_WAIT_US
 
 # a two-tier board with the measured ESP32-S3 figures (docs/tiers.md)
 PROFILE = ('{"name":"t","title":"t","kind":"mcu","cpu":{"arch":"a","cores":2,"mhz":240},'
@@ -244,4 +244,175 @@ eq(w["kv_write"]["bytes"], 80 * 5 * 256, "one K/V row per layer per token")
 eq(w["kv_read"]["bytes"], 2 * 5 * 256 * (40 * 41 // 2), "every cached row read by each attention pass")
 eq(tr.layer(bwm.CHARGE_MAX), E_RANGE, "an attention pass over CHARGE_MAX bytes is refused, nothing charged")
 eq(bw7.report()["psram"]["weights"]["bytes"], w["weights"]["bytes"], "... nothing")
+# --- idle gaps: however long the tracker sits untouched, everything old has expired ---
+CHUNK = (1 << 29) - 1  # the longest single clock step (half the ESP32's tick circle, less one)
+
+
+def busy_tracker():
+    # a tracker with a booked grant ahead (lg), the tier busy (busy) and a window full
+    kk = Kernel(VirtualClock(), max_tasks=4)
+    t = bwm.Bandwidth(b, kernel=kk, window_us=16000, buckets=16)
+    bd = t.set_budget(PS, IO, 50)
+    got = []
+
+    def m():
+        got.append(t.move(PS, K_READ, WEIGHTS, 600000))  # psram busy ~15.5 ms ahead
+        got.append((yield t.admit(PS, IO, bd)))  # now
+        got.append((yield t.admit(PS, IO, bd)))  # one window on: books a grant ahead
+
+    kk.spawn("m", 1, m())
+    kk.run()
+    eq(got[1:], [OK, OK], "both admitted")
+    t.charge(PS, IO, 0)  # the second admission booked: its grant lies ahead of this call
+    return kk.clock, t
+
+
+def idle(clk, t, gap, poll):
+    # the clock moves `gap` us in steps of at most CHUNK; poll: t.poll() after each step
+    idle_steps(clk, t, gap // CHUNK, gap % CHUNK, poll)
+
+
+def idle_steps(clk, t, n, rest, poll):
+    # n steps of CHUNK then one of rest (small ints only: runs with the heap locked)
+    for _ in range(n):
+        clk.charge(CHUNK)
+        if poll:
+            t.poll()
+    clk.charge(rest)
+    if poll:
+        t.poll()
+
+
+def expired(t, what):
+    eq(t.window(PS), 0, what + ": the old window has left")
+    eq(t.wait_us(PS, IO, 100), 0, what + ": wait_us 0")
+    eq(t.occupy(PS, K_READ, 100), t.cost_us(PS, K_READ, 100), what + ": the tier is idle (no stale busy mark)")
+    eq(t.admit_nowait(PS, IO, 100), OK, what + ": admitted now (no stale grant)")
+    eq(t.window(PS), 100, what + ": only the new bytes in the window")
+
+
+# untouched in between: any gap below 2**30 us is read exactly
+for gap, what in ((600000000, "10 min untouched"), ((1 << 29) + 5000, "just past half the circle, untouched"),
+                  ((1 << 30) - 1, "2**30 - 1 us untouched")):
+    clk_i, t_i = busy_tracker()
+    idle(clk_i, t_i, gap, False)
+    expired(t_i, what)
+# polled (at least once per 2**30 us): any gap at all, whole tick periods included
+PERIOD = compat.TICKS_PERIOD if compat.TICKS_PERIOD <= 1 << 30 else 1 << 30  # 2**62 on the 64-bit port
+for gap, what in ((1 << 30, "2**30 us (17.9 min) polled"), (1 << 31, "2**31 us polled"),
+                  (3 * PERIOD, "three tick periods polled"), (5 * PERIOD + 12345, "five periods and a bit, polled")):
+    clk_i, t_i = busy_tracker()
+    idle(clk_i, t_i, gap, True)
+    expired(t_i, what)
+# the same through the kernel: poll_task keeps a board that idles for 2.5 tick circles exact
+k8 = Kernel(VirtualClock(), max_tasks=4)
+bw8 = bwm.Bandwidth(b, kernel=k8, window_us=16000, buckets=16)
+bw8.set_budget(PS, IO, 50)
+res8 = array("i", bytes(4 * 4))
+
+
+def idler():
+    bw8.move(PS, K_READ, WEIGHTS, 600000)
+    bw8.charge(PS, IO, 30000)
+    for _ in range(5):
+        yield k8.sleep_us(MAX_WAIT_US)
+    res8[0] = bw8.window(PS)
+    res8[1] = bw8.occupy(PS, K_READ, 100)
+    res8[2] = bw8.admit_nowait(PS, IO, 30000)
+    k8.stop()
+
+
+k8.spawn("poll", 0, bw8.poll_task())
+k8.spawn("idle", 1, idler())
+k8.run()
+eq(res8[0], 0, "poll_task: the window is empty after 5 x MAX_WAIT_US idle")
+eq(res8[1], bw8.cost_us(PS, K_READ, 100), "poll_task: the tier is idle")
+eq(res8[2], OK, "poll_task: admitted at once")
+raises(bwm.BandwidthError, bw8.poll_task(0).__next__)
+clk_l, t_l = busy_tracker()
+L_N, L_REST = (1 << 31) // CHUNK, (1 << 31) % CHUNK  # 2**31 is a boxed int on the 32-bit build
+
+
+def long_idle():
+    idle_steps(clk_l, t_l, L_N, L_REST, True)
+    t_l.admit_nowait(PS, IO, 100)
+    t_l.occupy(PS, K_READ, 100)
+
+
+no_alloc("2**31 us idle with polls, then admit_nowait / occupy", long_idle)
+eq(t_l.window(PS), 100, "... and it read the gap right")
+
+# --- per-tier sums: nine categories at their bucket limit never push the tier past 2**30 ---
+k9 = Kernel(VirtualClock(), max_tasks=2)
+bw9 = bwm.Bandwidth(b, kernel=k9, window_us=16000, buckets=16, user_categories=4)
+for i in range(4):
+    bw9.add_category("u%d" % i)
+M = bw9.bucket_max
+refused9 = array("i", [0])
+
+
+def fill9():
+    for _ in range(16):
+        k9.clock.charge(bw9.bucket_us)
+        for cat in range(bw9.n_cat):
+            if bw9.charge(SR, cat, bwm.CHARGE_MAX) < 0:
+                refused9[0] += 1
+            if bw9.charge(SR, cat, M - bwm.CHARGE_MAX) < 0:
+                refused9[0] += 1
+    bw9.charge_copy(SR, SR, KV_READ, bwm.CHARGE_MAX)  # refused: the bucket is full
+
+
+fill9()
+no_alloc("charges at the tier's bucket limit (refused E_RANGE)", fill9)
+tw = bw9.twin[SR]
+check(0 <= tw <= INT_MAX, "the tier's window sum stays a small int: %d" % tw)
+r9 = bw9.report()["sram"]["all"]
+check(0 <= r9["peak"] <= INT_MAX and r9["peak"] == 16 * M, "the tier's peak: 16 buckets at bucket_max: %d" % r9["peak"])
+check(refused9[0] > 0, "charges past the tier's bucket limit are refused")
+eq(bw9.charge(SR, 5, 1), E_RANGE, "one byte more in a full bucket: E_RANGE")
+eq(bw9.twin[SR], tw, "... nothing changed")
+
+# --- the cost model never returns more than 2**30 - 1 ---
+SLOW = ('{"name":"slow","kind":"flash","bytes":1048576,"bandwidth_bytes_per_s":15625,"latency_ns":100,'
+        '"dma":true,"source":"s","cost":%s}'
+        % (COST % (15625, 15625, 15625, 31250, 4, 999000, 4000000)))
+bs = board.loads(PROFILE.replace('],"thermal"', ',' + SLOW + '],"thermal"'))
+cs = bwm.Bandwidth(bs, clock=VirtualClock())
+SL = cs.tier_id("slow")
+eq(cs.cost_us(SL, K_READ, bwm.CHARGE_MAX), E_RANGE, "16 MiB at 15.6 kB/s: 2**30 us, over the limit: E_RANGE")
+u = cs.cost_us(SL, K_READ, bwm.CHARGE_MAX - 1000)
+check(0 < u <= INT_MAX, "just under: priced (%d us)" % u)
+eq(cs.cost_us(SL, K_LINE, bwm.CHARGE_MAX), E_RANGE, "4 B lines at ~1 ms each: E_RANGE, not a boxed int")
+check(0 < cs.cost_us(SL, K_LINE, 4000) <= INT_MAX, "a few lines price")
+check(0 < cs.cost_us(SL, K_DMA, bwm.CHARGE_MAX) <= INT_MAX, "16 MiB by DMA at 31.25 kB/s prices")
+eq(cs.copy_us(SL, SL, 1, bwm.CHARGE_MAX), E_RANGE, "twice that on one tier: over the limit, E_RANGE")
+eq(cs.occupy(SL, K_READ, bwm.CHARGE_MAX - 1000), u, "the tier busy ~17.9 min")
+eq(cs.occupy(SL, K_READ, 1000), E_RANGE, "a transfer ending 2**30 us or more from now is refused")
+eq(cs.move(SL, K_READ, WEIGHTS, 1000), E_RANGE, "move: refused before it charges")
+eq(cs.window(SL), 0, "... nothing charged")
+eq(cs.move_copy(SL, PS, 0, WEIGHTS, 1000), E_RANGE, "move_copy: the same")
+eq(cs.window(PS), 0, "... nothing charged")
+cs.clock.charge(CHUNK)
+check(cs.occupy(SL, K_READ, 1000) > 0, "half a circle later the tier frees sooner: priced")
+
+# --- carry_ns (opt-in): many small transfers sum to their exact time ---
+ns = bw.cost_ns(PS, K_DMA, 128)
+eq(ns, 2839, "a 128 B DMA burst on PSRAM: 2,839 ns")
+eq(bw.cost_us(PS, K_DMA, 128), 2, "cost_us rounds it down to 2 us (unchanged)")
+for flag, want in ((False, 1000 * 2), (True, 1000 * ns // 1000)):
+    bc = bwm.Bandwidth(b, clock=VirtualClock(), carry_ns=flag)
+    last = array("i", [0])
+
+    def bursts():
+        for _ in range(1000):
+            last[0] = bc.occupy(PS, K_DMA, 128)
+
+    no_alloc("1000 x occupy, carry_ns=%s" % flag, bursts)
+    eq(last[0], want, "1000 back-to-back 128 B bursts end at %d us (carry_ns=%s)" % (want, flag))
+    eq(bc.cost_us(PS, K_DMA, 128), 2, "cost_us unchanged with carry_ns=%s" % flag)
+bc = bwm.Bandwidth(b, clock=VirtualClock(), carry_ns=True)
+tot = 0
+for _ in range(500):
+    tot = bc.move_copy(PS, SR, 1, IO, 100)
+eq(tot, 500 * bc.cost_ns(PS, K_DMA, 100) // 1000, "copies carry on the tier that sets their pace")
 done()
