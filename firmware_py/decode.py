@@ -15,7 +15,7 @@ from firmware_py import model as fw_model
 from firmware_py.model import Model
 from firmware_py.sample import Sampler
 from firmware_py.sched import Kernel  # imported before the pool takes the heap: compiling it later may not fit
-from firmware_py.status import E_FULL, E_NO_BLOCK, E_RANGE
+from firmware_py.status import E_FULL, E_NO_BLOCK, E_RANGE, OK
 
 # What a decoding firmware keeps besides weights, activations and the KV pool: its
 # modules (114 KB live on 64-bit, 84 KB on 32-bit, compiled from source), the holes
@@ -146,6 +146,15 @@ class Session:
         self.layer_us = 0  # virtual µs charged per layer (VirtualClock runs; 0 on a real clock)
         self.on_token = None  # callable(session) after every new token, or None
         self.traffic = None  # bandwidth.DecodeTraffic charged per layer (traffic_for), or None: none
+        # bandwidth-aware option (with a traffic): > 0 moves each layer's traffic (and the
+        # final's) in pieces of at most this many bytes, admitted per piece when the
+        # traffic admits, each priced and charged to the clock on its own, with a yield
+        # between pieces, so that higher-priority tasks (audio, the DMA engine) run within
+        # one piece's time instead of one layer's; 0: each layer's traffic in one go
+        self.piece_bytes = 0
+        self.pieces = 0  # pieces moved so far (piece_bytes > 0)
+        self._ns = 0  # sub-µs remainder of the pieces' priced ns, carried to the next piece
+        self.carried_us = 0  # µs the carried remainders added to the pieces' time (the tier's own busy time lacks them)
 
     # prompt ids for text (BOS first); a full-policy prompt longer than the budget is refused
     def encode(self, text):
@@ -176,7 +185,30 @@ class Session:
             for _ in m.forward(h, feed, pos):
                 if self.layer_us:
                     kernel.charge(self.layer_us)
-                if tr is not None:
+                if tr is not None and self.piece_bytes > 0:
+                    c = cache.cached(h)  # the new token's row included
+                    for i in range(3):
+                        if i == 0:
+                            tier, cat, kind, left = tr.w_tier, bandwidth.WEIGHTS, tr.w_kind, tr.layer_w
+                        elif i == 1:
+                            tier, cat, kind, left = tr.kv_tier, bandwidth.KV_WRITE, bandwidth.K_WRITE, tr.row
+                        else:
+                            tier, cat, kind, left = tr.kv_tier, bandwidth.KV_READ, tr.kv_kind, c * tr.row
+                        while left > 0:
+                            p = self._piece_size(tr, tier, cat, left, tr.row if i == 2 else 1)
+                            rv = E_RANGE
+                            if tr.admit:
+                                rv = yield tr.bw.admit(tier, cat, p)
+                                if rv == E_FULL:  # booked a whole window ahead by others: try again after it
+                                    yield kernel.sleep_us(tr.bw.window_us)
+                                    continue
+                            us = self._move_piece(tr, tier, cat, kind, p, rv == OK)
+                            if tr.charge_time and us > 0:
+                                kernel.charge(us)
+                            left -= p
+                            if left > 0 or i < 2:
+                                yield  # between pieces: whoever is due runs now
+                elif tr is not None:
                     c = cache.cached(h)  # the new token's row included
                     if tr.admit:  # each piece waits for its category's room first
                         for i in range(3):
@@ -206,7 +238,23 @@ class Session:
             if st < 0:
                 self.stop = "full" if st == E_FULL else "no_block" if st == E_NO_BLOCK else "status %d" % st
                 break
-            if tr is not None:
+            if tr is not None and self.piece_bytes > 0:
+                left = tr.final_w
+                while left > 0:
+                    p = self._piece_size(tr, tr.w_tier, bandwidth.WEIGHTS, left, 1)
+                    rv = E_RANGE
+                    if tr.admit:
+                        rv = yield tr.bw.admit(tr.w_tier, bandwidth.WEIGHTS, p)
+                        if rv == E_FULL:
+                            yield kernel.sleep_us(tr.bw.window_us)
+                            continue
+                    us = self._move_piece(tr, tr.w_tier, bandwidth.WEIGHTS, tr.w_kind, p, rv == OK, True)
+                    if tr.charge_time and us > 0:
+                        kernel.charge(us)
+                    left -= p
+                    if left > 0:
+                        yield
+            elif tr is not None:
                 if tr.admit:
                     left = tr.final_w
                     most = tr.bw.piece(tr.w_tier, bandwidth.WEIGHTS)
@@ -238,6 +286,48 @@ class Session:
             if self.on_token is not None:
                 self.on_token(self)
         self.t_end = kernel.now()
+
+    # bytes of the next piece of a move with `left` bytes to go on (tier, cat): at most
+    # piece_bytes and (admitting) the category's largest admission, in whole units of
+    # `unit` bytes (K/V rows) when that leaves at least one; no allocation
+    def _piece_size(self, tr, tier, cat, left, unit):
+        p = self.piece_bytes
+        if tr.admit:
+            most = tr.bw.piece(tier, cat)
+            if 0 < most < p:
+                p = most
+        if p >= left:
+            return left
+        if unit > 1 and p >= unit:
+            p -= p % unit
+        return p
+
+    # move one piece of p bytes of cat on tier by kind: charge it (unless admission did),
+    # hold the tier for its priced time (after a transfer in flight: contention) and
+    # return the µs until it ends. Each piece is a transfer of its own (its first-access
+    # latency included); the sub-µs parts of the pieces' ns are carried, so the pieces of a
+    # move cost the sum of their ns, not that sum less a rounding per piece. Counted in the
+    # traffic's totals (weights: final True or cat WEIGHTS). No allocation
+    def _move_piece(self, tr, tier, cat, kind, p, charged, final=False):
+        bw = tr.bw
+        if not charged:
+            bw.charge(tier, cat, p)
+        us = bw.occupy(tier, kind, p)
+        ns = bw.cost_ns(tier, kind, p)
+        if us < 0 or ns < 0:
+            return 0
+        r = self._ns + ns % 1000
+        if r >= 1000:
+            r -= 1000
+            us += 1
+            self.carried_us += 1
+        self._ns = r
+        self.pieces += 1
+        if cat == bandwidth.WEIGHTS or final:
+            tr._count(p, 0, us)
+        else:
+            tr._count(0, p, us)
+        return us
 
     # the one summary line: tokens/s, time to first token, KV bytes, pool high-water
     def summary(self):
