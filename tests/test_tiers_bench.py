@@ -26,7 +26,8 @@ KEYS = ("audio_deadline_misses_aware", "audio_deadline_misses_unaware", "decode_
         "decode_ms_per_token_unaware", "psram_utilization_aware", "psram_utilization_unaware",
         "audio_worst_latency_us_aware", "audio_worst_latency_us_unaware", "wifi_mbit_s_aware", "wifi_mbit_s_unaware",
         "wifi_throttled_waits_aware", "decode_slowdown_aware", "decode_slowdown_unaware", "decode_ms_per_token_alone",
-        "audio_periods", "decode_ms_per_token_shared_floor_aware")
+        "audio_periods", "decode_ms_per_token_shared_floor_aware", "audio_deadline_misses_unaware_no_wifi",
+        "decode_longest_slice_us_unaware")
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +53,8 @@ def test_aware_no_more_misses(short):
     assert short["audio_deadline_misses_aware"] <= short["audio_deadline_misses_unaware"]
     assert short["audio_deadline_misses_unaware"] > 0
     assert short["audio_deadline_misses_aware"] == 0
+    assert short["audio_deadline_misses_unaware_no_wifi"] == 0
+    assert short["decode_longest_slice_us_aware"] < short["decode_longest_slice_us_unaware"]
     assert short["audio_worst_latency_us_aware"] < short["audio_config"]["deadline_us"]
     # the decode is slowed only by the co-runners' bytes on the tier (and its pieces' latencies)
     assert 1.0 <= short["decode_slowdown_aware"] < 1.05

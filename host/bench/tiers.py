@@ -16,6 +16,7 @@ from firmware_py import bandwidth as bwm
 from firmware_py import decode, dma, workloads
 from firmware_py.clock import VirtualClock
 from firmware_py.sched import Kernel, T_FAULTS
+from firmware_py.sched.stats import S_MAX_SLICE
 from host import boards, paths
 from host.errors import UserError
 
@@ -63,11 +64,12 @@ def model_files(d=None):
 
 
 def scenario(model, tok, tokens=TOKENS, aware=False, piece=0, paced=False, audio=True, wifi=True,
-             decode_budgets=None, board=BOARD):
+             decode_budgets=None, engine_admit=False, board=BOARD):
     # one run: the decode beside the enabled workloads; aware sets the budgets (Wi-Fi's
     # share, audio's reserve); piece: the decode's piece bytes (0: a layer in one go);
     # paced: Wi-Fi paced by its budget; decode_budgets: {category: permille} for the
-    # decode's own categories (admitted per piece). Returns the figures
+    # decode's own categories (admitted per piece); engine_admit: the DMA engine asks the
+    # tracker's admission for every burst (dma.DMAQueue(admit=True)). Returns the figures
     brd = boards.load(board)
     clk = VirtualClock()
     k = Kernel(clk, max_tasks=8, verbose=False)
@@ -80,7 +82,7 @@ def scenario(model, tok, tokens=TOKENS, aware=False, piece=0, paced=False, audio
         bw.set_budget(ps, c_wifi, WIFI_PERMILLE)
     for cat, pm in (decode_budgets or {}).items():
         bw.set_budget(ps, bw.category_id(cat), pm)
-    q = dma.DMAQueue(k, bw=bw, board=brd, **QUEUE)
+    q = dma.DMAQueue(k, bw=bw, board=brd, admit=engine_admit, **QUEUE)
     s = decode.Session(model, tok, backend="auto")
     n = min(tokens, s.cap)
     s.traffic = decode.traffic_for(s, bw, admit=bool(decode_budgets))
@@ -114,6 +116,7 @@ def scenario(model, tok, tokens=TOKENS, aware=False, piece=0, paced=False, audio
         "decode_us": el,
         "decode_ms_per_token": round(el / n / 1000, 4),
         "decode_pieces": s.pieces,
+        "decode_longest_slice_us": t.st[S_MAX_SLICE],  # the decode's longest stretch without a yield
         "psram_busy_us": busy,
         "psram_utilization": round(busy / el, 4),  # busy time / run time
         "psram_bytes": psb,
@@ -167,6 +170,7 @@ def measure(tokens=TOKENS, model_dir=None, sweep=True):
     alone = scenario(model, tok, tokens, audio=False, wifi=False)
     alone_split = scenario(model, tok, tokens, piece=PIECE, audio=False, wifi=False)
     un = scenario(model, tok, tokens)
+    un_nw = scenario(model, tok, tokens, wifi=False)  # unaware, audio beside the decode only
     aw = _aware(model, tok, tokens)
     floor = alone["decode_ms_per_token"]
     r = {
@@ -183,6 +187,8 @@ def measure(tokens=TOKENS, model_dir=None, sweep=True):
         "decode_ms_per_token_alone": floor,
         "decode_ms_per_token_alone_pieces": alone_split["decode_ms_per_token"],
         "psram_utilization_alone": alone["psram_utilization"],
+        "audio_deadline_misses_unaware_no_wifi": un_nw["audio"]["misses"],
+        "audio_worst_latency_us_unaware_no_wifi": un_nw["audio"]["worst_latency_us"],
     }
     for name, d in (("unaware", un), ("aware", aw)):
         r["audio_deadline_misses_" + name] = d["audio"]["misses"]
@@ -203,15 +209,18 @@ def measure(tokens=TOKENS, model_dir=None, sweep=True):
         r["wifi_throttled_waits_" + name] = d["wifi"]["throttled_waits"]
         r["wifi_throttled_wait_us_" + name] = d["wifi"]["throttled_wait_us"]
         r["dma_max_depth_" + name] = d["dma"]["max_depth"]
+        r["decode_longest_slice_us_" + name] = d["decode_longest_slice_us"]
         r["decode_yields_per_token_" + name] = round(d["decode_pieces"] / d["tokens"], 2)
         r["same_tokens_" + name] = d["text_ids_sum"] == alone["text_ids_sum"]
         r["audio_slots_verified_" + name] = d["audio_checked"]
-    r["runs"] = {"alone": alone, "alone_pieces": alone_split, "unaware": un, "aware": aw}
+    r["runs"] = {"alone": alone, "alone_pieces": alone_split, "unaware": un, "unaware_no_wifi": un_nw, "aware": aw}
     if sweep:
         rows = []
         variants = [("decode pieces only (Wi-Fi unpaced)", dict(piece=PIECE, paced=False)),
                     ("Wi-Fi paced only (decode layers in one go)", dict(piece=0, paced=True))]
         variants += [("pieces of %d B, Wi-Fi paced" % p, dict(piece=p, paced=True)) for p in SWEEP_PIECES]
+        variants.append(("pieces of %d B, Wi-Fi paced by the DMA engine's admission instead (one queue)" % PIECE,
+                         dict(piece=PIECE, paced=False, engine_admit=True)))
         variants.append(("pieces of %d B, Wi-Fi paced, decode budgets: the source documents' split" % PIECE,
                          dict(piece=PIECE, paced=True, decode_budgets={"weights": 300, "kv_read": 400, "kv_write": 250})))
         for label, kw in variants:
@@ -265,6 +274,7 @@ def render(r):
                        ("decode_slowdown", "decode slowdown vs alone"),
                        ("decode_ms_per_token_shared_floor", "floor: alone + this run's DMA time on PSRAM, ms per token"),
                        ("decode_yields_per_token", "decode pieces per token"),
+                       ("decode_longest_slice_us", "decode's longest stretch without a yield, us"),
                        ("psram_utilization", "PSRAM busy fraction"),
                        ("psram_bytes_permille", "PSRAM bytes, permille of 38.6 MB/s"),
                        ("psram_peak_permille", "PSRAM peak window, permille"),
@@ -274,10 +284,12 @@ def render(r):
                        ("dma_max_depth", "DMA ring max depth")):
         L.append("| %s | %s | %s |" % (label, _f(r[key + "_unaware"]), _f(r[key + "_aware"])))
     L += ["",
-          "Audio periods: %d. Floor (the decode alone, layers in one go): %s ms per token; alone in pieces of %d B: "
+          "Audio periods: %d (unaware), %d (aware). Unaware without Wi-Fi (the audio beside the decode only): %s misses, "
+          "worst latency %s us. Floor (the decode alone, layers in one go): %s ms per token; alone in pieces of %d B: "
           "%s ms per token; PSRAM busy fraction alone %s." % (
-              r["audio_periods"], _f(r["decode_ms_per_token_alone"]), ac["decode_piece_bytes"],
-              _f(r["decode_ms_per_token_alone_pieces"]), _f(r["psram_utilization_alone"])),
+              r["audio_periods"], r["audio_periods_aware"], _f(r["audio_deadline_misses_unaware_no_wifi"]),
+              _f(r["audio_worst_latency_us_unaware_no_wifi"]), _f(r["decode_ms_per_token_alone"]),
+              ac["decode_piece_bytes"], _f(r["decode_ms_per_token_alone_pieces"]), _f(r["psram_utilization_alone"])),
           ""]
     if r.get("sweep"):
         L += ["| aware variant | audio misses | audio worst us | decode ms/token | slowdown | Wi-Fi Mbit/s |",
@@ -295,5 +307,5 @@ def _f(v):
     if isinstance(v, int):
         return "{:,}".format(v)
     if isinstance(v, float):
-        return "%.4g" % v
+        return "{:,.0f}".format(v) if abs(v) >= 1000 else "%.4g" % v
     return str(v)
