@@ -20,6 +20,12 @@
 # and seek/write/readinto on the unix port allocate nothing (tests/firmware/fw_tiers.py
 # measures it with the heap locked). On CPython a memoryview window is made per call (CPython
 # is never heap-locked). Results follow status.py: an int >= 0 or E_* with nothing changed.
+#
+# File errors: an OSError from the file (a full or failing filesystem) and a short read or
+# write (a file truncated behind the store's back) are E_STATE, counted in self.errors, never
+# raised: a failed write leaves its sectors uncounted (the transaction goes on), a failed read
+# leaves dst's contents undefined (the caller must not use them). Catching an OSError
+# allocates nothing here (the exception object is the raiser's).
 
 from firmware_py.compat import IS_MICROPYTHON, const
 from firmware_py.pool import filled
@@ -97,6 +103,7 @@ class FlashStore:
         self.transactions = 0  # end() calls that touched a sector (saturates)
         self.busy_us = 0  # modelled flash time (programs + erases), µs part below 10**6
         self.busy_s = 0  # ... whole seconds
+        self.errors = 0  # file calls that raised OSError or moved fewer bytes than asked (saturates)
         zero = bytearray(sector)
         try:
             f = open(path, "w+b")
@@ -139,15 +146,23 @@ class FlashStore:
     def begin(self):
         self.nt = 0
 
-    # write n bytes of src from byte src_off at byte off of slot s; OK or E_RANGE (nothing
-    # written). The touched sectors are counted at end(); no allocation
+    # write n bytes of src from byte src_off at byte off of slot s; OK, E_RANGE (nothing
+    # written) or E_STATE (the file refused: OSError or a short write; the bytes at off are
+    # undefined, the sectors not counted). The touched sectors are counted at end(); no allocation
     def write(self, s, off, src, src_off, n):
         if s < 0 or s >= self.n_slots or off < 0 or n < 1 or off + n > self.block_bytes:
             return E_RANGE
         pos = s * self.slot_bytes + off
         f = self.f
-        f.seek(pos)
-        _write(f, src, src_off, n)
+        if f is None:
+            return self._error()
+        try:
+            f.seek(pos)
+            w = _write(f, src, src_off, n)
+        except OSError:
+            return self._error()
+        if w != n:
+            return self._error()
         sec = self.sector
         a = pos // sec
         e = (pos + n - 1) // sec
@@ -198,30 +213,39 @@ class FlashStore:
             v %= 1000000
         self.busy_us = v
 
-    # read slot s's block image into dst (a buffer of at least block_bytes); OK, E_RANGE;
-    # no allocation
+    # read slot s's block image into dst (a buffer of at least block_bytes); OK, E_RANGE,
+    # E_STATE (OSError or a short read: dst's contents undefined); no allocation
     def read_block(self, s, dst):
         if s < 0 or s >= self.n_slots or len(dst) < self.block_bytes:
             return E_RANGE
-        f = self.f
-        f.seek(s * self.slot_bytes)
-        n = self.block_bytes
-        if _readinto(f, dst, n) != n:
-            return E_STATE
-        self._count_read(n)
-        return OK
+        return self._read(s * self.slot_bytes, dst, self.block_bytes)
 
     # read n bytes at byte off of slot s into dst (a buffer of exactly n bytes, or more:
-    # its first n); OK, E_RANGE; no allocation
+    # its first n); OK, E_RANGE, E_STATE (as read_block); no allocation
     def read_at(self, s, off, dst, n):
         if s < 0 or s >= self.n_slots or off < 0 or n < 1 or off + n > self.block_bytes or len(dst) < n:
             return E_RANGE
+        return self._read(s * self.slot_bytes + off, dst, n)
+
+    def _read(self, pos, dst, n):
         f = self.f
-        f.seek(s * self.slot_bytes + off)
-        if _readinto(f, dst, n) != n:
-            return E_STATE
+        if f is None:
+            return self._error()
+        try:
+            f.seek(pos)
+            got = _readinto(f, dst, n)
+        except OSError:
+            return self._error()
+        if got != n:
+            return self._error()
         self._count_read(n)
         return OK
+
+    # a refused file call: counted, E_STATE
+    def _error(self):
+        if self.errors < INT_MAX:
+            self.errors += 1
+        return E_STATE
 
     def _count_read(self, n):
         v = self.bytes_read + n
@@ -248,6 +272,7 @@ class FlashStore:
             "erase_us_each": self.erase_us,
             "endurance": self.endurance,
             "busy_us": self.busy_s * 1000000 + self.busy_us,
+            "errors": self.errors,
         }
         if tokens:
             out["tokens"] = tokens

@@ -91,6 +91,23 @@ def copy32(dst, dword: int, src, sword: int, n: int):
 
 
 @micropython.viper
+def same32(a, aword: int, b, bword: int, n: int) -> int:
+    # 1 when a's uint32 words [aword, aword + n) equal b's [bword, bword + n), else 0;
+    # O(n), stops at the first difference, no allocation
+    pa = ptr32(a)
+    pb = ptr32(b)
+    i = aword
+    j = bword
+    end = aword + n
+    while i < end:
+        if pa[i] != pb[j]:
+            return 0
+        i += 1
+        j += 1
+    return 1
+
+
+@micropython.viper
 def copy_rows(dst, dword: int, step: int, src, sword: int, w: int, rows: int):
     # rows runs of w words: dst words [dword + k * step, + w) = src words [sword + k * w, + w),
     # 8 words per turn (the same loop as append's); O(rows * w), no allocation
@@ -249,8 +266,8 @@ class Pool:
     def add_region(self, quota):
         if self.n_regions >= _MAX_REGIONS:
             raise PoolError("no more than %d regions" % _MAX_REGIONS)
-        if quota < 0:
-            raise PoolError("quota must be >= 0, got %d" % quota)
+        if quota.__class__ is not int or quota < 0 or quota > INT_MAX:
+            raise PoolError("quota must be an int 0 .. 2**30 - 1, got %r" % (quota,))
         r = self.n_regions
         self.n_regions = r + 1
         self.quota[r] = quota
@@ -258,18 +275,20 @@ class Pool:
 
     # change a region's quota (a lower quota keeps blocks already held); O(1)
     def set_quota(self, region, quota):
-        if region < 0 or region >= self.n_regions:
-            raise PoolError("no region %d" % region)
-        if quota < 0:
-            raise PoolError("quota must be >= 0, got %d" % quota)
+        if region.__class__ is not int or region < 0 or region >= self.n_regions:
+            raise PoolError("no region %r" % (region,))
+        if quota.__class__ is not int or quota < 0 or quota > INT_MAX:
+            raise PoolError("quota must be an int 0 .. 2**30 - 1, got %r" % (quota,))
         self.quota[region] = quota
 
     # one free block charged to region, from tier range `tier` (-1: the fastest range with a
     # free block); E_RANGE for a region never added or a tier not 0 .. n_tiers - 1 (or -1),
     # E_NO_BLOCK (counted in .failed, and in tier_failed for a given tier) when the pool or
-    # that range is empty or the quota is reached; O(n_tiers) (<= 4), no allocation
+    # that range is empty or the quota is reached; O(n_tiers) (<= 4), no allocation. Every
+    # int argument is checked to be an int (x.__class__ is int) before any use: a float, a
+    # bool or a big int is E_RANGE (here and in every hot-path call below)
     def alloc(self, region, tier=-1):
-        if region < 0 or region >= self.n_regions:
+        if region.__class__ is not int or region < 0 or region >= self.n_regions:
             return E_RANGE
         if tier.__class__ is not int or tier < -1 or tier >= self.n_tiers:
             return E_RANGE
@@ -363,9 +382,12 @@ class Pool:
         return self.blocks_free if self.tier is None else self.tier[t * TF + T_FREE]
 
     # blocks of range `tier` region could take now (min of the range's free blocks and the
-    # quota left); 0 for no such region or tier; O(1), no allocation
+    # quota left); 0 for no such region or tier; E_RANGE for an argument that is not an int;
+    # O(1), no allocation
     def available_in(self, region, tier):
-        if region < 0 or region >= self.n_regions or tier.__class__ is not int or tier < 0 or tier >= self.n_tiers:
+        if region.__class__ is not int or tier.__class__ is not int:
+            return E_RANGE
+        if region < 0 or region >= self.n_regions or tier < 0 or tier >= self.n_tiers:
             return 0
         q = self.quota[region] - self.region_used[region]
         f = self.blocks_free if self.tier is None else self.tier[tier * TF + T_FREE]
@@ -391,6 +413,22 @@ class Pool:
         self.owner[b] = region
         return OK
 
+    # swap the regions charged for allocated blocks a and b (one reference each): a block that
+    # replaces another (a copy in another tier range) takes over its charge, whatever the
+    # quotas are now (no region's count changes: set_quota may have lowered one below what
+    # it holds). OK, E_RANGE (no such block), E_STATE (a free or shared block); O(1), no
+    # allocation
+    def exchange(self, a, b):
+        if a.__class__ is not int or a < 0 or a >= self.n_blocks or b.__class__ is not int or b < 0 \
+                or b >= self.n_blocks:
+            return E_RANGE
+        if self.ref[a] != 1 or self.ref[b] != 1:
+            return E_STATE
+        o = self.owner[a]
+        self.owner[a] = self.owner[b]
+        self.owner[b] = o
+        return OK
+
     # a refused allocation: failed + 1 with its carry (alloc, and callers that refuse
     # before asking, as KVCache.open); O(1), no allocation
     def count_failed(self):
@@ -401,8 +439,11 @@ class Pool:
         self.failed = v
 
     # blocks region could take now: the smaller of the free blocks and what is left of
-    # its quota (0 for a region never added); O(1), no allocation
+    # its quota (0 for a region never added; E_RANGE for a region that is not an int); O(1),
+    # no allocation
     def available(self, region):
+        if region.__class__ is not int:
+            return E_RANGE
         if region < 0 or region >= self.n_regions:
             return 0
         q = self.quota[region] - self.region_used[region]
@@ -412,7 +453,7 @@ class Pool:
     # one more reference to an allocated block (prefix sharing): OK, E_RANGE (no such
     # block), E_STATE (block is free), E_FULL (32,767 references); O(1), no allocation
     def share(self, b):
-        if b < 0 or b >= self.n_blocks:
+        if b.__class__ is not int or b < 0 or b >= self.n_blocks:
             return E_RANGE
         r = self.ref[b]
         if r <= 0:
@@ -426,7 +467,7 @@ class Pool:
     # region's quota. OK, E_RANGE (no such block), E_STATE (block is free: a double
     # free); O(1) (O(block) with clear_on_free), no allocation
     def unref(self, b):
-        if b < 0 or b >= self.n_blocks:
+        if b.__class__ is not int or b < 0 or b >= self.n_blocks:
             return E_RANGE
         r = self.ref[b] - 1
         if r < 0:
@@ -465,7 +506,7 @@ class Pool:
     # block): OK, E_RANGE (no such block, or b belongs to another region), E_STATE
     # (block is free); O(1), no allocation
     def free(self, region, b):
-        if b < 0 or b >= self.n_blocks:
+        if b.__class__ is not int or b < 0 or b >= self.n_blocks or region.__class__ is not int:
             return E_RANGE
         if self.ref[b] <= 0:
             return E_STATE

@@ -47,7 +47,7 @@
 # nothing on MicroPython (tests/firmware/fw_tiers.py); configuration (Tiers, open) raises
 # TiersError with one line.
 from firmware_py.compat import const, ticks_add, ticks_diff
-from firmware_py.pool import T_END, T_LO, TF, copy32, filled, zero32
+from firmware_py.pool import T_END, T_LO, TF, copy32, filled, same32, zero32
 from firmware_py.status import E_EMPTY, E_FULL, E_NO_BLOCK, E_RANGE, E_STALE, E_STATE, INT_MAX, OK
 
 KV_READ = const(0)  # bandwidth.py's category numbers (bwm.KV_READ, bwm.KV_WRITE)
@@ -65,6 +65,11 @@ _ALL = const(0x3FFFFFFF)  # keep_psram "no limit"
 _FULL = const(0)
 _WINDOW = const(1)
 _NONE = const(-1)
+# kv.KVCache.meta: a sequence slot's row (kv.py's _CFG, _NF, _F_SLOT: underscore consts are not
+# importable on MicroPython; tests/test_tiers.py checks they still match)
+_KV_CFG = const(10)
+_KV_NF = const(13)
+_KV_SLOT = const(4)
 
 
 class TiersError(ValueError):
@@ -127,6 +132,9 @@ class Tiers:
         self.swb = filled("i", ms, 0)  # first position not yet flushed
         self.scur = filled("i", ms, _NONE)  # current block at the last scan
         self.spend = bytearray(ms)  # 1: a placement was deferred (retry next step)
+        self.swp = filled("i", ms, _NONE)  # position flushed while still reserved (its image in wimg), -1 none
+        self.img_words = (8 + self.n_layers * self.store_row) >> 2  # one token's header + rows, words
+        self.wimg = bytearray(ms * self.img_words * 4)  # [seq] the flushed image of position swp
         self.fmap = filled("h", ms * self.mb, _NONE)  # [seq][block] flash slot or -1
         self.infl = bytearray(ms * self.mb)  # [seq][block] move record + 1 while its copy is in flight
         # moves in flight
@@ -176,7 +184,16 @@ class Tiers:
         self.stage_hits = 0  # block() found its flash block already staged (read ahead)
         self.stage_misses = 0  # block() had to read its flash block now
         self.hazard_refused = 0  # appends refused: a copy of the target block was in flight
-        self.step_us = 0  # flash µs of the last append()'s step
+        self.step_us = 0  # flash µs of the last step (append()'s included)
+        self.step_err = OK  # OK, or E_STATE when the last step's flush failed (a file error)
+        self.raced = 0  # DMA copies voided at completion: the block was written after the copy
+        self.reflushed = 0  # flushed positions written again while reserved (flushed once more)
+        self.flash_errors = 0  # flushes, staging reads and row reads a file error refused
+        self.fork_refused = 0  # fork() refused: a block of the sequence is in flash
+        # cache.close(h) of a tiered sequence (not only Tiers.close) gives its flash slots back
+        # at once; a callback already installed is still called after ours
+        self.chain_close = cache.on_close
+        cache.on_close = self._closed
 
     # --- configuration --------------------------------------------------------------
 
@@ -212,18 +229,54 @@ class Tiers:
         self.sfl[i] = 1 if flash else 0
         self.sbatch[i] = batch
         self.swb[i] = 0
+        self.swp[i] = _NONE
         self.scur[i] = _NONE
         self.spend[i] = 0
         return h
 
     # close h: its flash slots freed, moves in flight voided at completion, cache.close(h).
-    # OK or E_STALE
+    # OK or E_STALE. cache.close(h) does the same (through cache.on_close)
     def close(self, h):
         i = self._slot(h)
         if i < 0:
             return i
         self._forget(i)
         return self.cache.close(h)
+
+    # cache.on_close: a tiered sequence closed through the cache releases its flash slots and
+    # staging tags now (its copies in flight are voided at completion); then the callback that
+    # was installed before this Tiers, if any. No allocation
+    def _closed(self, h):
+        i = self.cache._idx(h)
+        if i >= 0 and self.sh[i] == h + 1:
+            self._forget(i)
+        if self.chain_close is not None:
+            self.chain_close(h)
+
+    # cache.fork(h) for a tiered sequence, refused with E_STATE (counted in fork_refused,
+    # nothing changed) while any of its blocks is in the flash file: the child could not read
+    # it. The child is a plain (untiered) sequence of the cache: read it with cache.read; the
+    # blocks it shares stay where they are (only private blocks move or spill) until one of
+    # the two lets go of them. Returns the child's handle or cache.fork's refusal; no allocation
+    def fork(self, h):
+        i = self._slot(h)
+        if i < 0:
+            return i
+        if self.fs is not None:
+            base = i * self.mb
+            table = self.cache.table
+            for k in range(base, base + self.mb):
+                if self.fmap[k] >= 0 and table[k] < 0:
+                    self._fork_refused()
+                    return E_STATE
+        f = self.cache.fork(h)
+        if f == E_STATE:
+            self._fork_refused()
+        return f
+
+    def _fork_refused(self):
+        if self.fork_refused < INT_MAX:
+            self.fork_refused += 1
 
     # release what slot i held here (flash slots, staging tags); the moves in flight of it are
     # voided when they complete (their handle no longer matches)
@@ -265,8 +318,9 @@ class Tiers:
             return _NONE
         return (n % cap) // self.t
 
-    # cookie (>= 0) of the copy in flight of the block h's next append writes: yield
-    # dma.wait(cookie) before appending; E_EMPTY when there is none; E_STALE. O(1)
+    # cookie (>= 0) of the copy in flight of the block h's next append (or reserve) writes:
+    # yield dma.wait(cookie), then call hazard(h) again (it completes the landed copy) or go
+    # through append/reserve here; E_EMPTY when there is none; E_STALE. O(1)
     def hazard(self, h):
         i = self._slot(h)
         if i < 0:
@@ -280,31 +334,53 @@ class Tiers:
             return E_EMPTY
         return self.mv_ck[j - 1]
 
-    # cache.append(h, src) for a tiered sequence, refused with E_STATE (nothing changed) while
-    # the block it would write has a copy in flight (see hazard); then the placement step.
-    # Returns append's result (flags >= 0 or E_*); the step's flash µs are in self.step_us
-    def append(self, h, src):
-        i = self._slot(h)
-        if i < 0:
-            return i
+    # True (counted in hazard_refused) when the block the next append/reserve of slot i
+    # writes has a copy in flight, after completing the copies that have landed
+    def _busy(self, i, h):
         self._complete()
         k = self._next_block(i, self.cache.length(h))
         if k >= 0 and self.infl[i * self.mb + k]:
             if self.hazard_refused < INT_MAX:
                 self.hazard_refused += 1
+            return True
+        return False
+
+    # cache.append(h, src) for a tiered sequence, refused with E_STATE (nothing changed) while
+    # the block it would write has a copy in flight (see hazard); then the placement step.
+    # Returns append's result (flags >= 0 or E_*); the step's flash µs are in self.step_us,
+    # its flush status in self.step_err (OK, or E_STATE: a file error; the token is appended
+    # and stays in the pool, its flush is retried at the next step)
+    def append(self, h, src):
+        i = self._slot(h)
+        if i < 0:
+            return i
+        if self._busy(i, h):
             return E_STATE
         rv = self.cache.append(h, src)
         if rv < 0:
             return rv
-        us = self.step(h)
-        self.step_us = us if us > 0 else 0
+        self.step(h)
         return rv
+
+    # cache.reserve(h) for a tiered sequence, refused with E_STATE (nothing changed) while the
+    # block it would write has a copy in flight (as append); then cache.write each layer and
+    # T.step(h). The slot (>= 0) or E_*
+    def reserve(self, h):
+        i = self._slot(h)
+        if i < 0:
+            return i
+        if self._busy(i, h):
+            return E_STATE
+        return self.cache.reserve(h)
 
     # the placement step for h, after its newest token's rows are all written (append, or
     # reserve + every layer's write): completes copies that have landed, flushes the
     # write-back batch when it is full, moves blocks whose rank changed. Returns the µs of
-    # flash time the caller spends (k.charge(us)), or E_STALE. O(1) per token; O(blocks of
-    # h) once per block boundary or after a deferred move; no allocation
+    # flash time the caller spends (k.charge(us); also in self.step_us), E_STATE when the
+    # flush met a file error (self.step_err; counted in flash_errors: nothing is lost, the
+    # positions stay unflushed in the pool and are flushed again at the next step), or
+    # E_STALE. O(1) per token (+ O(row) for a flush); O(blocks of h) once per block boundary
+    # or after a deferred move; no allocation
     def step(self, h):
         i = self._slot(h)
         if i < 0:
@@ -312,19 +388,77 @@ class Tiers:
         self._complete()
         n = self.cache.length(h)
         us = 0
+        err = OK
         flushed = False
+        if self.swp[i] >= 0:
+            self._recheck(i)
         if self.sfl[i] and n - self.swb[i] >= self.sbatch[i]:
             us = self._flush(i, n)
+            if us < 0:
+                err = us
+                us = 0
             flushed = True
         if n:
             c = ((n - 1) if self.spol[i] == _FULL else (n - 1) % self.scap[i]) // self.t
             if self.spend[i] or flushed or c != self.scur[i]:
                 self.scur[i] = c
                 self._place(i, n)
-        return us
+        self.step_us = us
+        self.step_err = err
+        return err if err < 0 else us
+
+    # the slot reserved for write() in slot i (full policy: its position), or -1
+    def _reserved(self, i):
+        return self.cache.meta[_KV_CFG + i * _KV_NF + _KV_SLOT] - 1
+
+    # copy (keep=1) position p's slot header (8 B) and its stored row of every layer from its
+    # pool block into slot i's image, or compare them with it (keep=0): 1 when equal. O(row),
+    # no allocation
+    def _image(self, i, p, keep):
+        t = self.t
+        k = p // t
+        b = self.cache.table[i * self.mb + k]
+        if b < 0:
+            return 1
+        a = p - k * t
+        bw = b * self.bw_words
+        w = i * self.img_words
+        sw = self.store_row >> 2
+        arena = self.arena
+        img = self.wimg
+        if keep:
+            copy32(img, w, arena, bw + 2 * a, 2)
+        elif not same32(img, w, arena, bw + 2 * a, 2):
+            return 0
+        w += 2
+        ro = self.rows_off >> 2
+        for ly in range(self.n_layers):
+            o = bw + ro + (ly * t + a) * sw
+            if keep:
+                copy32(img, w, arena, o, sw)
+            elif not same32(img, w, arena, o, sw):
+                return 0
+            w += sw
+        return 1
+
+    # slot i flushed position swp while it was still reserved (kv.write may still change it):
+    # when its rows differ from what was flushed it is unflushed again (flushed at the next
+    # flush, its block kept in the pool until then); once its reservation has ended it is final
+    def _recheck(self, i):
+        p = self.swp[i]
+        if not self._image(i, p, 0):
+            if self.swb[i] > p:
+                self.swb[i] = p
+            if self.reflushed < INT_MAX:
+                self.reflushed += 1
+            self.swp[i] = _NONE
+        elif self._reserved(i) != p:
+            self.swp[i] = _NONE
 
     # write positions swb .. n - 1 of slot i to its flash slots (one transaction); the µs it
-    # costs (program + erases); a flash store without a free slot stops it (deferred)
+    # costs (program + erases), or E_STATE (a file error: positions from the failed block on
+    # stay unflushed, retried at the next step; the time spent is still in flash_us). A flash
+    # store without a free slot stops it (deferred)
     def _flush(self, i, n):
         fs = self.fs
         t = self.t
@@ -335,8 +469,10 @@ class Tiers:
         L = self.n_layers
         sr = self.store_row
         ro = self.rows_off
-        p = self.swb[i]
+        p0 = self.swb[i]
+        p = p0
         nbytes = 0
+        err = OK
         fs.begin()
         while p < n:
             k = p // t
@@ -356,10 +492,16 @@ class Tiers:
                 self.fmap[base + k] = s
             src = b * bb
             m = e - a
-            fs.write(s, 8 * a, arena, src + 8 * a, 8 * m)
+            if fs.write(s, 8 * a, arena, src + 8 * a, 8 * m) != OK:
+                err = E_STATE
+                break
             for ly in range(L):
                 off = ro + (ly * t + a) * sr
-                fs.write(s, off, arena, src + off, m * sr)
+                if fs.write(s, off, arena, src + off, m * sr) != OK:
+                    err = E_STATE
+                    break
+            if err:
+                break
             nb = m * (8 + L * sr)
             nbytes += nb
             if self.bw is not None:
@@ -367,6 +509,10 @@ class Tiers:
             p = k * t + e
         er = fs.end()
         self.swb[i] = p
+        r = self._reserved(i)
+        if p0 <= r < p:  # flushed while still writable: keep what was flushed, to compare later
+            self._image(i, r, 1)
+            self.swp[i] = r
         if self.flushes < INT_MAX:
             self.flushes += 1
         v = self.flash_erases + er
@@ -382,7 +528,14 @@ class Tiers:
             self.flash_s += v // 1000000
             v %= 1000000
         self.flash_us = v
+        if err:
+            self._flash_error()
+            return err
         return us
+
+    def _flash_error(self):
+        if self.flash_errors < INT_MAX:
+            self.flash_errors += 1
 
     def _defer(self, i):
         self.spend[i] = 1
@@ -458,12 +611,11 @@ class Tiers:
         if nb < 0:
             return E_NO_BLOCK
         zero32(self.arena, nb * self.bw_words, 2 * self.t)  # every slot empty, as kv.open leaves a ring block
-        owner = pool.owner[b]
         if _retarget(self, i, k, b, nb) != OK:
             pool.unref(nb)
             return E_NO_BLOCK
+        pool.exchange(b, nb)  # nb takes b's charge (whatever its region's quota is now), b ours
         pool.unref(b)
-        pool.transfer(nb, owner)
         return OK
 
     # copy block b (table index k of slot i) to range dst: DMA descriptors, or a CPU copy
@@ -482,7 +634,7 @@ class Tiers:
             if self.charge_moves:
                 self.bw.charge_copy(self.tid[src], self.tid[dst], self.cat, bb)
             self.moves += 1
-            self._finish(i, k, b, nb, self.sh[i] - 1)
+            self._finish(i, k, b, nb, self.sh[i] - 1, False)
             return OK
         if q.slots - q.count < self.ndesc or q.putters.head is not None:
             return E_FULL
@@ -533,34 +685,43 @@ class Tiers:
                 i = self.mv_i[j]
                 k = self.mv_k[j]
                 self.infl[i * self.mb + k] = 0
-                self._finish(i, k, self.mv_old[j], self.mv_new[j], self.mv_h[j])
+                self._finish(i, k, self.mv_old[j], self.mv_new[j], self.mv_h[j], True)
 
     # the copy of old (table index k of slot i, sequence handle h) into new has landed: the
-    # entry points at new, old is freed, new is charged to old's region; void (new freed)
-    # when the sequence was closed, the entry changed or old became shared meanwhile
-    def _finish(self, i, k, old, new, h):
+    # entry points at new, old is freed, new takes old's charge (pool.exchange: no quota is
+    # asked again, so a region whose quota was lowered meanwhile keeps its blocks); void (new
+    # freed) when the sequence was closed, the entry changed or old became shared meanwhile,
+    # and, for a DMA copy (dma=True), when old's words differ from the copy's: old was written
+    # after its bytes were copied (a reserve/write before Tiers saw the copy land), and the
+    # live block stays where it is (counted in raced). O(block) for the compare, no allocation
+    def _finish(self, i, k, old, new, h, dma):
         pool = self.pool
-        owner = pool.owner[old]
-        if self.sh[i] == h + 1 and self.cache.retarget(h, k, old, new) == OK:
+        w = self.bw_words
+        if dma and self.sh[i] == h + 1 and not same32(self.arena, old * w, self.arena, new * w, w):
+            if self.raced < INT_MAX:
+                self.raced += 1
+        elif self.sh[i] == h + 1 and self.cache.retarget(h, k, old, new) == OK:
+            pool.exchange(old, new)  # both private (retarget checked): cannot fail
             pool.unref(old)
-            pool.transfer(new, owner)
             self.completed += 1
-        else:
-            pool.unref(new)
-            self.voided += 1
+            return
+        pool.unref(new)
+        self.voided += 1
+        self.spend[i] = 1  # placement retried at the next step
 
     # --- reading --------------------------------------------------------------------
 
-    # start an attention pass over h: stage its first flash block (read-ahead). OK, E_STALE
+    # start an attention pass over h: stage its first flash block (read-ahead). OK, E_STALE,
+    # E_STATE (the file refused the read: counted in flash_errors; block() reads it again)
     def begin_pass(self, h):
         i = self._slot(h)
         if i < 0:
             return i
         self._complete()
-        k = self._next_flash(i, 0)
-        if k >= 0:
-            self._stage(i, k, 0)
         self.last_us = 0
+        k = self._next_flash(i, 0)
+        if k >= 0 and self._stage(i, k, 0) < 0:
+            return E_STATE
         return OK
 
     # the first block index >= k of slot i that lives in flash, or -1
@@ -577,10 +738,15 @@ class Tiers:
         return _NONE
 
     # read flash block k of slot i into staging buffer j (modelled: it lands after the flash
-    # read time, from when the flash tier is free)
+    # read time, from when the flash tier is free). j, or E_STATE when the file refused the
+    # read (counted in flash_errors; the buffer then holds no block: its tag is cleared)
     def _stage(self, i, k, j):
         s = self.fmap[i * self.mb + k]
-        self.fs.read_block(s, self.stage[j])
+        self.st_i[j] = _NONE  # the buffer is being overwritten: no block until the read is whole
+        self.st_k[j] = _NONE
+        if self.fs.read_block(s, self.stage[j]) != OK:
+            self._flash_error()
+            return E_STATE
         self.st_i[j] = i
         self.st_k[j] = k
         bw = self.bw
@@ -592,7 +758,9 @@ class Tiers:
 
     # byte offset of block k of h in self.buf (self.tier: its tier id; self.last_us: µs
     # waited for a flash read); for a flash block the next flash block is read ahead first.
-    # E_STALE, E_RANGE (k), E_EMPTY (no such block); O(1) + one block read; no allocation
+    # E_STALE, E_RANGE (k), E_EMPTY (no such block), E_STATE (the file refused the block's
+    # read: never another block's bytes; a refused read-ahead is only counted, and read again
+    # when its block is asked for); O(1) + one block read; no allocation
     def block(self, h, k):
         i = self._slot(h)
         if i < 0:
@@ -615,8 +783,9 @@ class Tiers:
             self.stage_hits += 1
         else:
             j = 0
-            self._stage(i, k, 0)
             self.stage_misses += 1
+            if self._stage(i, k, 0) < 0:
+                return E_STATE
         if self.bw is not None:
             w = ticks_diff(self.st_ready[j], self.bw.clock.now())
             self.last_us = w if w > 0 else 0
@@ -652,6 +821,7 @@ class Tiers:
             return E_RANGE
         rv = self.fs.read_at(s, self.rows_off + (layer * t + slot - k * t) * self.store_row, self.rowbuf, n)
         if rv < 0:
+            self._flash_error()
             return rv
         copy32(dst, dst_off >> 2, self.rowbuf, 0, n >> 2)
         return OK
@@ -677,6 +847,8 @@ class Tiers:
             "deferred": self.deferred, "spills": self.spills, "flushes": self.flushes,
             "flash_erases": self.flash_erases, "flash_us": self.flash_s * 1000000 + self.flash_us,
             "stage_hits": self.stage_hits, "stage_misses": self.stage_misses, "hazard_refused": self.hazard_refused,
+            "raced": self.raced, "reflushed": self.reflushed, "flash_errors": self.flash_errors,
+            "fork_refused": self.fork_refused,
             "pool": self.pool.tier_stats(),
         }
 
