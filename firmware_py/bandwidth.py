@@ -430,6 +430,7 @@ class Bandwidth(CostModel):
             return now
         if e < 0:  # more than half the circle: the gap is e mod the period
             e = (e + _HALF) + _HALF
+        o = ticks_diff(self.seen, self.base)  # 0 .. bucket_us - 1: where the last call fell in its bucket
         self.seen = now
         busy = self.busy
         for tier in range(self.n_tiers):
@@ -438,9 +439,9 @@ class Bandwidth(CostModel):
                 busy[tier] = v - e if v > e else 0
         bu = self.bucket_us
         nr = self.nr
-        if e >= nr * bu:  # everything in the ring has left: as if exactly its span passed
-            self.base = ticks_add(now, -nr * bu)
-            d = nr * bu
+        if e >= nr * bu:  # everything in the ring has left: as if the ring's span passed
+            d = nr * bu + (o + e % bu) % bu  # ... and the buckets stay on their grid
+            self.base = ticks_add(now, -d)
         else:  # base <= the last call < now: d < span + one bucket
             d = ticks_diff(now, self.base)
         if d < bu:

@@ -3,6 +3,8 @@
 # sequence, across the tick wrap; admission wakes a task at exactly the earliest bucket
 # start where the window has room; throttled-wait stats add up), the board profiles'
 # measured figures reproduced, and the decode loop charging its real traffic.
+import copy
+import json
 import os
 
 import pytest
@@ -14,7 +16,7 @@ from firmware_py import bandwidth as bwm
 from firmware_py import board, compat, decode
 from firmware_py.clock import VirtualClock
 from firmware_py.sched import Kernel
-from firmware_py.status import E_FULL, E_RANGE, OK
+from firmware_py.status import E_FULL, E_RANGE, MAX_WAIT_US, OK
 
 BOARD = board.load(os.path.join(ROOT, "boards", "esp32s3_n8r8.json"))
 WIN, NB = 16000, 16
@@ -279,3 +281,276 @@ def test_a_tracker_untouched_for_more_than_half_the_tick_circle_starts_afresh():
     assert bw.window(ps) == 0
     assert bw.charge(ps, bwm.IO, 10) == OK and bw.window(ps) == 10
     assert bw.report()["psram"]["io"]["bytes"] == 1010
+
+
+# --- idle gaps (review r2 finding 1): marks are relative to the last call, the gap since
+# it is read mod the tick period, and a gap of the ring's span or more clears the window
+
+
+def _busy(start=0):
+    k = Kernel(VirtualClock(start), max_tasks=4)
+    bw = bwm.Bandwidth(BOARD, kernel=k, window_us=WIN, buckets=NB)
+    ps = bw.tier_id("psram")
+    bud = bw.set_budget(ps, bwm.IO, 50)
+    got = []
+
+    def m():
+        got.append(bw.move(ps, bwm.K_READ, bwm.WEIGHTS, 600000))
+        got.append((yield bw.admit(ps, bwm.IO, bud)))
+        got.append((yield bw.admit(ps, bwm.IO, bud)))  # booked one window ahead
+
+    k.spawn("m", 1, m())
+    k.run()
+    assert got[1:] == [OK, OK]
+    bw.charge(ps, bwm.WEIGHTS, 0)  # the grant lies ahead of this call, the tier busy
+    return k.clock, bw, ps
+
+
+def _idle(clk, bw, gap, poll):
+    step = (1 << 29) - 1
+    while gap > 0:
+        d = min(step, gap)
+        clk.charge(d)
+        gap -= d
+        if poll:
+            bw.poll()
+
+
+def _expired(bw, ps):
+    assert bw.window(ps) == 0
+    assert bw.wait_us(ps, bwm.IO, 100) == 0
+    assert bw.occupy(ps, bwm.K_READ, 100) == bw.cost_us(ps, bwm.K_READ, 100)
+    assert bw.admit_nowait(ps, bwm.IO, 100) == OK
+    assert bw.window(ps) == 100
+
+
+P = compat.TICKS_PERIOD
+
+
+@pytest.mark.parametrize("gap,poll", [
+    (600000000, False),  # 10 min, untouched
+    (P // 2 + 1, False),  # just past half the circle (where ticks_diff turns negative)
+    (P - 1, False),  # 2**30 - 1 us, untouched
+    (P, True),  # 2**30 us (17.9 min): polled
+    (2 * P, True),  # 2**31 us
+    (3 * P, True),  # whole tick periods
+    (7 * P + 54321, True),
+    (P + 5, True),
+])
+@pytest.mark.parametrize("start", [0, P - 3000, P // 2])
+def test_an_idle_tracker_has_expired_everything_however_long_the_gap(gap, poll, start):
+    clk, bw, ps = _busy(start)
+    _idle(clk, bw, gap, poll)
+    _expired(bw, ps)
+
+
+def test_poll_task_keeps_a_kernel_idling_for_several_tick_circles_exact():
+    clk, bw, ps = _busy()
+    k = bw.k
+    res = []
+
+    def idler():
+        for _ in range(2 * 8 + 3):  # 19 x (2**29 - 1) us: past nine tick circles
+            yield k.sleep_us(MAX_WAIT_US)
+        res.append((bw.window(ps), bw.occupy(ps, bwm.K_READ, 100), bw.admit_nowait(ps, bwm.IO, 100)))
+        k.stop()
+
+    k.spawn("poll", 0, bw.poll_task())
+    k.spawn("idle", 1, idler())
+    k.run()
+    assert res == [(0, bw.cost_us(ps, bwm.K_READ, 100), OK)]
+    with pytest.raises(bwm.BandwidthError, match="every_us"):
+        next(bw.poll_task(MAX_WAIT_US + 1))
+
+
+def test_a_whole_period_with_no_call_at_all_reads_as_no_gap_and_stays_bounded():
+    # the documented limit: the clock reads the same ticks, so nothing can tell; the marks
+    # are relative, so at worst the old window counts once more (no stale far-future mark)
+    clk, bw, ps = _busy()
+    w0 = bw.window(ps)
+    clk.charge((1 << 29) - 1)
+    clk.charge((1 << 29) - 1)
+    clk.charge(2)
+    assert bw.window(ps) == w0  # as if no time passed (the poll rule is what closes this)
+    assert 0 <= bw.wait_us(ps, bwm.IO, 100) <= 2 * WIN
+    assert 0 <= bw.occupy(ps, bwm.K_READ, 100) < 100000
+
+
+GAPS = st.one_of(st.integers(0, 40000), st.integers(40000, (1 << 30) - 1))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 4), st.integers(0, 50000), GAPS), min_size=1, max_size=30),
+       st.sampled_from([0, compat.TICKS_PERIOD - 20000]))
+def test_window_sums_equal_the_charged_bytes_across_long_idle_gaps(ops, start):
+    clk, bw = new(start)
+    ref = Ref(0)
+    t = 0
+    for tier, cat, n, dt in ops:
+        _idle(clk, bw, dt, False)  # untouched: every gap below 2**30 us
+        t += dt
+        assert bw.charge(tier, cat, n) == OK
+        ref.items.append((t, tier, cat, n))
+        for ti in range(3):
+            assert bw.window(ti) == ref.window(t, ti)
+
+
+# --- per-tier sums (finding 2): bounded by the tier's bucket limit, refusals change nothing
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 8), st.sampled_from([bwm.CHARGE_MAX, 1 << 22, 12345, 1]),
+                          st.integers(0, 3000)), min_size=1, max_size=120))
+def test_tier_sums_and_peaks_never_pass_2_30(ops):
+    clk, bw = new()
+    for i in range(4):
+        bw.add_category("u%d" % i)
+    sr = bw.tier_id("sram")
+    for cat, n, dt in ops:
+        clk.charge(dt)
+        before = (bw.window(sr), bw.window(sr, cat), bw.report()["sram"]["all"]["bytes"])
+        r = bw.charge(sr, cat, n)
+        after = (bw.window(sr), bw.window(sr, cat), bw.report()["sram"]["all"]["bytes"])
+        if r == OK:
+            assert after == (before[0] + n, before[1] + n, before[2] + n)
+        else:
+            assert r == E_RANGE and after == before
+        assert 0 <= bw.twin[sr] <= compat_int_max()
+        rep = bw.report()["sram"]["all"]
+        assert 0 <= rep["peak"] <= compat_int_max()
+
+
+def compat_int_max():
+    from firmware_py.status import INT_MAX
+    return INT_MAX
+
+
+def test_a_full_tier_bucket_refuses_every_category_and_admission():
+    k = Kernel(VirtualClock(), max_tasks=4)
+    bw = bwm.Bandwidth(BOARD, kernel=k, window_us=WIN, buckets=NB)
+    sr = bw.tier_id("sram")
+    m = bw.bucket_max
+    while m > 0:
+        p = min(m, bwm.CHARGE_MAX)
+        assert bw.charge(sr, bwm.WEIGHTS, p) == OK
+        m -= p
+    assert bw.charge(sr, bwm.KV_READ, 1) == E_RANGE
+    assert bw.charge_copy(sr, bw.tier_id("psram"), bwm.IO, 1) == E_RANGE
+    assert bw.report()["sram"]["kv_read"]["refused"] == 1
+    bw.set_budget(sr, bwm.IO, 1000)
+    got = []
+
+    def a():
+        got.append((yield bw.admit(sr, bwm.IO, 10)))
+
+    k.spawn("a", 1, a())
+    k.run()
+    assert got == [E_RANGE] and bw.window(sr, bwm.IO) == 0
+
+
+# --- the cost model (finding 3): never above 2**30 - 1; values unchanged
+
+
+def _old_cost_us(bw, tier, kind, n):
+    # cost_us as it was before the overflow guards (the tiers benchmark depends on these)
+    if n == 0:
+        return 0
+    if kind == bwm.K_LINE:
+        lines = (n + bw.line_bytes[tier] - 1) // bw.line_bytes[tier]
+        c = bw.line_ns[tier]
+        return (lines // 1000) * c + ((lines % 1000) * c) // 1000
+    i = tier * bwm.N_KINDS + kind
+    q = bw.qk[i]
+    if q == 0:
+        return E_RANGE
+    if bw.slow[i]:
+        return (n // 1000) * q + ((n % 1000) * q + bw.lat[tier]) // 1000
+    kib = n >> 10
+    return (kib // 1000) * q + ((kib % 1000) * q + (((n & 1023) * q) >> 10) + bw.lat[tier]) // 1000
+
+
+BOARDS = sorted(f for f in os.listdir(os.path.join(ROOT, "boards")) if f.endswith(".json"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(BOARDS), st.integers(0, 10), st.integers(0, bwm.N_KINDS - 1), st.integers(0, bwm.CHARGE_MAX))
+def test_cost_us_and_copy_us_values_are_unchanged(name, ti, kind, n):
+    brd = board.load(os.path.join(ROOT, "boards", name))
+    bw = bwm.CostModel(brd)
+    tier = ti % bw.n_tiers
+    old = _old_cost_us(bw, tier, kind, n)
+    new_ = bw.cost_us(tier, kind, n)
+    if old > 0x3FFFFFFF:
+        assert new_ == E_RANGE
+    else:
+        assert new_ == old
+    for dst in range(bw.n_tiers):
+        for dma in (0, 1):
+            c = bw.copy_us(tier, dst, dma, n)
+            if tier == dst:
+                a = _old_cost_us(bw, tier, bwm.K_DMA if dma else bwm.K_COPY, n)
+                want = (2 * a if a >= 0 else a) if dma else a
+            else:
+                a = _old_cost_us(bw, tier, bwm.K_DMA if dma else bwm.K_READ, n)
+                b = _old_cost_us(bw, dst, bwm.K_DMA if dma else bwm.K_WRITE, n)
+                want = E_RANGE if a < 0 or b < 0 else max(a, b)
+            assert c == (E_RANGE if want > 0x3FFFFFFF else want)
+
+
+def _slow_board():
+    d = json.load(open(os.path.join(ROOT, "boards", "esp32s3_n8r8.json")))
+    t = copy.deepcopy(d["memory"][0])
+    t.update(name="slow", kind="flash", bandwidth_bytes_per_s=15625, latency_ns=100, dma=True)
+    t["cost"] = {k: {"value": v, "source": "test"} for k, v in (
+        ("read_bytes_per_s", 15625), ("write_bytes_per_s", 15625), ("copy_bytes_per_s", 15625),
+        ("dma_bytes_per_s", 31250), ("line_bytes", 4), ("line_ns", 999000), ("line_stream_bytes_per_s", 4000000))}
+    d["memory"].append(t)
+    return board.loads(json.dumps(d))
+
+
+def test_cost_model_refuses_results_past_2_30_minus_1():
+    cm = bwm.Bandwidth(_slow_board(), clock=VirtualClock())
+    sl = cm.tier_id("slow")
+    ps = cm.tier_id("psram")
+    assert _old_cost_us(cm, sl, bwm.K_READ, bwm.CHARGE_MAX) == 1 << 30  # the finding
+    assert cm.cost_us(sl, bwm.K_READ, bwm.CHARGE_MAX) == E_RANGE
+    assert _old_cost_us(cm, sl, bwm.K_LINE, bwm.CHARGE_MAX) > 1 << 30
+    assert cm.cost_us(sl, bwm.K_LINE, bwm.CHARGE_MAX) == E_RANGE
+    a = cm.cost_us(sl, bwm.K_DMA, bwm.CHARGE_MAX)
+    assert 0x1FFFFFFF < a <= 0x3FFFFFFF
+    assert cm.copy_us(sl, sl, 1, bwm.CHARGE_MAX) == E_RANGE
+    assert cm.occupy_copy(sl, sl, 1, bwm.CHARGE_MAX) == E_RANGE
+    for n in range(0, bwm.CHARGE_MAX + 1, 99991):
+        for kind in range(bwm.N_KINDS):
+            assert cm.cost_us(sl, kind, n) <= 0x3FFFFFFF
+    u = cm.occupy(sl, bwm.K_READ, bwm.CHARGE_MAX - 1000)
+    assert 0 < u <= 0x3FFFFFFF
+    assert cm.occupy(sl, bwm.K_READ, 1000) == E_RANGE
+    assert cm.move(sl, bwm.K_READ, bwm.IO, 1000) == E_RANGE and cm.window(sl) == 0
+    assert cm.move_copy(ps, sl, 0, bwm.IO, 1000) == E_RANGE and cm.window(ps) == 0
+    assert cm.report()["slow"]["all"]["busy_us"] == u
+    with pytest.raises(bwm.BandwidthError, match="latency_ns"):
+        d = json.loads(json.dumps(json.load(open(os.path.join(ROOT, "boards", "esp32s3_n8r8.json")))))
+        d["memory"][0]["latency_ns"] = 10 ** 7 + 1
+        bwm.CostModel(board.loads(json.dumps(d)))
+    with pytest.raises(bwm.BandwidthError, match="horizon"):
+        bwm.Bandwidth(BOARD, clock=VirtualClock(), window_us=1000000, horizon=300)
+
+
+# --- carry_ns (opt-in): per-tier ns remainders make many small transfers sum exactly
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 5000), st.integers(1, 300), st.integers(0, bwm.N_KINDS - 1))
+def test_carry_ns_sums_back_to_back_transfers_exactly(n, count, kind):
+    bw = bwm.Bandwidth(BOARD, clock=VirtualClock(), carry_ns=True)
+    plain = bwm.Bandwidth(BOARD, clock=VirtualClock())
+    ps = bw.tier_id("psram")
+    ns = bw.cost_ns(ps, kind, n)
+    last = last_plain = 0
+    for _ in range(count):
+        last = bw.occupy(ps, kind, n)
+        last_plain = plain.occupy(ps, kind, n)
+    assert last == count * ns // 1000
+    assert last_plain == count * (ns // 1000)  # the default: rounded down per call
+    assert bw.cost_us(ps, kind, n) == plain.cost_us(ps, kind, n) == ns // 1000

@@ -399,14 +399,19 @@ check(cs.occupy(SL, K_READ, 1000) > 0, "half a circle later the tier frees soone
 ns = bw.cost_ns(PS, K_DMA, 128)
 eq(ns, 2839, "a 128 B DMA burst on PSRAM: 2,839 ns")
 eq(bw.cost_us(PS, K_DMA, 128), 2, "cost_us rounds it down to 2 us (unchanged)")
+cur = [None]  # the tracker bursts() drives
+last = array("i", [0])
+
+
+def bursts():
+    t = cur[0]
+    for _ in range(1000):
+        last[0] = t.occupy(PS, K_DMA, 128)
+
+
 for flag, want in ((False, 1000 * 2), (True, 1000 * ns // 1000)):
     bc = bwm.Bandwidth(b, clock=VirtualClock(), carry_ns=flag)
-    last = array("i", [0])
-
-    def bursts():
-        for _ in range(1000):
-            last[0] = bc.occupy(PS, K_DMA, 128)
-
+    cur[0] = bc
     no_alloc("1000 x occupy, carry_ns=%s" % flag, bursts)
     eq(last[0], want, "1000 back-to-back 128 B bursts end at %d us (carry_ns=%s)" % (want, flag))
     eq(bc.cost_us(PS, K_DMA, 128), 2, "cost_us unchanged with carry_ns=%s" % flag)
