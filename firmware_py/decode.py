@@ -305,23 +305,25 @@ class Session:
     # move one piece of p bytes of cat on tier by kind: charge it (unless admission did),
     # hold the tier for its priced time (after a transfer in flight: contention) and
     # return the µs until it ends. Each piece is a transfer of its own (its first-access
-    # latency included); the sub-µs parts of the pieces' ns are carried, so the pieces of a
-    # move cost the sum of their ns, not that sum less a rounding per piece. Counted in the
+    # latency included); the sub-µs parts of the pieces' ns are carried (here, or by the
+    # tracker itself when it was made with carry_ns), so the pieces of a move cost the sum
+    # of their ns, not that sum less a rounding per piece. Counted in the
     # traffic's totals (weights: final True or cat WEIGHTS). No allocation
     def _move_piece(self, tr, tier, cat, kind, p, charged, final=False):
         bw = tr.bw
         if not charged:
             bw.charge(tier, cat, p)
         us = bw.occupy(tier, kind, p)
-        ns = bw.cost_ns(tier, kind, p)
-        if us < 0 or ns < 0:
+        if us < 0:
             return 0
-        r = self._ns + ns % 1000
-        if r >= 1000:
-            r -= 1000
-            us += 1
-            self.carried_us += 1
-        self._ns = r
+        if not bw.carry_ns:  # a tracker that carries the rounded-off ns itself (carry_ns) needs none here
+            ns = bw.cost_ns(tier, kind, p)
+            r = self._ns + (ns % 1000 if ns > 0 else 0)
+            if r >= 1000:
+                r -= 1000
+                us += 1
+                self.carried_us += 1
+            self._ns = r
         self.pieces += 1
         if cat == bandwidth.WEIGHTS or final:
             tr._count(p, 0, us)

@@ -73,7 +73,7 @@ def scenario(model, tok, tokens=TOKENS, aware=False, piece=0, paced=False, audio
     brd = boards.load(board)
     clk = VirtualClock()
     k = Kernel(clk, max_tasks=8, verbose=False)
-    bw = bwm.Bandwidth(brd, kernel=k)
+    bw = bwm.Bandwidth(brd, kernel=k, carry_ns=True)  # every transfer's rounded-off ns carried: exact sums
     sr, ps = bw.tier_id("sram"), bw.tier_id("psram")
     c_audio = bw.add_category("audio")
     c_wifi = bw.add_category("wifi")
