@@ -188,4 +188,70 @@ def tier_churn():
 
 no_alloc("tiered alloc / alloc(tier) / tier_of / unref", tier_churn)
 eq((tres[0], tq.blocks_free, tq.tier_free(0), tq.tier_free(1)), (2 + 2 * status.E_RANGE, 8, 3, 5), "tiered churn under the heap lock")
+
+# every hot-path call checks that its int arguments are ints before any use (docs/conventions.md):
+# a float, a bool or a big int is E_RANGE, never a TypeError, never read as 0/1, nothing changed
+fp = pool.Pool(16, 6, tiers=(2, 4))
+rf = fp.add_region(6)
+rf2 = fp.add_region(6)
+fb = fp.alloc(rf)  # block 0, region rf
+fb2 = fp.alloc(rf2)  # block 1, region rf2
+BIG = 2 ** 40  # a big int on every build (made before the lock)
+bads = (0.0, 1.0, True, False, BIG, -BIG, None)
+fres = bytearray(len(bads) * 16)
+
+
+def put(j, v):
+    # E_RANGE; available / available_in answer 0 for an int region out of range (big ints too)
+    fres[j] = 1 if v == status.E_RANGE or (v == 0 and 6 <= j % 15 <= 8 and bads[j // 15].__class__ is int) else 0
+
+
+def float_args():
+    j = 0
+    for x in bads:  # one call per line: a tuple of results would allocate
+        put(j, fp.alloc(x))
+        put(j + 1, fp.alloc(rf, x))
+        put(j + 2, fp.share(x))
+        put(j + 3, fp.unref(x))
+        put(j + 4, fp.free(x, fb))
+        put(j + 5, fp.free(rf, x))
+        put(j + 6, fp.available(x))
+        put(j + 7, fp.available_in(x, 0))
+        put(j + 8, fp.available_in(rf, x))
+        put(j + 9, fp.tier_of(x))
+        put(j + 10, fp.tier_free(x))
+        put(j + 11, fp.transfer(x, rf2))
+        put(j + 12, fp.transfer(fb, x))
+        put(j + 13, fp.exchange(x, fb2))
+        put(j + 14, fp.exchange(fb, x))
+        j += 15
+
+
+before = (fp.blocks_used, fp.ref[0], fp.ref[1], fp.owner[0], fp.owner[1], fp.region_used[rf], fp.allocs, fp.frees, fp.failed)
+no_alloc("float / bool / big-int / None arguments to every pool hot-path call", float_args)
+eq(sum(fres), len(bads) * 15, "every one refused with E_RANGE")
+eq((fp.blocks_used, fp.ref[0], fp.ref[1], fp.owner[0], fp.owner[1], fp.region_used[rf], fp.allocs, fp.frees, fp.failed), before,
+   "nothing changed (free(0.0, b) and unref(True) freed nothing)")
+for bad in (1.5, True, None):
+    raises(pool.PoolError, fp.add_region, bad)
+    raises(pool.PoolError, fp.set_quota, rf, bad)
+    raises(pool.PoolError, fp.set_quota, bad, 1)
+
+# exchange: two private blocks swap the regions charged for them; no region's count changes, so
+# a quota lowered below what a region holds does not matter
+xres = [0, 0, 0]
+fp.set_quota(rf, 0)
+
+
+def swap_owners():
+    xres[0] = fp.exchange(fb, fb2)
+    xres[1] = fp.transfer(fb, rf)  # transfer asks the quota (rf: 0, holds 1): refused
+    fp.share(fb)
+    xres[2] = fp.exchange(fb, fb2)  # a shared block: refused
+    fp.unref(fb)
+
+
+no_alloc("exchange of two blocks' owners (and its refusals)", swap_owners)
+eq((xres[0], fp.owner[fb], fp.owner[fb2], fp.region_used[rf], fp.region_used[rf2]), (status.OK, rf2, rf, 1, 1), "owners swapped")
+eq((xres[1], xres[2]), (status.E_NO_BLOCK, status.E_STATE), "transfer over a lowered quota and exchange of a shared block refused")
 done()
