@@ -219,5 +219,271 @@ eq((T.append(h2, rows[2]), T.hazard_refused, c.length(h2)), (E_STATE, 1, 32), "a
 q.drain()
 eq(T.hazard(h2), E_EMPTY, "nothing in flight once the copy landed")
 check(T.append(h2, rows[2]) >= 0 and T.where(h2, 0) == tiers.PSRAM, "the append lands in the moved block (PSRAM)")
+
+# --- review r1: the orders and failures that lost rows (small layouts) ---
+sl = kv.Layout(1, 1, 8, "fp32", tokens_per_block=4)  # 320 B blocks: whole 32-byte lines (DMA)
+SLR = sl.layer_row
+srows = []
+for j in range(40):
+    srows.append(bytearray(bytes([(j * 7 + 1) & 255]) * sl.row_bytes))
+s5a = bytearray(b"\x5A" * SLR)
+s99 = bytearray(b"\x99" * SLR)
+sd = bytearray(SLR)
+res = [0] * 12
+
+
+def small(n_sram, n_psram, q=None, fs=None, seqs=2, quota=0):
+    sp = pool.Pool(sl.block_bytes, n_sram + n_psram, tiers=(n_sram, n_psram), tier_names=("sram", "psram"))
+    sr = sp.add_region(quota or n_sram + n_psram)
+    sc = kv.KVCache(sp, sl, max_seqs=seqs)
+    return sp, sr, sc, tiers.Tiers(sc, dma=q, flash=fs)
+
+
+# finding 2: hazard -> wait -> cache.reserve/write -> step (the documented reserve/write path,
+# without Tiers seeing the copy land first): the copy is compared with the live block at
+# completion and voided, the write is kept
+q = dma.DMAQueue(Kernel(VirtualClock(), max_tasks=4), slots=16)
+sp, sr, sc, T = small(2, 4, q=q)
+h = T.open(sr, "window", 12, 2, -1)  # ring of 3 blocks: SRAM, SRAM, PSRAM
+n = 0
+while T.hazard(h) < 0 and n < 40:
+    T.append(h, srows[n])
+    n += 1
+check(T.hazard(h) >= 0, "a copy of the block the next append writes is in flight after %d appends" % n)
+
+
+def reserve_write_after_wait():
+    res[0] = T.append(h, srows[0])  # refused: the copy is in flight
+    q.drain()  # = yield q.wait(cookie): the copy has landed, Tiers has not seen it
+    res[1] = sc.reserve(h)
+    res[2] = sc.write(h, 0, s5a, 0)
+    res[3] = T.step(h)
+    res[4] = T.step(h)
+    res[5] = T.read(h, n, 0, sd, 0)
+
+
+no_alloc("window: hazard, wait, cache.reserve + write, then T.step (the copy voided at completion)", reserve_write_after_wait)
+eq((res[0], res[1] >= 0, res[2], res[3], res[4], res[5], sd[0], sd[SLR - 1]), (E_STATE, True, OK, 0, 0, OK, 0x5A, 0x5A),
+   "the write after the wait is kept: position %d reads 5a" % n)
+eq((T.raced, T.voided, T.where(h, (n % 12) // 4)), (1, 1, tiers.SRAM), "the copy (its demotion to PSRAM) taken before the write was voided (raced): the written block stays")
+bad = 0
+for pos in range(n - 8, n):
+    T.read(h, pos, 0, sd, 0)
+    if sd[0] != srows[pos][0]:
+        bad += 1
+eq(bad, 0, "the older window positions still read back")
+T.close(h)
+# the same through T.reserve: refused while in flight, then it completes the copy first
+sp, sr, sc, T = small(2, 4, q=q)
+h = T.open(sr, "window", 12, 2, -1)
+n = 0
+while T.hazard(h) < 0 and n < 40:
+    T.append(h, srows[n])
+    n += 1
+
+
+def tiers_reserve():
+    res[0] = T.reserve(h)
+    q.drain()
+    res[1] = T.reserve(h)
+    res[2] = sc.write(h, 0, s5a, 0)
+    res[3] = T.step(h)
+    res[5] = T.read(h, n, 0, sd, 0)
+
+
+no_alloc("window: T.reserve refused while the copy is in flight, then after the wait", tiers_reserve)
+eq((res[0], res[1] >= 0, res[2], res[3], res[5], sd[0]), (E_STATE, True, OK, 0, OK, 0x5A), "T.reserve path")
+eq((T.raced, T.completed >= 1, T.hazard_refused), (0, True, 1), "the landed copy completed before the reserve (no race)")
+T.close(h)
+
+# finding 4: batch=1 (write-through) flushes the appended token while it is still reserved; a
+# later cache.write to it is seen at the next step and flushed again before its block spills
+PATH2 = PATH + ".2"
+fs2 = flashkv.FlashStore(PATH2, 8, sl.block_bytes)
+sp, sr, sc, T = small(2, 6, fs=fs2)
+for batch in (1, 4):
+    h = T.open(sr, "full", 0, 0, 0, True, batch)
+
+    def late_write():
+        T.append(h, srows[0])
+        if batch == 4:
+            for j in range(1, 4):
+                T.append(h, srows[j])  # position 3 flushed at the batch boundary, still reserved
+        res[0] = sc.write(h, 0, s99, 0)
+        for j in range(4, 14):
+            T.append(h, srows[j])
+        res[1] = T.where(h, 0)
+        res[2] = T.read(h, 0 if batch == 1 else 3, 0, sd, 0)
+
+    no_alloc("flash batch=%d: cache.write to the reserved token after its flush, then spill" % batch, late_write)
+    eq((res[0], res[1], res[2], sd[0], sd[SLR - 1], T.reflushed), (OK, tiers.FLASH, OK, 0x99, 0x99, 1 if batch == 1 else 2),  # reflushed: cumulative
+       "batch=%d: the spilled image holds the last write" % batch)
+    T.close(h)
+eq(fs2.used, 0, "slots released")
+
+# finding 9: cache.close (not Tiers.close) of a tiered flash sequence releases its flash slots
+# at once, and still calls an on_close callback installed before Tiers
+seen = [0]
+
+
+def prev_cb(hh):
+    seen[0] += 1
+
+
+sp = pool.Pool(sl.block_bytes, 8, tiers=(2, 6), tier_names=("sram", "psram"))
+sr = sp.add_region(8)
+sc = kv.KVCache(sp, sl, max_seqs=1)
+sc.on_close = prev_cb
+T = tiers.Tiers(sc, flash=fs2)
+h = T.open(sr, "full", 0, 0, 0, True, 1)
+for j in range(14):
+    T.append(h, srows[j])
+check(fs2.used >= 2 and T.spills >= 2, "blocks spilled (%d slots)" % fs2.used)
+
+
+def cache_close():
+    res[0] = sc.close(h)
+
+
+no_alloc("cache.close of a tiered flash sequence (on_close releases its slots)", cache_close)
+eq((res[0], fs2.used, sp.blocks_used, seen[0], T.sh[0]), (OK, 0, 0, 1, 0), "slots and blocks released, the earlier callback called")
+
+# finding 7: fork of a tiered sequence: refused (E_STATE) once a block is in flash, else a
+# plain child sharing the resident blocks
+h = T.open(sr, "full", 0, 0, 0, True, 1)
+for j in range(3):
+    T.append(h, srows[j])
+eq(T.where(h, 0), tiers.SRAM, "block 0 is current: in the pool")
+T.close(h)
+sp, sr, sc, T = small(2, 6, fs=fs2)
+h = T.open(sr, "full", 0, 1, 1, True, 1)
+for j in range(6):
+    T.append(h, srows[j])
+f = T.fork(h)
+check(f >= 0 and f != h, "fork while every block is in the pool: a child (%d)" % f)
+eq((sc.read(f, 5, 0, sd, 0), sd[0], T.read(f, 0, 0, sd, 0)), (OK, srows[5][0], E_STALE), "the child is a plain sequence: cache.read")
+eq(sc.close(f), OK, "close the child")
+for j in range(6, 20):
+    T.append(h, srows[j])
+eq(T.where(h, 0), tiers.FLASH, "block 0 spilled")
+
+
+def fork_spilled():
+    res[0] = T.fork(h)
+    res[1] = sc.fork(h)
+
+
+no_alloc("fork of a sequence with a block in flash (refused)", fork_spilled)
+eq((res[0], res[1], T.fork_refused, T.read(h, 0, 0, sd, 0), sd[0]), (E_STATE, E_STATE, 1, OK, srows[0][0]), "fork refused; the parent unchanged")
+T.close(h)
+
+# finding 5: file errors are statuses, never stale bytes, never a traceback
+IS_MP = sys.implementation.name == "micropython"
+
+
+class FailFile:
+    # the store's file, failing on demand: writes raise OSError (a full filesystem: ENOSPC,
+    # preallocated so the heap-locked path raises without allocating), or are short
+    def __init__(self, f):
+        self.f = f
+        self.mode = 0  # 0 pass, 1 raise, 2 short write
+        self.exc = OSError(28)
+
+    def seek(self, pos):
+        return self.f.seek(pos)
+
+    def write(self, buf, off=0, n=-1):
+        if self.mode == 1:
+            raise self.exc
+        if self.mode == 2:
+            return 0
+        return self.f.write(buf, off, n) if IS_MP else self.f.write(buf)
+
+    def readinto(self, buf, n=-1):
+        return self.f.readinto(buf, n) if IS_MP else self.f.readinto(buf)
+
+    def flush(self):
+        return self.f.flush()
+
+    def close(self):
+        return self.f.close()
+
+
+sp, sr, sc, T = small(2, 6, fs=fs2)
+ff = FailFile(fs2.f)
+fs2.f = ff
+h = T.open(sr, "full", 0, 0, 0, True, 1)
+T.append(h, srows[0])
+for mode in (1, 2):
+    ff.mode = mode
+    e0 = T.flash_errors
+
+    def failing_flushes():
+        bad = 0
+        for j in range(1, 9):
+            if T.append(h, srows[j]) < 0 or T.step_err != E_STATE:
+                bad += 1
+        res[0] = bad
+        res[1] = T.step(h)
+
+    no_alloc("flushes whose file writes %s" % ("raise OSError" if mode == 1 else "are short"), failing_flushes)
+    eq((res[0], res[1], T.flash_errors - e0 >= 9, T.where(h, 0) < tiers.FLASH, T.where(h, 1) < tiers.FLASH, T.spills),
+       (0, E_STATE, True, True, True, 0),
+       "mode %d: appends succeed, every flush reports E_STATE, nothing spills" % mode)
+    T.close(h)
+    h = T.open(sr, "full", 0, 0, 0, True, 1)
+    T.append(h, srows[0])
+ff.mode = 0
+for j in range(1, 14):
+    T.append(h, srows[j])
+eq((T.step_err, T.where(h, 0)), (OK, tiers.FLASH), "the file works again: flushed and spilled")
+bad = 0
+for pos in range(14):
+    if T.read(h, pos, 0, sd, 0) != OK or sd[0] != srows[pos][0]:
+        bad += 1
+eq(bad, 0, "every position reads back after the failures")
+# a truncated file: the staging read is E_STATE, never the previous staged block
+h2 = T.open(sr, "full", 0, 0, 0, True, 1)
+for j in range(14):
+    T.append(h2, srows[39 - j])
+eq((T.begin_pass(h), T.block(h, 0) >= 0, T.buf[T.block(h, 0) + sl.rows_off]), (OK, True, srows[0][0]), "h's block 0 staged")
+open(PATH2, "wb").close()  # the file truncated behind the store (its open handle now reads short)
+
+
+def truncated():
+    res[0] = T.block(h2, 0)
+    res[1] = T.begin_pass(h2)
+    res[2] = T.read(h2, 0, 0, sd, 0)
+    res[3] = T.block(h2, 3)  # resident: the pool, no file
+
+
+no_alloc("block / begin_pass / read of a truncated flash file", truncated)
+i2 = sc._idx(h2)
+eq((res[0], res[1], res[2], res[3] >= 0, T.st_i[0] == i2, T.st_i[1] == i2), (E_STATE, E_STATE, E_STATE, True, False, False),
+   "every flash read refused E_STATE, no staging buffer names h2's blocks")
+T.close(h)
+T.close(h2)
+fs2.close()
+
+# finding 8: a region whose quota was lowered below what it holds keeps its blocks charged
+# to it when they move (pool.exchange; pool.transfer would refuse and strand them in Tiers')
+for qq in (None, dma.DMAQueue(Kernel(VirtualClock(), max_tasks=4), slots=16)):
+    sp, sr, sc, T = small(6, 6, q=qq)
+    h = T.open(sr, "window", 16, 1, -1)  # 4 ring blocks, all taken at open
+    sp.set_quota(sr, 0)
+
+    def lowered():
+        for j in range(30):
+            if qq is not None and T.hazard(h) >= 0:
+                qq.drain()
+            T.append(h, srows[j])
+        if qq is not None:
+            qq.drain()
+        T.step(h)
+
+    no_alloc("moves after set_quota lowered the sequence's region (%s)" % ("DMA" if qq else "CPU copies"), lowered)
+    eq((sp.region_used[sr], sp.region_used[T.region], T.completed > 0, T.completed + T.voided, T.moves),
+       (4, 0, True, T.moves, T.moves), "every block charged to the sequence's region; nothing left in Tiers' (%r)" % (T.stats(),))
+    T.close(h)
 fs.close()
 done()
