@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from firmware_py import bandwidth as bwm, board, dma, flashkv, kv, pool, tiers
 from firmware_py.clock import VirtualClock
 from firmware_py.sched import Kernel
-from firmware_py.status import E_EMPTY, OK
+from firmware_py.status import E_EMPTY, E_FULL, E_NO_BLOCK, E_STATE, OK
 from host.paths import ROOT
 
 LAY = {"fp32": kv.Layout(5, 4, 8, "fp32"), "int8": kv.Layout(5, 4, 8, "int8")}
@@ -249,3 +249,247 @@ def test_two_copies_queued_then_drained(tmp_path):
         for ly in range(lay.n_layers):
             assert T.read(h, pos, ly, d, 0) == OK
             assert bytes(d) == expect_row(lay, rows, pos, ly), (pos, ly)
+
+
+# --- review r1: call orders and file failures that lost rows ----------------------------------
+
+def test_kv_meta_constants_match():
+    # tiers.py reads a sequence's reservation from kv.KVCache.meta with its own copies of kv.py's
+    # underscore consts (not importable on MicroPython)
+    assert (tiers._KV_CFG, tiers._KV_NF, tiers._KV_SLOT) == (kv._CFG, kv._NF, kv._F_SLOT)
+
+
+SMALL = kv.Layout(1, 2, 8, "fp32", tokens_per_block=4)  # 2 layers, 4-token blocks of whole 32 B lines
+
+
+class FailFile:
+    # FlashStore's file, failing on demand: 1 writes raise OSError (ENOSPC), 2 writes are short,
+    # 3 reads raise OSError
+    def __init__(self, f):
+        self.f = f
+        self.mode = 0
+
+    def seek(self, pos):
+        return self.f.seek(pos)
+
+    def write(self, buf):
+        if self.mode == 1:
+            raise OSError(28, "No space left on device")
+        if self.mode == 2:
+            return 0
+        return self.f.write(buf)
+
+    def readinto(self, buf):
+        if self.mode == 3:
+            raise OSError(5, "I/O error")
+        return self.f.readinto(buf)
+
+    def flush(self):
+        return self.f.flush()
+
+    def close(self):
+        return self.f.close()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(policy=st.sampled_from(["full", "window"]), use_dma=st.booleans(), batch=st.sampled_from([1, 2, 4, 5]),
+       keep_sram=st.integers(0, 2), keep_psram=st.integers(0, 2), seed=st.integers(0, 10 ** 6),
+       actions=st.lists(st.sampled_from([0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 11]), min_size=20, max_size=90))
+def test_any_call_order_reads_the_last_write(tmp_path, policy, use_dma, batch, keep_sram, keep_psram, seed, actions):
+    run_orders(tmp_path, policy, use_dma, batch, keep_sram, keep_psram, seed, actions)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 10 ** 6),
+       actions=st.lists(st.sampled_from([0, 0, 0, 2, 2, 4, 6, 6, 7, 11, 11]), min_size=20, max_size=90))
+def test_window_writes_racing_dma_copies(tmp_path, seed, actions):
+    # the window's next block prefetched to SRAM by DMA (keep_sram=2), written while its copy is
+    # in flight or after it landed unseen: the copy is voided at completion (raced), never kept
+    run_orders(tmp_path, "window", True, 1, 2, -1, seed, actions)
+
+
+def run_orders(tmp_path, policy, use_dma, batch, keep_sram, keep_psram, seed, actions):
+    # every documented path and the undocumented orders: T.append; hazard -> wait ->
+    # cache.reserve/write -> step (Tiers not told the copy landed); T.reserve; cache.write to
+    # the reserved token after its step (after its flush); a drain with no step; failing file
+    # writes and reads. Whatever the order, every position reads back its last write, or the
+    # call said it did not happen
+    lay = SMALL
+    flash = policy == "full"
+    p = pool.Pool(lay.block_bytes, 12, tiers=(3, 9), tier_names=("sram", "psram"))
+    r = p.add_region(12)
+    c = kv.KVCache(p, lay, max_seqs=2)
+    q = dma.DMAQueue(Kernel(VirtualClock(), max_tasks=4), slots=16) if use_dma else None
+    fs = flashkv.FlashStore(str(tmp_path / "kv.bin"), 16, lay.block_bytes) if flash else None
+    ff = None
+    if fs is not None:
+        ff = FailFile(fs.f)
+        fs.f = ff
+    T = tiers.Tiers(c, dma=q, flash=fs)
+    budget = 0 if flash else 16
+    h = T.open(r, policy, budget, keep_sram, keep_psram if flash else -1, flash, batch)
+    assert h >= 0
+    rng = np.random.default_rng(seed)
+    exp = {}  # position -> bytearray(row_bytes): what each layer's row should read
+    LR = lay.layer_row
+
+    def new_row():
+        return bytearray(rng.integers(0, 256, lay.row_bytes, dtype=np.uint8).tobytes())
+
+    for a in actions:
+        n = c.length(h)
+        if ff is not None:
+            ff.mode = 1 if a == 9 else 2 if a == 10 else 0
+        if a in (0, 9, 10) or (a == 11 and (q is None or T.hazard(h) < 0)):
+            if q is not None and T.hazard(h) >= 0:
+                q.drain()
+            row = new_row()
+            rv = T.append(h, row)
+            if rv >= 0:
+                exp[n] = row
+                if a in (9, 10) and fs is not None:
+                    assert T.step_err in (OK, E_STATE)
+            else:
+                assert rv in (E_STATE, E_NO_BLOCK, E_FULL) and c.length(h) == n
+        elif a == 1:  # hazard -> wait -> cache.reserve/write -> step, Tiers told nothing
+            if q is not None:
+                q.drain()
+            if c.reserve(h) >= 0:
+                row = new_row()
+                for ly in range(lay.n_layers):
+                    assert c.write(h, ly, row, ly * LR) == OK
+                exp[n] = row
+                T.step(h)
+        elif a == 2 or (a == 11 and q is not None and T.hazard(h) >= 0):
+            # cache.reserve/write while a copy of the block is (maybe) in flight: it lands later
+            if c.reserve(h) >= 0:
+                row = new_row()
+                for ly in range(lay.n_layers):
+                    c.write(h, ly, row, ly * LR)
+                exp[n] = row
+                T.step(h)  # a copy of this block may still be in flight: it lands later
+        elif a == 3:  # T.reserve (refused while in flight)
+            if q is not None and T.hazard(h) >= 0:
+                assert T.reserve(h) == E_STATE
+                q.drain()
+            if T.reserve(h) >= 0:
+                row = new_row()
+                for ly in range(lay.n_layers):
+                    c.write(h, ly, row, ly * LR)
+                exp[n] = row
+                T.step(h)
+        elif a in (4, 5) and n:  # a late write to the reserved token, after its step (and flush)
+            ly = a - 4
+            src = bytearray(rng.integers(0, 256, LR, dtype=np.uint8).tobytes())
+            if c.write(h, ly, src, 0) == OK:
+                exp[n - 1][ly * LR:(ly + 1) * LR] = src
+        elif a == 6 and q is not None:
+            q.drain()  # a copy lands with no Tiers call after it
+        elif a == 7:
+            T.step(h)
+        elif a == 8 and ff is not None:
+            ff.mode = 3  # reads fail: refused, never stale bytes
+            d = bytearray(LR)
+            for pos in list(exp)[:3]:
+                rv = T.read(h, pos, 0, d, 0)
+                assert rv in (OK, E_STATE, E_EMPTY)
+                if rv == OK:
+                    assert bytes(d) == bytes(exp[pos][:LR])
+            T.begin_pass(h)
+            for k in range(4):
+                off = T.block(h, k)
+                assert off >= 0 or off in (E_STATE, E_EMPTY)
+                if off >= 0 and k * 4 in exp and c.length(h) > k * 4:
+                    o = off + lay.row_offset(0, 0)
+                    if policy == "full":
+                        assert bytes(T.buf[o:o + LR]) == bytes(exp[k * 4][:LR])
+            ff.mode = 0
+    if ff is not None:
+        ff.mode = 0
+    if q is not None:
+        q.drain()
+    T.step(h)
+    n = c.length(h)
+    lo = 0 if flash else max(0, n - 16)
+    d = bytearray(LR)
+    for pos in range(lo, n):
+        for ly in range(lay.n_layers):
+            assert T.read(h, pos, ly, d, 0) == OK, (pos, ly)
+            assert bytes(d) == bytes(exp[pos][ly * LR:(ly + 1) * LR]), (pos, ly, T.stats())
+    assert p.region_used[T.region] == T.n_inflight
+    assert T.close(h) == OK
+    if q is not None:
+        q.drain()
+        T._complete()
+    assert p.blocks_used == 0 and p.region_used[r] == 0 and p.region_used[T.region] == 0
+    if fs is not None:
+        assert fs.used == 0
+        fs.close()
+
+
+def test_reproducer_06_reserve_write_after_dma_wait():
+    # the exact sequence of review r1's 06: hazard, the wait, cache.reserve/write, T.step twice
+    lay = kv.Layout(1, 1, 8, "fp32", tokens_per_block=4)
+    p = pool.Pool(lay.block_bytes, 6, tiers=(2, 4), tier_names=("sram", "psram"))
+    r = p.add_region(6)
+    c = kv.KVCache(p, lay, max_seqs=2)
+    q = dma.DMAQueue(Kernel(VirtualClock(), max_tasks=4), slots=16)
+    T = tiers.Tiers(c, dma=q)
+    h = T.open(r, "window", 12, 2, -1)
+    pos = 0
+    while T.hazard(h) < 0 and pos < 40:
+        assert T.append(h, bytearray(bytes([(pos * 7 + 1) & 255]) * lay.row_bytes)) >= 0
+        pos += 1
+    assert T.hazard(h) >= 0 and T.append(h, bytearray(lay.row_bytes)) == E_STATE
+    q.drain()
+    assert c.reserve(h) >= 0 and c.write(h, 0, bytearray(b"\x5A" * lay.layer_row), 0) == OK
+    assert T.step(h) == 0 and T.step(h) == 0
+    d = bytearray(lay.layer_row)
+    assert T.read(h, pos, 0, d, 0) == OK and bytes(d) == b"\x5A" * lay.layer_row
+    assert T.raced == 1
+
+
+def test_flush_and_stage_errors_are_statuses(tmp_path):
+    # a truncated file (review r1's 03): block() of another sequence's flash block is E_STATE,
+    # never the previous staged block; writes that raise OSError: the append succeeds, the step
+    # says E_STATE, nothing spills; once the file works every position reads back
+    lay = kv.Layout(1, 1, 4, "fp32", tokens_per_block=2)
+    p = pool.Pool(lay.block_bytes, 8, tiers=(2, 6), tier_names=("sram", "psram"))
+    r = p.add_region(8)
+    c = kv.KVCache(p, lay, max_seqs=2)
+    path = str(tmp_path / "kv.bin")
+    fs = flashkv.FlashStore(path, 8, lay.block_bytes)
+    T = tiers.Tiers(c, flash=fs)
+    A = T.open(r, "full", 0, 0, 0, True, 1)
+    B = T.open(r, "full", 0, 0, 0, True, 1)
+    for pos in range(6):
+        T.append(A, bytearray(b"\xAA" * lay.row_bytes))
+        T.append(B, bytearray(b"\xBB" * lay.row_bytes))
+    assert T.where(A, 0) == T.where(B, 0) == tiers.FLASH
+    assert T.begin_pass(A) == OK and T.block(A, 0) == 0
+    open(path, "wb").close()
+    e0 = T.flash_errors
+    assert T.block(B, 0) == E_STATE
+    assert T.read(B, 0, 0, bytearray(lay.layer_row), 0) == E_STATE
+    assert T.begin_pass(B) == E_STATE
+    assert T.flash_errors - e0 == 3 and fs.errors >= 3 and T.stats()["flash_errors"] == T.flash_errors
+    fs.close()
+    fs = flashkv.FlashStore(path, 8, lay.block_bytes)
+    ff = FailFile(fs.f)
+    fs.f = ff
+    c2 = kv.KVCache(p, lay, max_seqs=1)
+    T = tiers.Tiers(c2, flash=fs)
+    h = T.open(r, "full", 0, 0, 0, True, 1)
+    rows = [bytearray(bytes([j + 1]) * lay.row_bytes) for j in range(10)]
+    ff.mode = 1
+    for j in range(5):
+        assert T.append(h, rows[j]) >= 0 and T.step_err == E_STATE
+    assert T.step(h) == E_STATE and T.spills == 0 and fs.errors > 0
+    ff.mode = 0
+    for j in range(5, 10):
+        assert T.append(h, rows[j]) >= 0 and T.step_err == OK
+    assert T.where(h, 0) == tiers.FLASH
+    d = bytearray(lay.layer_row)
+    for j in range(10):
+        assert T.read(h, j, 0, d, 0) == OK and bytes(d) == bytes(rows[j][:lay.layer_row])
+    fs.close()
