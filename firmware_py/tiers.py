@@ -17,7 +17,13 @@
 #     be moved up to SRAM ahead of time; before every append the caller asks hazard(h): a
 #     cookie to wait for (yield q.wait(cookie)) when the block that append will write still
 #     has a copy in flight, and Tiers.append refuses E_STATE if the caller did not;
-#   - sinks and h2o are refused at open (TiersError): their evictions write any block.
+#   - sinks and h2o are refused at open (TiersError): their evictions write any block;
+#   - whatever the call order (a cache.reserve/write after the DMA wait but before Tiers saw
+#     the copy land, or while it was in flight), a DMA copy is compared with its live block at
+#     completion and voided when they differ (raced): a write is never lost to a stale copy.
+# A completed move hands the new block the old one's charge (pool.exchange: no quota asked).
+# fork(h) refuses (E_STATE) while a block of h is in flash; cache.close(h) releases h's flash
+# slots through cache.on_close (chained to any callback installed before).
 # A flash spill drops a block from the pool only when it is complete and every one of its
 # positions has been flushed to the file; the table entry becomes -1 and this module's map
 # (fmap) names the flash slot. Read such a sequence through tiers.read / tiers.block, never
@@ -27,7 +33,12 @@
 # resident pool block (the write-back buffer is the SRAM/PSRAM block itself: nothing is
 # copied twice), `batch` tokens at a time (16 by default: "flush after 16 tokens"), one
 # FlashStore transaction per flush (each touched sector rewritten once; its erases counted).
-# batch=1 is write-through (each token's rows as appended).
+# batch=1 is write-through (each token's rows as appended). A flush includes the newest token
+# while it is still reserved: its flushed image is kept and compared at the next step, and a
+# cache.write that changed it makes it unflushed again (reflushed) before its block may spill.
+# File errors (OSError, short reads/writes) are E_STATE, counted in flash_errors, never raised:
+# a failed flush leaves its positions in the pool (retried), a failed staging read is never
+# served (docs/tiers-placement.md).
 #
 # Charging (bandwidth.py): a move is charged to `category` (default kv_write: it is the K/V
 # rows being written to the tier where they will stay) on both ranges' tiers, once: by the
