@@ -10,7 +10,7 @@ import sys
 
 from firmware_py import bandwidth, compat, kv, llama2c, pool, tokenizer
 from firmware_py.clock import RealClock
-from firmware_py.compat import const
+from firmware_py.compat import const, ticks_diff
 from firmware_py import model as fw_model
 from firmware_py.model import Model
 from firmware_py.sample import Sampler
@@ -155,6 +155,9 @@ class Session:
         self.pieces = 0  # pieces moved so far (piece_bytes > 0)
         self._ns = 0  # sub-µs remainder of the pieces' priced ns, carried to the next piece
         self.carried_us = 0  # µs the carried remainders added to the pieces' time (the tier's own busy time lacks them)
+        self.thermal = None  # thermal.Guard: after each new token the task sleeps guard.pause_us(its time), or None
+        self.thermal_pauses = 0  # tokens after which the guard made the task sleep
+        self.thermal_pause_us = 0  # µs slept for the guard in all (saturates at 2**30 - 1)
 
     # prompt ids for text (BOS first); a full-policy prompt longer than the budget is refused
     def encode(self, text):
@@ -181,6 +184,7 @@ class Session:
         pos = 0
         tr = self.traffic
         cache = self.cache
+        t_tok = self.t_start  # when the token being made began (the thermal guard's pause is a share of its time)
         while self.n_new < n:
             for _ in m.forward(h, feed, pos):
                 if self.layer_us:
@@ -285,6 +289,16 @@ class Session:
             feed = nxt
             if self.on_token is not None:
                 self.on_token(self)
+            g = self.thermal
+            if g is not None:
+                now = kernel.now()
+                d = g.pause_us(ticks_diff(now, t_tok))
+                if d > 0:  # hot: slow down by sleeping a share of the token's time (the CPU idles)
+                    self.thermal_pauses += 1
+                    us = self.thermal_pause_us + d
+                    self.thermal_pause_us = us if us < 0x3FFFFFFF else 0x3FFFFFFF
+                    yield kernel.sleep_us(d)
+                t_tok = kernel.now()
         self.t_end = kernel.now()
 
     # bytes of the next piece of a move with `left` bytes to go on (tier, cat): at most

@@ -14,7 +14,7 @@
 # when it has one) and hands its text to the telemetry task.
 import sys
 
-from firmware_py import compat, decode, kv, telemetry as tm
+from firmware_py import compat, decode, kv, telemetry as tm, thermal
 from firmware_py.clock import RealClock
 from firmware_py.sched import Kernel
 from firmware_py.status import E_RANGE, E_STATE, OK
@@ -38,8 +38,10 @@ class Server:
     # available now to reader.byte (or None: no input); clock: the kernel's clock
     def __init__(self, write, poll_input=None, clock=None, model=decode.MODEL_FILE, tokenizer=decode.TOKENIZER_FILE,
                  link_bps=tm.DEFAULT_LINK_BPS, rate_hz=tm.DEFAULT_RATE_HZ, max_requests=0, layer_us=0, heap=0,
-                 out=print, **opts):
+                 out=print, guard=None, **opts):
         self.k = Kernel(clock or RealClock(), max_tasks=8, verbose=True)
+        # the thermal guard: guard(kernel) -> thermal.Guard, made once the kernel exists (None: no guard)
+        self.guard = guard(self.k) if guard is not None else None
         self.model_path = model
         self.tok_path = tokenizer
         self.opts = {}  # the configuration of the next request (decode.Session options)
@@ -55,11 +57,13 @@ class Server:
         self.done = 0  # requests ended
         self.max_requests = max_requests  # stop the kernel after this many requests (0: never)
         self.stopping = False  # a stop command is ending the running request
-        self.tm = tm.Telemetry(write, kernel=self.k, link_bps=link_bps, rate_hz=rate_hz,
+        self.tm = tm.Telemetry(write, kernel=self.k, link_bps=link_bps, rate_hz=rate_hz, thermal=self.guard,
                                meta={"model": model, "board": _board_name()})
         self.reader = tm.CommandReader(self.command)
         self.poll_input = poll_input
         self.k.spawn("telemetry", PRIO_TELEMETRY, self.tm.task(self.k))
+        if self.guard is not None:
+            self.k.spawn("thermal", PRIO_TELEMETRY, self.guard.task())
         if poll_input is not None:
             self.k.spawn("input", PRIO_INPUT, self._input(self.k))
         self._tok = self._on_token  # one bound method for Session.on_token
@@ -168,8 +172,9 @@ class Server:
         boot = {k: self.opts[k] for k in BOOT_KEYS if k in self.opts}
         if s is not None and boot == self.booted:
             s.cache.close(s.h)
-            s.h = s.cache.open(s.region, s.policy, s.cap, boot.get("sinks", kv.SINKS))
-            self._attach(s)
+            cap = self._budget(s.cap, s.policy)
+            s.h = s.cache.open(s.region, s.policy, cap, boot.get("sinks", kv.SINKS))
+            self._attach(s, cap)
             return s
         self.session = None
         self.tm.attach()  # let go of the old pool and cache before a new one is made
@@ -178,14 +183,32 @@ class Server:
         s = decode.Session(self.model_path, self.tok_path, heap=self.heap, **boot)
         s.layer_us = self.layer_us
         s.on_token = self._tok
+        s.thermal = self.guard
+        cap = self._budget(s.cap, s.policy)
+        if cap != s.cap:  # hot at boot: the sequence opens with the guard's smaller budget
+            s.cache.close(s.h)
+            s.h = s.cache.open(s.region, s.policy, cap, boot.get("sinks", kv.SINKS))
         self.session = s
         self.booted = boot
-        self._attach(s)
+        self._attach(s, cap)
         return s
 
-    def _attach(self, s):
+    # the KV budget a request opens with: cap, or the thermal guard's share of it when hot
+    # (its last reading: the guard samples once at boot, then every period)
+    def _budget(self, cap, policy):
+        g = self.guard
+        if g is None:
+            return cap
+        b = g.budget(cap)
+        if b < 1:
+            return cap
+        low = kv.min_budget(policy)
+        return b if b >= low else low
+
+    # telemetry watches session s's sequence, opened with a budget of cap tokens
+    def _attach(self, s, cap):
         self.tm.attach(pool=s.pool, cache=s.cache, bw=getattr(s, "bw", None), dma=getattr(s, "dma", None))
-        self.tm.watch_seq(s.h, s.cap)
+        self.tm.watch_seq(s.h, cap)
         self.tm.meta["kv.policy"] = s.policy
         self.tm.meta["model.layers"] = s.cfg.n_layers
         self.tm.meta["model.seq_len"] = s.cfg.seq_len
@@ -276,11 +299,33 @@ def stdin_poller():
 
 # serve on this board: frames on stdout, commands from stdin. prompt: start one request
 # at once; max_requests: return after that many (0: serve until interrupted)
+# the thermal guard for this board: its profile's thresholds (board.json beside main.py)
+# when there is one, else the defaults; BoardTemp where the port has the sensor, else
+# ModelTemp on the kernel's clock
+def _guard(k):
+    try:
+        from firmware_py import board  # noqa: PLC0415 - only when serving
+        brd = board.load(decode.PROFILE)
+    except (OSError, ValueError, ImportError):  # no readable profile here: the defaults (85 C throttle, 65 C shrink)
+        brd = None
+    if brd is not None:
+        try:
+            return thermal.for_board(k, brd)
+        except thermal.ThermalError as e:  # a profile whose thresholds do not make sense: say so, serve without
+            print("serve: thermal guard off: %s" % e)
+            return None
+    try:
+        src = thermal.BoardTemp()
+    except thermal.ThermalError:
+        src = thermal.ModelTemp(k.clock)
+    return thermal.Guard(k, src)
+
+
 def main(prompt=None, tokens=64, model=decode.MODEL_FILE, tokenizer=decode.TOKENIZER_FILE,
          link_bps=tm.DEFAULT_LINK_BPS, rate_hz=tm.DEFAULT_RATE_HZ, max_requests=0, **opts):
     out = getattr(sys.stdout, "buffer", sys.stdout)
     srv = Server(tm.stream_writer(out), stdin_poller(), model=model, tokenizer=tokenizer, link_bps=link_bps,
-                 rate_hz=rate_hz, max_requests=max_requests, **opts)
+                 rate_hz=rate_hz, max_requests=max_requests, guard=_guard, **opts)
     print("serve: telemetry at %d Hz on a %d B/s link; waiting for commands" % (rate_hz, link_bps))
     if prompt is not None:
         if srv.start(prompt, tokens) != OK:

@@ -154,6 +154,7 @@ class Guard:
         self._db = 0  # busy µs between the last two samples
         self._di = 0  # idle µs between the last two samples
         self._loads()  # baseline
+        self.sample()  # the state of the first reading: a board that boots hot starts in its band (an event)
 
     # kernel busy and idle µs since the last call into self._db / self._di (a tuple
     # would allocate), from the kernel totals; no allocation

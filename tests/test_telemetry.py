@@ -231,3 +231,34 @@ def test_bench_pieces_run_small(tmp_path):
     mean, mx, n = bt.all_sources_frames(seconds=3)
     assert n >= 25 and mx <= 115 and mean > 60
 
+
+
+def test_a_hot_board_shrinks_the_next_budget_and_slows_decode():
+    # the thermal guard in serve: a die that starts at 90 C (above both thresholds) makes the
+    # request open with half its window, decode sleep as long as each token took, and the
+    # state change travel as a thermal event; a cool board changes nothing
+    from firmware_py import thermal
+
+    def hot(k):
+        return thermal.Guard(k, thermal.ModelTemp(k.clock, ambient_c=25, rise_c=0, tau_us=10 ** 9, start_c=90),
+                             period_us=100000)
+
+    runs = {}
+    for name, guard in (("cool", None), ("hot", hot)):
+        b = Board(max_requests=1, guard=guard)
+        b.send("config", policy="window", window=48)
+        b.send("prompt", text="Once upon a time", tokens=40)
+        b.run()
+        d, frames = b.decoded()
+        assert d.corrupt == 0
+        s = b.srv.session
+        runs[name] = (s, frames, s.t_end - s.t_start)
+    cool, hot_ = runs["cool"], runs["hot"]
+    assert cool[0].cache.layout and cool[0].thermal is None and cool[0].thermal_pauses == 0
+    caps = [r["cap"] for f in hot_[1] if f["type"] == "periodic" for r in f.get("seqs", [])]
+    assert caps and max(caps) == 24, "the window of 48 opened as 24 on the hot board"
+    assert hot_[0].thermal_pauses == 40 and hot_[0].thermal_pause_us > 0
+    assert hot_[2] > 1.8 * cool[2], "every token's time slept again: about twice as long"
+    temps = [f["temp"] for f in hot_[1] if f["type"] == "periodic" and "temp" in f]
+    assert temps and all(t["state"] == thermal.SLOW and t["deci_c"] >= 850 for t in temps), "the frames say hot"
+    assert text_of(hot_[1], 1)[:16] == text_of(cool[1], 1)[:16] == "Once upon a time"
