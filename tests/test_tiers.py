@@ -462,7 +462,7 @@ def test_flush_and_stage_errors_are_statuses(tmp_path):
     T = tiers.Tiers(c, flash=fs)
     A = T.open(r, "full", 0, 0, 0, True, 1)
     B = T.open(r, "full", 0, 0, 0, True, 1)
-    for pos in range(6):
+    for _ in range(6):
         T.append(A, bytearray(b"\xAA" * lay.row_bytes))
         T.append(B, bytearray(b"\xBB" * lay.row_bytes))
     assert T.where(A, 0) == T.where(B, 0) == tiers.FLASH

@@ -301,20 +301,22 @@ T.close(h)
 PATH2 = PATH + ".2"
 fs2 = flashkv.FlashStore(PATH2, 8, sl.block_bytes)
 sp, sr, sc, T = small(2, 6, fs=fs2)
+
+
+def late_write():
+    T.append(h, srows[0])
+    if batch == 4:
+        for j in range(1, 4):
+            T.append(h, srows[j])  # position 3 flushed at the batch boundary, still reserved
+    res[0] = sc.write(h, 0, s99, 0)
+    for j in range(4, 14):
+        T.append(h, srows[j])
+    res[1] = T.where(h, 0)
+    res[2] = T.read(h, 0 if batch == 1 else 3, 0, sd, 0)
+
+
 for batch in (1, 4):
     h = T.open(sr, "full", 0, 0, 0, True, batch)
-
-    def late_write():
-        T.append(h, srows[0])
-        if batch == 4:
-            for j in range(1, 4):
-                T.append(h, srows[j])  # position 3 flushed at the batch boundary, still reserved
-        res[0] = sc.write(h, 0, s99, 0)
-        for j in range(4, 14):
-            T.append(h, srows[j])
-        res[1] = T.where(h, 0)
-        res[2] = T.read(h, 0 if batch == 1 else 3, 0, sd, 0)
-
     no_alloc("flash batch=%d: cache.write to the reserved token after its flush, then spill" % batch, late_write)
     eq((res[0], res[1], res[2], sd[0], sd[SLR - 1], T.reflushed), (OK, tiers.FLASH, OK, 0x99, 0x99, 1 if batch == 1 else 2),  # reflushed: cumulative
        "batch=%d: the spilled image holds the last write" % batch)
@@ -414,18 +416,20 @@ ff = FailFile(fs2.f)
 fs2.f = ff
 h = T.open(sr, "full", 0, 0, 0, True, 1)
 T.append(h, srows[0])
+
+
+def failing_flushes():
+    bad = 0
+    for j in range(1, 9):
+        if T.append(h, srows[j]) < 0 or T.step_err != E_STATE:
+            bad += 1
+    res[0] = bad
+    res[1] = T.step(h)
+
+
 for mode in (1, 2):
     ff.mode = mode
     e0 = T.flash_errors
-
-    def failing_flushes():
-        bad = 0
-        for j in range(1, 9):
-            if T.append(h, srows[j]) < 0 or T.step_err != E_STATE:
-                bad += 1
-        res[0] = bad
-        res[1] = T.step(h)
-
     no_alloc("flushes whose file writes %s" % ("raise OSError" if mode == 1 else "are short"), failing_flushes)
     eq((res[0], res[1], T.flash_errors - e0 >= 9, T.where(h, 0) < tiers.FLASH, T.where(h, 1) < tiers.FLASH, T.spills),
        (0, E_STATE, True, True, True, 0),
@@ -467,20 +471,22 @@ fs2.close()
 
 # finding 8: a region whose quota was lowered below what it holds keeps its blocks charged
 # to it when they move (pool.exchange; pool.transfer would refuse and strand them in Tiers')
+
+
+def lowered():
+    for j in range(30):
+        if qq is not None and T.hazard(h) >= 0:
+            qq.drain()
+        T.append(h, srows[j])
+    if qq is not None:
+        qq.drain()
+    T.step(h)
+
+
 for qq in (None, dma.DMAQueue(Kernel(VirtualClock(), max_tasks=4), slots=16)):
     sp, sr, sc, T = small(6, 6, q=qq)
     h = T.open(sr, "window", 16, 1, -1)  # 4 ring blocks, all taken at open
     sp.set_quota(sr, 0)
-
-    def lowered():
-        for j in range(30):
-            if qq is not None and T.hazard(h) >= 0:
-                qq.drain()
-            T.append(h, srows[j])
-        if qq is not None:
-            qq.drain()
-        T.step(h)
-
     no_alloc("moves after set_quota lowered the sequence's region (%s)" % ("DMA" if qq else "CPU copies"), lowered)
     eq((sp.region_used[sr], sp.region_used[T.region], T.completed > 0, T.completed + T.voided, T.moves),
        (4, 0, True, T.moves, T.moves), "every block charged to the sequence's region; nothing left in Tiers' (%r)" % (T.stats(),))
