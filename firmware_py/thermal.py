@@ -147,7 +147,7 @@ class Guard:
         self.last_event = -1  # state entered by the last event, -1 = none yet
         self.last_event_mc = 0  # the reading that caused it
         self.on_event = None  # fn(state, temp_mc) called on every state change, or None
-        self.samples = 0  # readings taken by sample()
+        self.samples = 0  # readings taken by sample() (saturates at 2**30 - 1, as events and entered[] do)
         self._tot = array("i", bytes(4 * _NTOT))  # kernel totals snapshot (preallocated)
         self._busy = 0  # kernel busy µs at the last sample (mod CARRY-free delta below)
         self._idle = 0  # kernel idle µs at the last sample
@@ -186,7 +186,8 @@ class Guard:
         self.temp_mc = t
         if t > self.peak_mc:
             self.peak_mc = t
-        self.samples += 1
+        if self.samples < _INT_MAX:  # saturates at 2**30 - 1 (a small int on the ESP32)
+            self.samples += 1
         st = self.state
         # each band is entered at its threshold and left only at or below threshold - hysteresis
         if t >= self.throttle_mc or (st == SLOW and t > self.throttle_mc - self.hyst_mc):
@@ -197,7 +198,8 @@ class Guard:
             new = NORMAL
         if new != st:
             self.state = new
-            self.entered[new] += 1
+            if self.entered[new] < _INT_MAX:
+                self.entered[new] += 1
             if self.events < 0x3FFFFFFF:
                 self.events += 1
             self.last_event = new

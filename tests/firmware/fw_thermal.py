@@ -92,6 +92,19 @@ def per_sample():
 
 g.on_event = None
 no_alloc("guard sample, budget, pause and the model's read", per_sample)
+g.samples = g.events = 0x3FFFFFFF
+g.entered[SHRINK] = g.entered[NORMAL] = g.entered[SLOW] = 0x3FFFFFFF
+src.t_mc = 90000
+
+
+def saturated():
+    g.sample()
+    src.t_mc = 20000
+    g.sample()
+
+
+no_alloc("guard counters at 2**30 - 1 stay there", saturated)
+eq((g.samples, g.events, g.entered[SLOW], g.entered[NORMAL]), (0x3FFFFFFF,) * 4, "saturated, not past 2**30 - 1")
 
 # --- the band edges: entered at the threshold, left only at or below threshold - hysteresis ---
 class Fixed:
