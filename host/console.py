@@ -194,7 +194,8 @@ class StreamDecoder:
     # every good frame, ("corrupt", why) for every rejected candidate. A 0x00 always ends
     # what came before it; after it the next two bytes say frame (a code, then 0xFE) or
     # text. Counts: good, corrupt, dropped (sequence numbers missing between good frames),
-    # skipped (what the board says it skipped), text bytes.
+    # skipped (what the board says it skipped), restarts (the board's count started again:
+    # its boot layout at seq 0, its time or its seq going back), text bytes.
     # The result does not depend on how the stream is split into feed() calls: the same
     # frames, corrupt reasons and counts in the same order, and the same text bytes (a
     # run of text may come in more pieces when fed in pieces). A candidate that grows
@@ -210,12 +211,16 @@ class StreamDecoder:
         self.corrupt = 0
         self.truncated = 0  # candidates cut by the end of the stream (counted in corrupt too)
         self.dropped = 0
-        self.skipped = 0  # the board's own count of frames it skipped (the latest core record)
+        self.skipped = 0  # the board's own count of frames it skipped (the latest core record of each run, summed)
+        self.skipped_run = 0  # the latest core record's count, this run of the board
+        self.skipped_before = 0  # the counts of the runs before (board restarts)
+        self.restarts = 0  # board restarts seen: the sequence (and board time) started again
         self.text_bytes = 0
         self.body_errors = 0  # good frames whose body did not decode (kept, with "error")
         self.by_type = {}  # kind -> good frames
         self.why = {}  # rejection reason -> count
         self.last_seq = None  # seq of the last good frame
+        self.last_ms = 0  # its board time
         self.layout = {}  # the latest layout frame's items
 
     def _text(self, out, data):
@@ -255,14 +260,25 @@ class StreamDecoder:
         self.by_type[d["type"]] = self.by_type.get(d["type"], 0) + 1
         if self.last_seq is not None:
             gap = (seq - self.last_seq - 1) & 0xFFFF
-            if gap < 0x8000:  # a larger "gap" is a board reset (the count starts again)
+            back = (ms - self.last_ms) & 0xFFFFFFFF >= 0x80000000  # board time went back
+            if back or (ftype == tm.T_LAYOUT and seq == 0 and gap) or gap >= 0x8000:
+                # the board restarted (reset, power cycle, re-enumerated and rebooted):
+                # its count starts again at 0, so the frames missing are the new run's
+                # before this one (none when this is its boot layout), not the gap
+                self.restarts += 1
+                self.dropped += seq
+                self.skipped_before += self.skipped_run
+                self.skipped_run = 0
+            else:
                 self.dropped += gap
         self.last_seq = seq
+        self.last_ms = ms
         if ftype == tm.T_LAYOUT:
             self.layout = d["layout"]
         core = d.get("core")
         if core and "skipped" in core:
-            self.skipped = core["skipped"]
+            self.skipped_run = core["skipped"]
+            self.skipped = self.skipped_before + self.skipped_run
         out.append(("frame", d))
 
     def feed(self, data):
@@ -335,7 +351,7 @@ class StreamDecoder:
 
     def counts(self):
         return {"good": self.good, "corrupt": self.corrupt, "truncated": self.truncated, "dropped": self.dropped,
-                "skipped": self.skipped, "body_errors": self.body_errors, "text_bytes": self.text_bytes, "by_type": dict(sorted(self.by_type.items())),
+                "skipped": self.skipped, "restarts": self.restarts, "body_errors": self.body_errors, "text_bytes": self.text_bytes, "by_type": dict(sorted(self.by_type.items())),
                 "rejected": dict(sorted(self.why.items()))}
 
 

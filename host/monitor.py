@@ -306,7 +306,7 @@ class Monitor:
     def summary(self):
         c = self.decoder.counts()
         return {"port": self.port, "bytes": self.bytes, "lines": self.lines, "losses": self.losses,
-                "frames": {k: c[k] for k in ("good", "corrupt", "truncated", "dropped", "skipped", "body_errors")},
+                "frames": {k: c[k] for k in ("good", "corrupt", "truncated", "dropped", "skipped", "restarts", "body_errors")},
                 "frames_by_type": c["by_type"], "rejected": c["rejected"], "text_bytes": c["text_bytes"],
                 "requests_done": self.done_events, "tokens": self.state.core.get("tokens")}
 

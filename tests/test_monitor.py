@@ -1,6 +1,11 @@
 # kv monitor keeps logging, in order and with nothing lost, across soft resets of the
-# board and a restart of the virtual board (its port disappears and comes back).
+# board and a restart of the virtual board (its port disappears and comes back): the
+# text log, and the telemetry frames (JSONL log, raw capture, counts) the board's real
+# encoder streams between its text lines.
+import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 
@@ -9,7 +14,7 @@ import pytest
 from conftest import ROOT
 from vboard_util import fs_path, kv, one_line_error, send, start, wait_for
 
-pytestmark = pytest.mark.vboard
+vboard = pytest.mark.vboard
 
 # main.py counts its boots in a file and soft-resets itself (sys.exit) twice
 MAIN = """
@@ -37,6 +42,7 @@ def read_log(p):
     return open(p).read() if os.path.exists(p) else ""
 
 
+@vboard
 def test_monitor_logs_across_soft_reset_and_board_restart(tmp_path):
     log = tmp_path / "serial.log"
     vb = start(tmp_path)
@@ -75,6 +81,7 @@ def test_monitor_logs_across_soft_reset_and_board_restart(tmp_path):
         assert "partial-no-newline-%d" % i in text, text
 
 
+@vboard
 def test_monitor_until_stops_at_the_line(tmp_path):
     log = tmp_path / "m.log"
     with start(tmp_path) as vb:
@@ -92,6 +99,7 @@ def test_monitor_until_stops_at_the_line(tmp_path):
     assert "after hello" not in out
 
 
+@vboard
 def test_monitor_started_after_flash_sees_the_boot_report(tmp_path):
     from firmware_py.app import REPORT_END
 
@@ -102,11 +110,13 @@ def test_monitor_started_after_flash_sees_the_boot_report(tmp_path):
     assert r.returncode == 0 and "kvrtos: boot report" in r.stdout and REPORT_END in r.stdout, r.stdout + r.stderr
 
 
+@vboard
 def test_monitor_missing_port_is_one_line():
     r = kv("monitor", "--port", "/dev/no-such-port")
     assert one_line_error(r) and r.returncode == 2 and "no serial port" in r.stderr, r.stderr
 
 
+@vboard
 def test_telemetry_end_to_end_on_the_virtual_board(tmp_path):
     # the virtual board flashed with the firmware and kvrtos-tiny: `monitor --start`
     # runs firmware_py.serve on it, sends a prompt; the frames stream while the model
@@ -147,6 +157,7 @@ def test_telemetry_end_to_end_on_the_virtual_board(tmp_path):
     assert fit["token_bytes"] == int(lay["kv.token_bytes"])
 
 
+@vboard
 def test_monitor_and_trace_bad_input_is_one_line(tmp_path):
     bad = tmp_path / "x.jsonl"
     bad.write_text("not json\n")
@@ -160,3 +171,231 @@ def test_monitor_and_trace_bad_input_is_one_line(tmp_path):
                        (("trace", str(bad), "--out", str(bad)), 2)):
         r = kv(*args)
         assert one_line_error(r) and r.returncode == code, (args, r.returncode, r.stderr)
+
+
+# main.py for the frame test: the firmware's own telemetry encoder (firmware_py.telemetry
+# on the board's MicroPython) streams, every 20 ms, a text frame "bN tI" and a periodic
+# frame, then prints the text line "bN line I seq S" (S: the last frame written; the
+# first tick also sends the boot layout, seq 0, which names the boot). Boots 1 and 2
+# stream until stopped; boot 3 stops after 40 ticks and prints "b3 end".
+MAIN_FRAMES = """
+import sys
+import time
+from firmware_py import telemetry as tm
+from firmware_py.clock import RealClock
+try:
+    n = int(open('boots').read())
+except OSError:
+    n = 0
+n += 1
+f = open('boots', 'w'); f.write(str(n)); f.close()
+print('boot %d' % n)
+t = tm.Telemetry(tm.stream_writer(sys.stdout.buffer), clock=RealClock(), link_bps=1000000, rate_hz=50, meta={'boot': n})
+t.request = n
+i = 0
+while n < 3 or i < 40:
+    t.text(('b%d t%d\\n' % (n, i)).encode())
+    t.tick()
+    print('b%d line %d seq %d' % (n, i, t.seq - 1))
+    i += 1
+    time.sleep_ms(20)
+print('b%d end' % n)
+"""
+_LINE = re.compile(r"^\[\d\d:\d\d:\d\d\.\d{3}\] (.*)$")
+_PARTIAL = re.compile(r" \[partial line: [^\]]*\]$")
+
+
+def board_text(log_text):
+    # the board's text as the text log holds it: timestamps and the monitor's own notes
+    # taken out, a partial line (flushed at a port loss) joined to what followed it
+    out = []
+    for line in log_text.splitlines():
+        m = _LINE.match(line)
+        assert m, line  # every line timestamped
+        body = m.group(1)
+        if body.startswith("[monitor] "):
+            continue
+        p = _PARTIAL.search(body)
+        out.append(body[:p.start()] if p else body + "\n")
+    return "".join(out)
+
+
+def capture_items(data):
+    # the capture split the way docs/telemetry.md says (tests/telemetry_indep.py's
+    # rules): [("frame", (type, seq, ms)) | ("bad", why)] in stream order
+    import telemetry_indep as ind
+
+    runs = data.split(b"\x00")
+    items = []
+    for k, run in enumerate(runs[1:], 1):
+        if len(run) >= 2 and run[1] == ind.MAGIC:
+            why, f = ind.check(run) if k < len(runs) - 1 else ("truncated", None)
+            items.append(("bad", why) if f is None else ("frame", f[:3]))
+    return items
+
+
+def is_subsequence(small, big):
+    it = iter(big)
+    return all(c in it for c in small)
+
+
+@vboard
+def test_monitor_frames_survive_soft_reset_and_port_return(tmp_path):
+    # the board streams frames and text; the monitor (--log, --jsonl, --capture, --json)
+    # sees a soft reset mid-stream (Ctrl-C, Ctrl-D) and the board's port vanish and
+    # return (the virtual board stopped and started again on the same path). Every frame
+    # received is in the JSONL log, in order; each boot's frames are all there from its
+    # layout (seq 0) to the last one sent (none missing before a text line that names
+    # it); a candidate refused can only be a frame cut by a reset (the last candidate
+    # before a boot layout); the counts: no frame dropped, 2 restarts; the capture
+    # replays to the same frames and counts; the text log holds every text line
+    from firmware_py import telemetry as tm
+
+    log, jl, cap, jl2 = tmp_path / "serial.log", tmp_path / "f.jsonl", tmp_path / "cap.bin", tmp_path / "replay.jsonl"
+    vb = start(tmp_path)
+    mpremote_exec(vb.port, "pass")  # booted, without a main.py yet
+    os.makedirs(fs_path(tmp_path, "firmware_py"))
+    for name in ("__init__.py", "compat.py", "status.py", "clock.py", "telemetry.py"):  # the encoder, as source
+        shutil.copy(os.path.join(ROOT, "firmware_py", name), fs_path(tmp_path, "firmware_py/" + name))
+    with open(fs_path(tmp_path, "main.py"), "w") as f:
+        f.write(MAIN_FRAMES)
+    mon = subprocess.Popen(
+        [sys.executable, "-m", "invoke", "monitor", "--port", vb.port, "--log", str(log), "--jsonl", str(jl),
+         "--capture", str(cap), "--json", "--until", "^b3 end$", "--timeout", "120"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert wait_for(lambda: "connected to" in read_log(log), 20), read_log(log)
+        send(vb.port, b"\r\x02\x04")  # soft reset at the REPL: boot 1 streams
+        assert wait_for(lambda: "b1 line 25 " in read_log(log), 20), read_log(log)
+        # (1) soft reset mid-stream: Ctrl-C stops main.py, Ctrl-D at the REPL resets: boot 2
+        send(vb.port, b"\x03")
+        wait_for(lambda: "KeyboardInterrupt" in read_log(log), 5)  # (a frame cut by Ctrl-C may swallow it)
+        send(vb.port, b"\x04")
+        assert wait_for(lambda: "b2 line 25 " in read_log(log), 20), read_log(log)
+        # (2) the port vanishes mid-stream and returns: boot 3 streams while the monitor finds it
+        vb.stop()
+        assert wait_for(lambda: "lost" in read_log(log), 10), read_log(log)
+        vb = start(tmp_path)
+        out, err = mon.communicate(timeout=120)
+    finally:
+        if mon.poll() is None:
+            mon.terminate()
+            mon.wait(timeout=10)
+        vb.stop()
+    assert mon.returncode == 0, out + err
+    s = json.loads(out)
+    counts = s["frames"]
+    frames = [json.loads(ln) for ln in open(jl)]
+    text = read_log(log)
+    assert counts["good"] == len(frames) and s["losses"] == 1, s
+    assert text.index("lost") < text.index("reconnected") < text.index("b3 line 0 "), text
+
+    # the frames, run by run: each boot from its layout at seq 0, every seq, in order
+    runs = []
+    for fr in frames:
+        if fr["type"] == "layout" and fr["seq"] == 0:
+            runs.append([])
+        assert runs, fr  # the first frame logged is boot 1's layout
+        runs[-1].append(fr)
+    assert [r[0]["layout"]["boot"] for r in runs] == ["1", "2", "3"], [r[0] for r in runs]
+    lines = {}  # boot -> [(i, seq)] of its complete text lines
+    for m in re.finditer(r"^\[[^]]*\] b(\d) line (\d+) seq (\d+)$", text, re.M):
+        lines.setdefault(int(m.group(1)), []).append((int(m.group(2)), int(m.group(3))))
+    for b, run in enumerate(runs, 1):
+        texts = [fr for fr in run if fr["type"] == "text"]
+        assert [fr["seq"] for fr in run] == list(range(len(run))), (b, [fr["seq"] for fr in run])
+        assert [fr["type"] for fr in run] == (["layout"] + ["text", "periodic"] * len(texts))[:len(run)], b
+        assert all(fr["request"] == b for fr in texts), b
+        assert "".join(fr["text"] for fr in texts) == "".join("b%d t%d\n" % (b, i) for i in range(len(texts))), b
+        assert all("error" not in fr for fr in run) and [fr["ms"] for fr in run] == sorted(fr["ms"] for fr in run), b
+        # every frame a received text line names was written before it: it is here; beyond
+        # the last line, at most one tick's frames (written just before the reset)
+        got = lines[b]
+        assert got == [(i, 2 * i + 2) for i in range(len(got))], (b, got)
+        assert got[-1][1] <= len(run) - 1 <= got[-1][1] + 2, (b, got[-1], len(run))
+    assert len(lines[3]) == 40 and len(runs[2]) == 81 and re.search(r"\] b3 end$", text, re.M), (lines[3], len(runs[2]))
+
+    # the capture: the frames decoded from it by the specification's rules are the log's;
+    # a refused candidate is only ever a frame cut by a reset (next comes a boot layout)
+    data = open(cap, "rb").read()
+    items = capture_items(data)
+    code = {name: t for t, name in tm.FRAME_TYPES.items()}
+    assert [v for k, v in items if k == "frame"] == [(code[fr["type"]], fr["seq"], fr["ms"]) for fr in frames]
+    bad = [j for j, (k, _) in enumerate(items) if k == "bad"]
+    for j in bad:
+        nxt = items[j + 1][1]
+        assert nxt[0] == tm.T_LAYOUT and nxt[1] == 0, (items[j], nxt)
+    # the counts: nothing dropped (a restart at the boot layout is not a gap), two restarts,
+    # nothing skipped; refused = the cut frames (at most one per reset), one of them
+    # truncated when the port loss cut it
+    assert counts["dropped"] == 0 and counts["restarts"] == 2 and counts["skipped"] == 0, counts
+    assert counts["corrupt"] == len(bad) <= 2 and counts["truncated"] == s["rejected"].get("port lost", 0) <= 1, s
+    assert counts["body_errors"] == 0, counts
+
+    # the replay: the same frames and counts (a frame cut by the port loss is, in the
+    # capture, refused at the next delimiter instead of at the loss: not "truncated")
+    rep = kv("monitor", "--replay", str(cap), "--json", "--jsonl", str(jl2))
+    assert rep.returncode == 0, rep.stdout + rep.stderr
+    rc = json.loads(rep.stdout)["frames"]
+    assert {k: v for k, v in rc.items() if k != "truncated"} == {k: v for k, v in counts.items() if k != "truncated"}, (rc, counts)
+    assert rc["truncated"] == 0, rc
+
+    def strip(fr):
+        return {k: v for k, v in fr.items() if k != "host_t"}
+
+    assert [strip(json.loads(ln)) for ln in open(jl2)] == [strip(fr) for fr in frames]
+
+    # the text log: every byte of the board's text, up to "b3 end" (where the monitor
+    # stopped), as the capture holds it; a frame cut by the port loss swallows, in the
+    # capture, the text up to the next delimiter, which the live log kept
+    import telemetry_indep as ind
+
+    want = re.sub(r"\r+\n", "\n", ind.decode(data)[0].decode("utf-8", "surrogateescape"))
+    have = board_text(text)
+    end = "b3 end\n"
+    want, have = want[:want.index(end) + len(end)], have[:have.index(end) + len(end)]
+    assert have == want if counts["truncated"] == 0 else is_subsequence(want, have), (have[-300:], want[-300:])
+
+
+def test_a_board_restart_is_not_counted_as_dropped_frames():
+    # a board that ran long (seq past 32,768) resets: its boot layout at seq 0 restarts the
+    # count (the old "a jump back of more than half the circle" rule took 40,001 -> 0 as
+    # 25,534 frames dropped); a restart whose layout was lost is seen by its time going
+    # back, and the frames of the new run before the first received are dropped; a wrap of
+    # the sequence (65,535 -> 0, time going on) is no restart; skipped sums each run's count
+    import io
+
+    from firmware_py import telemetry as tm
+    from host import console
+    from host.monitor import Monitor
+
+    def core(skipped):
+        return bytes([tm.R_CORE, 6, 0, 0, 0, skipped, 0, 0])
+
+    def fr(ftype, seq, ms, body=b""):
+        return console.encode_frame(console.payload(ftype, body, seq=seq, ms=ms))
+
+    run1 = fr(tm.T_PERIODIC, 40000, 4000000, core(3)) + b"text\n" + fr(tm.T_PERIODIC, 40001, 4000100, core(4))
+    run2 = b"MPY: soft reboot\r\n" + fr(tm.T_LAYOUT, 0, 0, b"proto=1") + fr(tm.T_PERIODIC, 1, 0, core(0)) + \
+        fr(tm.T_PERIODIC, 3, 200, core(1))  # seq 2 lost: one dropped
+    run3 = fr(tm.T_PERIODIC, 5, 50, core(2))  # the layout and seqs 0..4 lost: five dropped
+    wrap = fr(tm.T_PERIODIC, 65535, 10 ** 6, core(2)) + fr(tm.T_PERIODIC, 0, 10 ** 6 + 100, core(2))
+    d = console.StreamDecoder()
+    d.feed(run1 + run2)
+    c = d.counts()
+    assert c["good"] == 5 and c["dropped"] == 1 and c["restarts"] == 1 and c["skipped"] == 4 + 1, c
+    d.feed(run3)
+    c = d.counts()
+    assert c["dropped"] == 6 and c["restarts"] == 2 and c["skipped"] == 4 + 1 + 2, c
+    d2 = console.StreamDecoder()
+    d2.feed(wrap)
+    assert d2.counts()["dropped"] == 0 and d2.counts()["restarts"] == 0
+    # the monitor's summary carries the restarts; split into reads of any size, the same
+    for n in (1, 7, 4096):
+        m = Monitor("capture", out=io.StringIO(), view="plain")
+        data = run1 + run2 + run3
+        for i in range(0, len(data), n):
+            m.feed(data[i:i + n])
+        f = m.summary()["frames"]
+        assert (f["good"], f["dropped"], f["restarts"], f["skipped"], f["corrupt"]) == (6, 6, 2, 7, 0), (n, f)
