@@ -506,11 +506,15 @@ class Bandwidth(CostModel):
         return OK
 
     # a kernel task that polls the tracker every `every_us` µs (at most MAX_WAIT_US):
-    # k.spawn("bwpoll", 0, bw.poll_task()); never ends (allocates once: the generator)
+    # k.spawn("bwpoll", 0, bw.poll_task()); never ends (allocates once: the generator).
+    # Configuration: BandwidthError at the call (every_us not an int 1..MAX_WAIT_US, no
+    # kernel), before the generator is made
     def poll_task(self, every_us=MAX_WAIT_US):
         if not _is_int(every_us) or not 1 <= every_us <= MAX_WAIT_US:
             raise BandwidthError("bandwidth: poll_task every_us must be 1..%d, got %r" % (MAX_WAIT_US, every_us))
-        k = self._kernel()
+        return self._poll_gen(self._kernel(), every_us)
+
+    def _poll_gen(self, k, every_us):
         while True:
             yield k.sleep_us(every_us)
             self._advance()
@@ -577,8 +581,11 @@ class Bandwidth(CostModel):
 
     # count a copy of n bytes of category cat from tier src to tier dst: n on each tier
     # (2n on one tier when src == dst: it is read and written); OK or E_RANGE, nothing changed
+    # but the refusal count: as charge, counted in the (src, cat) row once src and cat are valid
     def charge_copy(self, src, dst, cat, n):
         if not (self._ok_args(src, cat, n) and self._ok_args(dst, cat, n)):
+            if _is_int(src) and _is_int(cat) and 0 <= src < self.n_tiers and 0 <= cat < self.n_cat:
+                return self._refuse(src, cat, E_RANGE)
             return E_RANGE
         self._advance()
         m = 2 * n if src == dst else n
@@ -1000,24 +1007,34 @@ class Bandwidth(CostModel):
 
 
 def _carry(st, ilo, ihi, n):
-    # add n (< 2**29) to the counter pair (lo below CARRY_N, hi) at st[ilo], st[ihi]
+    # add n (< 2**29) to the counter pair (lo below CARRY_N, hi) at st[ilo], st[ihi]; hi
+    # saturates at INT_MAX (lo then stays at CARRY_N - 1)
     v = st[ilo] + n
     if v >= CARRY_N:
-        st[ihi] += v // CARRY_N
-        v %= CARRY_N
+        if st[ihi] >= INT_MAX:
+            st[ilo] = CARRY_N - 1
+            return
+        st[ihi] += 1  # n < CARRY_N: one carry at most
+        v -= CARRY_N
     st[ilo] = v
 
 
 def _add_us(st, iu, isec, us):
     # add us (0 .. 2**30 - 1) to the (µs, s) pair at st[iu], st[isec]; no allocation (the
-    # whole seconds go first, so no sum passes 2**30)
-    if us >= _US_PER_S:
-        st[isec] += us // _US_PER_S
-        us %= _US_PER_S
-    v = st[iu] + us
+    # whole seconds go first, so no sum passes 2**30); the seconds saturate at INT_MAX
+    # (the µs then stay at 999,999)
+    q = us // _US_PER_S
+    v = st[iu] + us % _US_PER_S
     if v >= _US_PER_S:
-        st[isec] += v // _US_PER_S
-        v %= _US_PER_S
+        q += 1
+        v -= _US_PER_S
+    if q:
+        s = st[isec]
+        if q >= INT_MAX - s:
+            st[isec] = INT_MAX
+            st[iu] = _US_PER_S - 1
+            return
+        st[isec] = s + q
     st[iu] = v
 
 
@@ -1054,55 +1071,95 @@ class DecodeTraffic:
         self.bytes_w_g = 0  # ... times CARRY_N
         self.bytes_kv = 0  # KV bytes charged (read + write), part below CARRY_N
         self.bytes_kv_g = 0  # ... times CARRY_N
+        self.refused = 0  # pieces the tracker refused (moved nothing, counted nowhere else here; saturates)
 
     # KV bytes one attention pass over n cached tokens reads in one layer
     def kv_read_bytes(self, n):
         return n * self.row
 
-    # charge one layer with n cached tokens (the new one included); returns its memory
-    # µs (>= 0), or E_RANGE (nothing charged: a piece over CHARGE_MAX)
+    # charge one layer with n cached tokens (the new one included): its weights, the new
+    # K/V row, the attention pass's read of n rows, one after the other (one CPU: each
+    # piece starts when the previous one ends). Returns the µs of the pieces moved (>= 0),
+    # or E_RANGE with nothing charged for n not an int 0..CHARGE_MAX // row (the read
+    # piece would pass CHARGE_MAX). Accounting of a refused piece: a piece the tracker
+    # refuses (move/occupy returns E_RANGE: a bucket would pass bucket_max, a piece over
+    # CHARGE_MAX, an end past 2**30 µs) moved nothing: it is counted in self.refused only,
+    # adds no µs, and the next piece starts where the last moved one ended; bytes_w /
+    # bytes_kv count the bytes charged, i.e. the moved pieces' bytes (charged=False), or,
+    # with charged=True (the caller's admission already charged them, this call only books
+    # the time), every piece's bytes as given. So a refusal never puts a status into the
+    # totals, and the result is always what the caller should charge to its clock
     def layer(self, n, charged=False):
-        bw = self.bw
-        r = n * self.row
-        if r > CHARGE_MAX or n < 0:
+        row = self.row
+        if not _is_int(n) or n < 0 or n > CHARGE_MAX or (row > 0 and n > CHARGE_MAX // row):
             return E_RANGE
-        # one after the other (one CPU): each starts when the previous ends
-        if charged:  # admission already charged the bytes: only the time
-            us = bw.occupy(self.w_tier, self.w_kind, self.layer_w)
-            us = bw.occupy(self.kv_tier, K_WRITE, self.row, us)
-            us = bw.occupy(self.kv_tier, self.kv_kind, r, us)
-        else:
-            us = bw.move(self.w_tier, self.w_kind, WEIGHTS, self.layer_w)
-            us = bw.move(self.kv_tier, K_WRITE, KV_WRITE, self.row, us)
-            us = bw.move(self.kv_tier, self.kv_kind, KV_READ, r, us)
-        self._count(self.layer_w, self.row + r, us)
-        return us
+        r = n * row
+        us = self._piece(self.w_tier, self.w_kind, WEIGHTS, self.layer_w, 0, charged, True)
+        us = self._piece(self.kv_tier, K_WRITE, KV_WRITE, row, us, charged, False)
+        return self._piece(self.kv_tier, self.kv_kind, KV_READ, r, us, charged, False)
 
-    # charge the step's end (final norm, classifier, embedding row); returns its µs
+    # charge the step's end (final norm, classifier, embedding row); returns its µs (>= 0:
+    # 0 when the tracker refused it, counted in self.refused, as in layer())
     def final(self, charged=False):
-        if charged:
-            us = self.bw.occupy(self.w_tier, self.w_kind, self.final_w)
-        else:
-            us = self.bw.move(self.w_tier, self.w_kind, WEIGHTS, self.final_w)
-        self._count(self.final_w, 0, us)
-        return us
+        return self._piece(self.w_tier, self.w_kind, WEIGHTS, self.final_w, 0, charged, True)
 
+    # one piece of n bytes starting `after` µs from now (the previous piece's end); the
+    # µs from now to its end (after itself when refused). w: weights (else KV) bytes
+    def _piece(self, tier, kind, cat, n, after, charged, w):
+        bw = self.bw
+        if charged:
+            end = bw.occupy(tier, kind, n, after)
+        else:
+            end = bw.move(tier, kind, cat, n, after)
+        if end < 0:
+            if self.refused < INT_MAX:
+                self.refused += 1
+            if not charged:
+                return after  # nothing charged, nothing counted
+            end = after  # bytes charged by the caller: counted below, no time
+        if w:
+            self._count(n, 0, end - after)
+        else:
+            self._count(0, n, end - after)
+        return end
+
+    # add w weights bytes, kvb KV bytes (each 0..CHARGE_MAX) and us µs (0..2**30 - 1; a
+    # negative value counts as 0) to the totals: the bytes carry at CARRY_N into their _g
+    # field, which saturates (the low part then stays at CARRY_N - 1), the µs carry into
+    # seconds, which saturate (the µs then stay at 999,999). decode.Session's piecewise
+    # charging (piece_bytes) calls it too; no allocation
     def _count(self, w, kvb, us):
-        v = self.bytes_w + w
-        if v >= CARRY_N:
-            self.bytes_w_g += v // CARRY_N
-            v %= CARRY_N
-        self.bytes_w = v
-        v = self.bytes_kv + kvb
-        if v >= CARRY_N:
-            self.bytes_kv_g += v // CARRY_N
-            v %= CARRY_N
-        self.bytes_kv = v
-        v = self.us + us
-        if v >= _US_PER_S:
-            self.s += v // _US_PER_S
-            v %= _US_PER_S
-        self.us = v
+        if w > 0:
+            v = self.bytes_w + w
+            if v >= CARRY_N:
+                if self.bytes_w_g < INT_MAX:
+                    self.bytes_w_g += 1
+                    v -= CARRY_N
+                else:
+                    v = CARRY_N - 1
+            self.bytes_w = v
+        if kvb > 0:
+            v = self.bytes_kv + kvb
+            if v >= CARRY_N:
+                if self.bytes_kv_g < INT_MAX:
+                    self.bytes_kv_g += 1
+                    v -= CARRY_N
+                else:
+                    v = CARRY_N - 1
+            self.bytes_kv = v
+        if us > 0:
+            q = us // _US_PER_S
+            v = self.us + us % _US_PER_S
+            if v >= _US_PER_S:
+                q += 1
+                v -= _US_PER_S
+            sec = self.s
+            if q >= INT_MAX - sec:
+                self.s = INT_MAX
+                v = _US_PER_S - 1
+            else:
+                self.s = sec + q
+            self.us = v
 
     # µs of memory time the model says one token takes at n cached tokens (no charging:
     # the prediction, docs/tiers.md), n_layers layers

@@ -15,11 +15,14 @@
 # flash). On a board LittleFS does its own copy-on-write and hides erases: there the same
 # file calls run, and these counters are the emulator's model (docs/tiers-placement.md).
 #
-# Hot paths (alloc, free, begin, write, end, read_block, read_row) allocate nothing on
+# Hot paths (alloc, free, begin, write, end, spend, read_block, read_at) allocate nothing on
 # MicroPython: its streams take write(buf, off, n) and readinto(buf, n) without slicing,
 # and seek/write/readinto on the unix port allocate nothing (tests/firmware/fw_tiers.py
 # measures it with the heap locked). On CPython a memoryview window is made per call (CPython
 # is never heap-locked). Results follow status.py: an int >= 0 or E_* with nothing changed.
+# Every int argument (s, off, src_off, n, us) is checked as an int (`x.__class__ is int`: a
+# float, a bool or a big int is E_RANGE) and compared with its limits before any
+# arithmetic, so a bad argument never reaches the file call and never raises.
 #
 # File errors: an OSError from the file (a full or failing filesystem) and a short read or
 # write (a file truncated behind the store's back) are E_STATE, counted in self.errors, never
@@ -94,6 +97,8 @@ class FlashStore:
             self.next[s] = s + 1
         self.head = 0  # first free slot, or -1
         self.used = 0  # slots taken
+        # the byte and erase counts carry at 10**9 into their _g field, which saturates at
+        # 2**30 - 1 (the low part then stays at 10**9 - 1); busy_s saturates (busy_us stays at 999,999)
         self.bytes_written = 0  # bytes programmed, modulo 10**9 (bytes_written_g carries)
         self.bytes_written_g = 0
         self.bytes_read = 0  # bytes read back, modulo 10**9
@@ -147,10 +152,14 @@ class FlashStore:
         self.nt = 0
 
     # write n bytes of src from byte src_off at byte off of slot s; OK, E_RANGE (nothing
-    # written) or E_STATE (the file refused: OSError or a short write; the bytes at off are
-    # undefined, the sectors not counted). The touched sectors are counted at end(); no allocation
+    # written: s, off, src_off or n not an int, outside the slot or past src's end) or
+    # E_STATE (the file refused: OSError or a short write; the bytes at off are undefined,
+    # the sectors not counted). The touched sectors are counted at end(); no allocation
     def write(self, s, off, src, src_off, n):
-        if s < 0 or s >= self.n_slots or off < 0 or n < 1 or off + n > self.block_bytes:
+        bb = self.block_bytes
+        if (s.__class__ is not int or off.__class__ is not int or src_off.__class__ is not int
+                or n.__class__ is not int or s < 0 or s >= self.n_slots or off < 0 or off > bb or n < 1
+                or n > bb - off or src_off < 0 or src is None or src_off > len(src) or n > len(src) - src_off):
             return E_RANGE
         pos = s * self.slot_bytes + off
         f = self.f
@@ -175,8 +184,11 @@ class FlashStore:
             a += 1
         v = self.bytes_written + n
         if v >= 1000000000:
-            self.bytes_written_g += 1
-            v -= 1000000000
+            if self.bytes_written_g < INT_MAX:
+                self.bytes_written_g += 1
+                v -= 1000000000
+            else:
+                v = 999999999  # saturated: the low part stays at its top
         self.bytes_written = v
         return OK
 
@@ -200,30 +212,50 @@ class FlashStore:
         self.nt = 0
         v = self.total_erases + er
         if v >= 1000000000:
-            self.total_erases_g += 1
-            v -= 1000000000
+            if self.total_erases_g < INT_MAX:
+                self.total_erases_g += 1
+                v -= 1000000000
+            else:
+                v = 999999999  # saturated: the low part stays at its top
         self.total_erases = v
         return er
 
-    # modelled flash time spent: add us (>= 0); no allocation
+    # modelled flash time spent: add us (an int 0..2**30 - 1); OK, or E_RANGE (nothing
+    # added); the whole seconds saturate at 2**30 - 1; no allocation
     def spend(self, us):
-        v = self.busy_us + us
+        if us.__class__ is not int or us < 0 or us > INT_MAX:
+            return E_RANGE
+        # busy_us + us could pass 2**30 on the ESP32: add the µs below a second and the
+        # whole seconds apart
+        q = us // 1000000
+        v = self.busy_us + us % 1000000
         if v >= 1000000:
-            self.busy_s += v // 1000000
-            v %= 1000000
-        self.busy_us = v
+            q += 1
+            v -= 1000000
+        sec = self.busy_s
+        if q >= INT_MAX - sec:  # saturated: the µs stay at their top
+            self.busy_s = INT_MAX
+            self.busy_us = 999999
+        else:
+            self.busy_s = sec + q
+            self.busy_us = v
+        return OK
 
-    # read slot s's block image into dst (a buffer of at least block_bytes); OK, E_RANGE,
-    # E_STATE (OSError or a short read: dst's contents undefined); no allocation
+    # read slot s's block image into dst (a buffer of at least block_bytes); OK, E_RANGE
+    # (s not an int slot, dst None or too short), E_STATE (OSError or a short read: dst's
+    # contents undefined); no allocation
     def read_block(self, s, dst):
-        if s < 0 or s >= self.n_slots or len(dst) < self.block_bytes:
+        if s.__class__ is not int or s < 0 or s >= self.n_slots or dst is None or len(dst) < self.block_bytes:
             return E_RANGE
         return self._read(s * self.slot_bytes, dst, self.block_bytes)
 
     # read n bytes at byte off of slot s into dst (a buffer of exactly n bytes, or more:
-    # its first n); OK, E_RANGE, E_STATE (as read_block); no allocation
+    # its first n); OK, E_RANGE (s, off or n not an int or out of the slot, dst None or
+    # shorter than n), E_STATE (as read_block); no allocation
     def read_at(self, s, off, dst, n):
-        if s < 0 or s >= self.n_slots or off < 0 or n < 1 or off + n > self.block_bytes or len(dst) < n:
+        bb = self.block_bytes
+        if (s.__class__ is not int or off.__class__ is not int or n.__class__ is not int or s < 0
+                or s >= self.n_slots or off < 0 or off > bb or n < 1 or n > bb - off or dst is None or len(dst) < n):
             return E_RANGE
         return self._read(s * self.slot_bytes + off, dst, n)
 
@@ -250,8 +282,11 @@ class FlashStore:
     def _count_read(self, n):
         v = self.bytes_read + n
         if v >= 1000000000:
-            self.bytes_read_g += 1
-            v -= 1000000000
+            if self.bytes_read_g < INT_MAX:
+                self.bytes_read_g += 1
+                v -= 1000000000
+            else:
+                v = 999999999  # saturated: the low part stays at its top
         self.bytes_read = v
 
     # wear figures (allocates: reporting only). tokens: tokens appended while these erases

@@ -29,13 +29,17 @@ from array import array
 from firmware_py import VERSION
 from firmware_py.compat import IS_MICROPYTHON, const, mem_alloc, mem_free, micropython, ptr8, ptr32, ticks_add, \
     ticks_diff
-from firmware_py.status import E_FULL, E_RANGE, E_STALE, OK
+from firmware_py.status import CARRY_N, E_FULL, E_RANGE, E_STALE, INT_MAX, OK
 
 MAGIC = const(0xFE)  # payload byte 0: never in UTF-8 text
 PROTO = const(1)  # payload byte 1: this format's version
 HDR = const(9)  # payload header bytes: magic, version, type, seq u16, time u32
 CRC_BYTES = const(4)
 MAX_PAYLOAD = const(1024)  # largest payload (header + body) a frame may carry, either direction
+MS_WRAP = const(1000000000)  # the board time (payload bytes 5..8, event records' ms) counts ms modulo
+#                              10**9 (11.57 days): it stays a small int on the ESP32; a decoder unwraps
+#                              it (a step back of more than half of it with the sequence going on is a wrap)
+ARG_MAX = const(0x1FFFFFFF)  # event arguments are clamped to +-(2**29 - 1): their zigzag code stays a small int
 
 # frame types (payload byte 2)
 T_LAYOUT = const(1)  # board -> host: names and constants, text lines
@@ -90,6 +94,7 @@ EV_THERMAL = const(8)  # the thermal guard changed state: deci °C, state (therm
 EV_START = const(9)  # a request started: request, prompt tokens, tokens asked
 EV_DONE = const(10)  # a request ended: request, tokens made, reason (DONE_*)
 EV_ACK = const(11)  # a command was read: frame type, status (0 ok, < 0 refused), request
+EV_LAST = const(11)  # the highest defined code: event() refuses codes outside 1..EV_LAST
 EVENTS = {
     EV_EVICT: ("evict", ("slot", "evicted", "total")),
     EV_WATERMARK: ("watermark", ("slot", "cached", "cap")),
@@ -328,7 +333,7 @@ class CommandReader:
         self.n = 0  # bytes decoded into buf
         self.hi = -1  # a pending high nibble, or -1
         self.inside = False  # after a 0x00: collecting hex digits
-        self.good = 0  # frames accepted
+        self.good = 0  # frames accepted (the three counts saturate at 2**30 - 1)
         self.corrupt = 0  # candidates refused (bad hex, CRC, magic, version, length)
         self.ignored = 0  # bytes outside any frame
 
@@ -342,7 +347,8 @@ class CommandReader:
             self.hi = -1
             return
         if not self.inside:
-            self.ignored += 1
+            if self.ignored < INT_MAX:
+                self.ignored += 1
             return
         if 48 <= b <= 57:
             d = b - 48
@@ -352,19 +358,25 @@ class CommandReader:
             d = b - 55
         else:
             self.inside = False  # not a command: text typed at the board, or noise
-            self.corrupt += 1 if self.n else 0
-            self.ignored += 1
+            if self.n:
+                self._corrupt()
+            if self.ignored < INT_MAX:
+                self.ignored += 1
             return
         if self.hi < 0:
             self.hi = d
             return
         if self.n >= len(self.buf):
             self.inside = False
-            self.corrupt += 1
+            self._corrupt()
             return
         self.buf[self.n] = (self.hi << 4) | d
         self.n += 1
         self.hi = -1
+
+    def _corrupt(self):
+        if self.corrupt < INT_MAX:
+            self.corrupt += 1
 
     # feed bytes (a buffer) of length n (all when n < 0)
     def feed(self, data, n=-1):
@@ -378,14 +390,15 @@ class CommandReader:
         buf = self.buf
         self.inside = False
         if self.hi >= 0 or n < HDR + CRC_BYTES or buf[0] != MAGIC or buf[1] != PROTO:
-            self.corrupt += 1
+            self._corrupt()
             return
         p = n - CRC_BYTES
         got = buf[p] | buf[p + 1] << 8 | buf[p + 2] << 16 | buf[p + 3] << 24
         if crc32(buf, 0, p) != got:
-            self.corrupt += 1
+            self._corrupt()
             return
-        self.good += 1
+        if self.good < INT_MAX:
+            self.good += 1
         self.on_frame(buf[2], bytes(buf[HDR:p]), buf[3] | buf[4] << 8)
 
 
@@ -443,12 +456,13 @@ class Telemetry:
                  dma=None, thermal=None, heap=True, meta=None, text_bytes=1024, events=32, max_seqs=4,
                  heap_ms=1000):
         for name, v, lo in (("link_bps", link_bps, 100), ("rate_hz", rate_hz, 1), ("share_pct", share_pct, 1),
-                            ("text_bytes", text_bytes, 16), ("events", events, 1), ("max_seqs", max_seqs, 1)):
+                            ("text_bytes", text_bytes, 16), ("events", events, 1), ("max_seqs", max_seqs, 1),
+                            ("heap_ms", heap_ms, 1)):
             if v.__class__ is not int or v < lo:
                 raise TelemetryError("telemetry: %s must be an int >= %d, got %r" % (name, lo, v))
-        if rate_hz > 1000 or share_pct > 100 or link_bps > 1000000:
+        if rate_hz > 1000 or share_pct > 100 or link_bps > 1000000 or heap_ms > 3600000:
             # link_bps <= 10**6: the credit's arithmetic stays a small int on the ESP32
-            raise TelemetryError("telemetry: rate_hz <= 1000, share_pct <= 100 and link_bps <= 1000000")
+            raise TelemetryError("telemetry: rate_hz <= 1000, share_pct <= 100, link_bps <= 1000000 and heap_ms <= 3600000")
         self.write = write  # fn(buf, n): the link (a MicroPython stream's write(buf, len))
         self.clock = clock if clock is not None else (kernel.clock if kernel is not None else None)
         if self.clock is None:
@@ -480,24 +494,32 @@ class Telemetry:
         self.wire = bytearray(wire_len(MAX_PAYLOAD) + 1)  # its wire form
         self.n = 0  # payload bytes built
         self.seq = 0  # sequence number of the next frame sent (u16)
-        self.ms = 0  # board time in ms since start (advanced by tick())
+        self.ms = 0  # board time in ms since start, modulo MS_WRAP (advanced by tick())
         self.us_rem = 0  # µs not yet counted in ms
         self.last = self.clock.now()  # ticks of the last tick()
         # link bytes we may send now: a quarter second of the link, or one largest frame
         self.credit_cap = link_bps // 4 if link_bps // 4 > wire_len(MAX_PAYLOAD) else wire_len(MAX_PAYLOAD)
         self.credit = self.credit_cap  # full at boot: the layout frame goes at once
         self.credit_rem = 0  # credit fraction (bytes x 1000)
-        # counters (they travel in the core record)
-        self.tokens = 0  # tokens generated (the decode side bumps it)
-        self.requests = 0  # requests started
+        # counters (the first five travel in the core record). Every one stays a small int
+        # on the ESP32: tokens, requests and the byte counts carry at CARRY_N into a _g
+        # field (the decode side bumps tokens / requests by 1; tick() carries them, so they
+        # stay below CARRY_N + the tokens of one period; the core record sends the part
+        # below CARRY_N: the count modulo 10**9); the other counts saturate at INT_MAX
+        self.tokens = 0  # tokens generated (the decode side bumps it), part below CARRY_N
+        self.tokens_g = 0  # ... times CARRY_N
+        self.requests = 0  # requests started, part below CARRY_N
+        self.requests_g = 0  # ... times CARRY_N
         self.request = 0  # the running request's number (its text frames carry it)
         self.skipped = 0  # periodic frames skipped (behind, or the link credit short)
         self.events_dropped = 0  # events lost because the ring was full
         self.text_dropped = 0  # text bytes lost because the ring was full
         self.sent = 0  # frames sent
-        self.sent_bytes = 0  # wire bytes sent
+        self.sent_bytes = 0  # wire bytes sent, part below CARRY_N
+        self.sent_bytes_g = 0  # ... times CARRY_N
         self.periodic_sent = 0  # periodic frames sent
-        self.periodic_bytes = 0  # their wire bytes
+        self.periodic_bytes = 0  # their wire bytes, part below CARRY_N
+        self.periodic_bytes_g = 0  # ... times CARRY_N
         self.periodic_max = 0  # the largest one
         self.write_errors = 0  # write() raised OSError
         # tok/s over about one second: tokens and ms at each of the last rate_hz ticks
@@ -553,7 +575,7 @@ class Telemetry:
         self.starved = False  # the last frame had no room for a slow row: the next one starts with them
         self.want_layout = True  # send the layout frame at the next tick
         self.layout = b""  # the layout body last built
-        self.layouts = 0  # layout frames sent
+        self.layouts = 0  # layout frames sent (saturates)
 
     # (re)bind the pool, cache, bandwidth and DMA sources (a request booted a new cache);
     # the watched sequences are forgotten and the layout goes out again. Allocates
@@ -589,8 +611,11 @@ class Telemetry:
     # --- what other code calls (no allocation) ---------------------------------------
 
     # watch sequence handle h of the cache, opened with a budget of cap tokens (its row in
-    # periodic frames, its events); the slot (>= 0), or E_FULL when every slot is taken
+    # periodic frames, its events); the slot (>= 0), E_FULL when every slot is taken, or
+    # E_RANGE (h or cap not an int 0..2**30 - 1)
     def watch_seq(self, h, cap=0):
+        if h.__class__ is not int or cap.__class__ is not int or h < 0 or h > INT_MAX or cap < 0 or cap > INT_MAX:
+            return E_RANGE
         for i in range(len(self.seqs)):
             if self.seqs[i] == h:
                 return i
@@ -613,21 +638,25 @@ class Telemetry:
                 return OK
         return E_STALE
 
-    # queue event code with arguments a, b, c (small ints); OK, or E_FULL (counted) when
-    # the ring is full, E_RANGE for an unknown code
+    # queue event code (one of the EV_* codes, 1..EV_LAST) with arguments a, b, c (ints;
+    # one beyond +-ARG_MAX is sent as +-ARG_MAX: its zigzag code must stay a small int);
+    # OK, E_FULL (counted in events_dropped) when the ring is full, E_RANGE (nothing
+    # queued) for a code that is not a defined event type or an argument that is not an int
     def event(self, code, a=0, b=0, c=0):
-        if code.__class__ is not int or code < 1 or code > 255:
+        if (code.__class__ is not int or code < 1 or code > EV_LAST or a.__class__ is not int
+                or b.__class__ is not int or c.__class__ is not int):
             return E_RANGE
         if self.ev_n >= self.ev_cap:
-            self.events_dropped += 1
+            if self.events_dropped < INT_MAX:
+                self.events_dropped += 1
             return E_FULL
         i = (self.ev_head + self.ev_n) % self.ev_cap * _EV_WORDS
         ev = self.ev
         ev[i] = code
         ev[i + 1] = self.ms
-        ev[i + 2] = a
-        ev[i + 3] = b
-        ev[i + 4] = c
+        ev[i + 2] = a if -ARG_MAX <= a <= ARG_MAX else (ARG_MAX if a > 0 else -ARG_MAX)
+        ev[i + 3] = b if -ARG_MAX <= b <= ARG_MAX else (ARG_MAX if b > 0 else -ARG_MAX)
+        ev[i + 4] = c if -ARG_MAX <= c <= ARG_MAX else (ARG_MAX if c > 0 else -ARG_MAX)
         self.ev_n += 1
         return OK
 
@@ -647,7 +676,9 @@ class Telemetry:
                 j = 0
         self.txt_n += k
         if k < n:
-            self.text_dropped += n - k
+            d = n - k
+            v = self.text_dropped
+            self.text_dropped = v + d if d < INT_MAX - v else INT_MAX
         return k
 
     # the cache's watermark hook: sequence handle h crossed its watermark
@@ -675,7 +706,8 @@ class Telemetry:
             late = ticks_diff(now, nxt)
             if late >= period:
                 miss = late // period
-                self.skipped += miss
+                s = self.skipped
+                self.skipped = s + miss if miss < INT_MAX - s else INT_MAX
                 nxt = ticks_add(nxt, miss * period)
             self.tick()
             nxt = ticks_add(nxt, period)
@@ -692,8 +724,15 @@ class Telemetry:
         if d > 1000000:
             d = 1000000  # a long gap: at most a second of credit and time in one step
         us = self.us_rem + d
-        self.ms += us // 1000
+        m = self.ms + us // 1000  # < MS_WRAP + 1001: a small int
+        self.ms = m - MS_WRAP if m >= MS_WRAP else m
         self.us_rem = us % 1000
+        if self.tokens >= CARRY_N:  # the decode side bumps tokens and requests: carry them here
+            self.tokens -= CARRY_N
+            self.tokens_g = self.tokens_g + 1 if self.tokens_g < INT_MAX else INT_MAX
+        if self.requests >= CARRY_N:
+            self.requests -= CARRY_N
+            self.requests_g = self.requests_g + 1 if self.requests_g < INT_MAX else INT_MAX
         c = self.credit_rem + (d // 1000) * self.link_bps + (d % 1000) * self.link_bps // 1000
         self.credit += c // 1000
         self.credit_rem = c % 1000
@@ -706,7 +745,7 @@ class Telemetry:
             self.send_layout()
         self.send_events()
         self.send_text()
-        if self.build_periodic() < 0:
+        if self.build_periodic() < 0 and self.skipped < INT_MAX:
             self.skipped += 1
         return OK
 
@@ -724,7 +763,11 @@ class Telemetry:
             self.hist_n += 1
         o = h if self.hist_n == n else 0  # the oldest sample
         dt = self.ms - self.ms_hist[o]
+        if dt < 0:
+            dt += MS_WRAP  # the board time wrapped
         dn = self.tokens - self.tok_hist[o]
+        if dn < 0:
+            dn += CARRY_N  # tokens carried into tokens_g
         if dt > 0 and dn >= 0:
             self.tok_s_x10 = dn * 10000 // dt if dn < 100000 else dn // dt * 10000
         elif dt > 0:
@@ -834,11 +877,20 @@ class Telemetry:
         try:
             self.write(self.wire, wl)
         except OSError:
-            self.write_errors += 1
+            if self.write_errors < INT_MAX:
+                self.write_errors += 1
         self.credit -= wl
         self.seq = (self.seq + 1) & 0xFFFF
-        self.sent += 1
-        self.sent_bytes += wl
+        if self.sent < INT_MAX:
+            self.sent += 1
+        v = self.sent_bytes + wl
+        if v >= CARRY_N:
+            if self.sent_bytes_g < INT_MAX:
+                self.sent_bytes_g += 1
+                v -= CARRY_N
+            else:
+                v = CARRY_N - 1
+        self.sent_bytes = v
         return wl
 
     # one record id with the values given at the payload's end (values of -1 end the
@@ -891,8 +943,16 @@ class Telemetry:
         self.starved = added == 0 and self.rot_n > 0
         wl = self._send()
         if wl > 0:
-            self.periodic_sent += 1
-            self.periodic_bytes += wl
+            if self.periodic_sent < INT_MAX:
+                self.periodic_sent += 1
+            v = self.periodic_bytes + wl
+            if v >= CARRY_N:
+                if self.periodic_bytes_g < INT_MAX:
+                    self.periodic_bytes_g += 1
+                    v -= CARRY_N
+                else:
+                    v = CARRY_N - 1
+            self.periodic_bytes = v
             if wl > self.periodic_max:
                 self.periodic_max = wl
         return wl
@@ -905,7 +965,10 @@ class Telemetry:
         if p is not None:
             self._rec(R_POOL, limit, p.blocks_used, p.high_water, p.failed)
         if self.heap:
-            if self.ms - self.heap_at >= self.heap_ms:
+            dm = self.ms - self.heap_at
+            if dm < 0:
+                dm += MS_WRAP  # the board time wrapped
+            if dm >= self.heap_ms:
                 self.heap_at = self.ms
                 self.heap_free = mem_free()
                 self.heap_new = True
@@ -925,7 +988,7 @@ class Telemetry:
                 o = (tier * nc + nc - 1) * _NSNAP  # the tier's all-categories row
                 if snap[o + _P_BYTES] or snap[o + _P_BYTES_G] or snap[o + _P_WAITS]:  # it moved something
                     self._rec(R_TIER, limit, tier, snap[o + _P_UTIL],
-                              snap[o + _P_BYTES_G] * 1000000 + snap[o + _P_BYTES] // 1000, snap[o + _P_WAITS])
+                              snap[o + _P_BYTES_G] % 1000 * 1000000 + snap[o + _P_BYTES] // 1000, snap[o + _P_WAITS])
         q = self.dma
         if q is not None:
             st = self.dma_st
@@ -975,8 +1038,8 @@ class Telemetry:
                 return 1
             tot = self.tot
             k.snapshot_totals(tot)
-            return 2 if self._rec(R_KERNEL, limit, tot[_T_BUSY_S] * 1000 + tot[_T_BUSY_US] // 1000,
-                                  tot[_T_IDLE_S] * 1000 + tot[_T_IDLE_US] // 1000, tot[_T_TASKS], tot[_T_MISSES],
+            return 2 if self._rec(R_KERNEL, limit, tot[_T_BUSY_S] % 1000000 * 1000 + tot[_T_BUSY_US] // 1000,
+                                  tot[_T_IDLE_S] % 1000000 * 1000 + tot[_T_IDLE_US] // 1000, tot[_T_TASKS], tot[_T_MISSES],
                                   tot[_T_FAULTS], tot[_T_OVERRUNS], tot[_T_BITES], tot[_T_SWITCHES]) else 0
         if r == 1:
             g = self.thermal
@@ -999,7 +1062,7 @@ class Telemetry:
             row = self.row
             k.snapshot(t, row)
             return 2 if self._rec(R_TASK, limit, i, row[_S_STATE], row[_S_PRIO],
-                                  row[_S_RUN_S] * 1000 + row[_S_RUN_US] // 1000, row[_S_RUNS], row[_S_MAX_SLICE],
+                                  row[_S_RUN_S] % 1000000 * 1000 + row[_S_RUN_US] // 1000, row[_S_RUNS], row[_S_MAX_SLICE],
                                   row[_S_MAX_LAT], row[_S_MISSES], row[_S_OVERRUNS], row[_S_FAULTS]) else 0
         i = r - self.rot_bw
         nc = self.bw_ncat
@@ -1011,7 +1074,7 @@ class Telemetry:
         if not (snap[o + _P_BYTES] or snap[o + _P_BYTES_G] or snap[o + _P_WAITS] or snap[o + _P_REFUSED]):
             return 1  # nothing moved in this category, nothing throttled or refused
         return 2 if self._rec(R_BWCAT, limit, i // nc, c, snap[o + _P_UTIL],
-                              snap[o + _P_BYTES_G] * 1000000 + snap[o + _P_BYTES] // 1000, snap[o + _P_WAITS],
+                              snap[o + _P_BYTES_G] % 1000 * 1000000 + snap[o + _P_BYTES] // 1000, snap[o + _P_WAITS],
                               snap[o + _P_REFUSED]) else 0
 
     # event frames for the events queued, as many per frame as fit; events the credit
@@ -1073,7 +1136,7 @@ class Telemetry:
         wl = self._send()
         if wl < 0:
             self.want_layout = True  # try again at the next tick
-        else:
+        elif self.layouts < INT_MAX:
             self.layouts += 1
         return wl
 
@@ -1123,8 +1186,10 @@ class Telemetry:
 
     # figures about this link (allocates: reports)
     def stats(self):
-        return {"sent": self.sent, "sent_bytes": self.sent_bytes, "periodic": self.periodic_sent,
-                "periodic_bytes": self.periodic_bytes, "periodic_max": self.periodic_max, "skipped": self.skipped,
+        return {"sent": self.sent, "sent_bytes": self.sent_bytes_g * CARRY_N + self.sent_bytes,
+                "periodic": self.periodic_sent, "periodic_bytes": self.periodic_bytes_g * CARRY_N + self.periodic_bytes,
+                "periodic_max": self.periodic_max, "skipped": self.skipped, "tokens": self.tokens_g * CARRY_N + self.tokens,
+                "requests": self.requests_g * CARRY_N + self.requests,
                 "events_dropped": self.events_dropped, "text_dropped": self.text_dropped, "layouts": self.layouts,
                 "frame_max": self.frame_max, "write_errors": self.write_errors}
 

@@ -76,6 +76,7 @@ _ALL = const(0x3FFFFFFF)  # keep_psram "no limit"
 _FULL = const(0)
 _WINDOW = const(1)
 _NONE = const(-1)
+_US_CAP = const(0x3FFFFFFF - 1000000)  # largest flash µs one flush reports: flash_us (< 10**6) + it stays < 2**30
 # kv.KVCache.meta: a sequence slot's row (kv.py's _CFG, _NF, _F_SLOT: underscore consts are not
 # importable on MicroPython; tests/test_tiers.py checks they still match)
 _KV_CFG = const(10)
@@ -182,7 +183,8 @@ class Tiers:
         self.buf = self.arena  # block(): the buffer its offset is into
         self.tier = 0  # block(): tier id of that buffer
         self.last_us = 0  # block(): modelled µs the caller waited for the flash read (charge it)
-        # counters
+        # counters: every count saturates at INT_MAX (2**30 - 1: only "many" matters), the
+        # flash time carries its µs into whole seconds (which saturate)
         self.moves = 0  # copies started
         self.completed = 0  # copies that retargeted a table entry
         self.voided = 0  # copies whose sequence changed meanwhile (destination freed)
@@ -526,18 +528,25 @@ class Tiers:
             self.swp[i] = r
         if self.flushes < INT_MAX:
             self.flushes += 1
-        v = self.flash_erases + er
-        self.flash_erases = v if v < INT_MAX else INT_MAX
-        us = er * fs.erase_us
+        v = self.flash_erases
+        self.flash_erases = v + er if er < INT_MAX - v else INT_MAX  # v + er could pass 2**30
+        eu = fs.erase_us
+        us = er * eu if er <= _US_CAP // (eu if eu > 0 else 1) else _US_CAP  # flash_us + us stays < 2**30
         if self.bw is not None and nbytes:
             c = self.bw.cost_us(self.ftid, K_WRITE, nbytes)
             if c > 0:
-                us += c
+                us = us + c if c < _US_CAP - us else _US_CAP
         fs.spend(us)
         v = self.flash_us + us
         if v >= 1000000:
-            self.flash_s += v // 1000000
-            v %= 1000000
+            q = v // 1000000
+            sec = self.flash_s
+            if q >= INT_MAX - sec:  # saturated: the µs stay at their top
+                self.flash_s = INT_MAX
+                v = 999999
+            else:
+                self.flash_s = sec + q
+                v %= 1000000
         self.flash_us = v
         if err:
             self._flash_error()
@@ -602,7 +611,8 @@ class Tiers:
             if want == FLASH:
                 if self.swb[i] >= (k + 1) * t and self.fmap[base + k] >= 0 and _retarget(self, i, k, b, _NONE) == OK:
                     pool.unref(b)
-                    self.spills += 1
+                    if self.spills < INT_MAX:
+                        self.spills += 1
                 else:
                     self.spend[i] = 1  # not flushed yet: retried at the next step
                 continue
@@ -644,7 +654,8 @@ class Tiers:
             copy32(self.arena, nb * w, self.arena, b * w, w)
             if self.charge_moves:
                 self.bw.charge_copy(self.tid[src], self.tid[dst], self.cat, bb)
-            self.moves += 1
+            if self.moves < INT_MAX:
+                self.moves += 1
             self._finish(i, k, b, nb, self.sh[i] - 1, False)
             return OK
         if q.slots - q.count < self.ndesc or q.putters.head is not None:
@@ -681,7 +692,8 @@ class Tiers:
         self.mv_ck[j] = ck
         self.infl[i * self.mb + k] = j + 1
         self.n_inflight += 1
-        self.moves += 1
+        if self.moves < INT_MAX:
+            self.moves += 1
         return OK
 
     # every copy whose last descriptor has completed: retarget or void; O(max_moves)
@@ -714,10 +726,12 @@ class Tiers:
         elif self.sh[i] == h + 1 and self.cache.retarget(h, k, old, new) == OK:
             pool.exchange(old, new)  # both private (retarget checked): cannot fail
             pool.unref(old)
-            self.completed += 1
+            if self.completed < INT_MAX:
+                self.completed += 1
             return
         pool.unref(new)
-        self.voided += 1
+        if self.voided < INT_MAX:
+            self.voided += 1
         self.spend[i] = 1  # placement retried at the next step
 
     # --- reading --------------------------------------------------------------------
@@ -788,13 +802,16 @@ class Tiers:
             return E_EMPTY
         if self.st_i[0] == i and self.st_k[0] == k:
             j = 0
-            self.stage_hits += 1
+            if self.stage_hits < INT_MAX:
+                self.stage_hits += 1
         elif self.st_i[1] == i and self.st_k[1] == k:
             j = 1
-            self.stage_hits += 1
+            if self.stage_hits < INT_MAX:
+                self.stage_hits += 1
         else:
             j = 0
-            self.stage_misses += 1
+            if self.stage_misses < INT_MAX:
+                self.stage_misses += 1
             if self._stage(i, k, 0) < 0:
                 return E_STATE
         if self.bw is not None:

@@ -30,7 +30,7 @@
 from array import array
 
 from firmware_py.compat import const, ticks_add, ticks_diff
-from firmware_py.status import E_FULL, OK, CARRY_N
+from firmware_py.status import CARRY_N, E_FULL, INT_MAX, OK
 
 _US_PER_S = const(1000000)
 
@@ -70,20 +70,43 @@ class WorkloadError(ValueError):
     pass
 
 
+# Every st field stays a small int on the ESP32 (below 2**30): the bytes carry at CARRY_N
+# into their _G field, the times carry their µs into whole seconds (_S), and those second
+# fields saturate at INT_MAX (2**30 - 1; the low field then stays at its top: CARRY_N - 1,
+# 999,999 µs); every event count (periods, misses, lost, refused, bursts, packets, waits,
+# late) saturates at INT_MAX; the worst / last times are ticks_diff values (< 2**29).
+
+def _inc(st, i):
+    # st[i] += 1 saturating at INT_MAX; no allocation
+    if st[i] < INT_MAX:
+        st[i] += 1
+
+
 def _add(st, i, n):
-    # st[i] += n carrying into st[i + 1] at CARRY_N; no allocation
+    # st[i] += n (0 <= n < CARRY_N) carrying into st[i + 1] at CARRY_N, which saturates;
+    # no allocation
     v = st[i] + n
     if v >= CARRY_N:
-        st[i + 1] += v // CARRY_N
-        v %= CARRY_N
+        if st[i + 1] >= INT_MAX:
+            st[i] = CARRY_N - 1
+            return
+        st[i + 1] += 1
+        v -= CARRY_N
     st[i] = v
 
 
 def _add_us(st, i, us):
-    # st[i] (µs) += us carrying whole seconds into st[i + 1]; no allocation
+    # st[i] (µs) += us (0 <= us < 2**30 - 10**6) carrying whole seconds into st[i + 1],
+    # which saturates; no allocation
     v = st[i] + us
     if v >= _US_PER_S:
-        st[i + 1] += v // _US_PER_S
+        q = v // _US_PER_S
+        s = st[i + 1]
+        if q >= INT_MAX - s:
+            st[i + 1] = INT_MAX
+            st[i] = _US_PER_S - 1
+            return
+        st[i + 1] = s + q
         v %= _US_PER_S
     st[i] = v
 
@@ -133,14 +156,17 @@ class AudioCapture:
         self.dst = q.add_buffer(self.ring, psram_tier)
         self.st = array("i", bytes(4 * NA))  # stats, A_*
         self.landed = array("i", [-1] * slots)  # PSRAM slot -> the period whose samples landed there last (-1: none)
-        self.seq = 0  # periods released so far
+        # periods released so far, modulo seq_mod: the largest multiple of halves x slots below
+        # 2**30, so the half (seq % halves) and the PSRAM slot (seq % slots) go round unbroken
+        self.seq_mod = INT_MAX // (halves * slots) * (halves * slots)
+        self.seq = 0
         self.release = 0  # ticks of the current period's release
         self.running = False  # task() started
 
     # the byte the I2S wrote at i of period n (a checkable pattern); no allocation
     @staticmethod
     def sample(n, i):
-        return (n * 37 + i * 7 + (i >> 8)) & 0xFF
+        return ((n & 0xFF) * 37 + i * 7 + (i >> 8)) & 0xFF  # n & 0xFF: n * 37 would pass the small ints
 
     def _fill(self, half, n):
         b = self.i2s
@@ -148,7 +174,7 @@ class AudioCapture:
         i = 0
         e = self.nb
         while i < e:
-            b[o + i] = (n * 37 + i * 7 + (i >> 8)) & 0xFF
+            b[o + i] = ((n & 0xFF) * 37 + i * 7 + (i >> 8)) & 0xFF
             i += 1
 
     # (slots checked, slots that hold what the I2S wrote in the period that landed there
@@ -180,17 +206,17 @@ class AudioCapture:
             if late > st[A_START_WORST_US]:
                 st[A_START_WORST_US] = late
             while late >= self.deadline_us:  # that half is already being overwritten: its samples are lost
-                self.seq += 1
-                st[A_PERIODS] += 1
-                st[A_MISSES] += 1
-                st[A_LOST] += 1
+                self.seq = self.seq + 1 if self.seq < self.seq_mod - 1 else 0
+                _inc(st, A_PERIODS)
+                _inc(st, A_MISSES)
+                _inc(st, A_LOST)
                 rel = ticks_add(rel, self.period_us)
                 late = ticks_diff(k.now(), rel)
             if late < 0:  # every period released so far was lost: wait for the next one
                 continue
             self.release = rel
             n = self.seq
-            self.seq = n + 1
+            self.seq = n + 1 if n < self.seq_mod - 1 else 0
             half = n % self.halves
             if self.fill:
                 self._fill(half, n)
@@ -200,16 +226,16 @@ class AudioCapture:
             else:
                 rv = c
             lat = ticks_diff(k.now(), rel)
-            st[A_PERIODS] += 1
+            _inc(st, A_PERIODS)
             st[A_LAST_US] = lat
             if rv != OK:
-                st[A_REFUSED] += 1
-                st[A_MISSES] += 1
+                _inc(st, A_REFUSED)
+                _inc(st, A_MISSES)
             else:
                 _add(st, A_BYTES, nb)
                 self.landed[n % self.slots] = n
                 if lat > self.deadline_us:
-                    st[A_MISSES] += 1
+                    _inc(st, A_MISSES)
             if lat > st[A_WORST_US]:
                 st[A_WORST_US] = lat
             _add_us(st, A_LAT_US, lat)
@@ -260,7 +286,10 @@ class WifiBurst:
         self.tx_bufs = tx_bufs
         self.group = group
         if self.paced:
-            most = bw.piece(psram_tier, cat) // packet_bytes
+            most = bw.piece(psram_tier, cat)
+            if most < 0:
+                raise WorkloadError("wifi: tier %r or category %r is not one of the tracker's" % (psram_tier, cat))
+            most //= packet_bytes
             if most < 1:
                 raise WorkloadError("wifi: the category's budget is smaller than one packet")
             if most < group:
@@ -296,7 +325,7 @@ class WifiBurst:
                             w = self.bw.bucket_us
                         if w <= 0:
                             break
-                        st[W_WAITS] += 1
+                        _inc(st, W_WAITS)
                         _add_us(st, W_WAIT_US, w)
                         yield k.sleep_us(w)
                 j = 0
@@ -304,10 +333,10 @@ class WifiBurst:
                     p = i + j
                     r = yield q.submit(self.src, p * pb, self.dst, (p % self.tx_bufs) * pb, pb, self.cat)
                     if r < 0:
-                        st[W_REFUSED] += 1
+                        _inc(st, W_REFUSED)
                     else:
                         c = r
-                        st[W_PACKETS] += 1
+                        _inc(st, W_PACKETS)
                         _add(st, W_BYTES, pb)
                     j += 1
                 if self.paced and c >= 0:
@@ -316,11 +345,11 @@ class WifiBurst:
             if c >= 0:
                 yield q.wait(c)
             d = ticks_diff(k.now(), rel)
-            st[W_BURSTS] += 1
+            _inc(st, W_BURSTS)
             if d > st[W_WORST_US]:
                 st[W_WORST_US] = d
             if d > self.period_us:
-                st[W_LATE] += 1
+                _inc(st, W_LATE)
             rel = ticks_add(rel, self.period_us)
             if ticks_diff(k.now(), rel) > 0:  # a burst longer than the period: the next starts now
                 rel = k.now()

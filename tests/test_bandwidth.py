@@ -359,8 +359,12 @@ def test_poll_task_keeps_a_kernel_idling_for_several_tick_circles_exact():
     k.spawn("idle", 1, idler())
     k.run()
     assert res == [(0, bw.cost_us(ps, bwm.K_READ, 100), OK)]
-    with pytest.raises(bwm.BandwidthError, match="every_us"):
-        next(bw.poll_task(MAX_WAIT_US + 1))
+    for bad in (MAX_WAIT_US + 1, 0, 1.0, True):
+        with pytest.raises(bwm.BandwidthError, match="every_us"):
+            bw.poll_task(bad)  # at the call: the generator is never made
+    nok = bwm.Bandwidth(BOARD, clock=bw.clock)  # no kernel
+    with pytest.raises(bwm.BandwidthError):
+        nok.poll_task()
 
 
 def test_a_whole_period_with_no_call_at_all_reads_as_no_gap_and_stays_bounded():
@@ -554,3 +558,43 @@ def test_carry_ns_sums_back_to_back_transfers_exactly(n, count, kind):
     assert last == count * ns // 1000
     assert last_plain == count * (ns // 1000)  # the default: rounded down per call
     assert bw.cost_us(ps, kind, n) == plain.cost_us(ps, kind, n) == ns // 1000
+
+
+def test_decode_traffic_never_counts_a_refused_piece():
+    # a refused move used to add its E_RANGE (-5) into the µs total and count bytes never
+    # charged: now a refused piece moved nothing and is counted in `refused` only
+    k = Kernel(VirtualClock(), max_tasks=2)
+    bw = bwm.Bandwidth(BOARD, kernel=k)
+    ps = bw.tier_id("psram")
+    tr = bwm.DecodeTraffic(bw, 181760, 131584, 256, ps, ps)
+    assert bw.charge(ps, bwm.IO, bwm.CHARGE_MAX) == OK
+    assert bw.charge(ps, bwm.IO, bw.bucket_max - bwm.CHARGE_MAX - 300) == OK  # 300 B of room left
+    us = tr.layer(4)
+    assert us == bw.cost_us(ps, bwm.K_WRITE, 256)  # only the K/V row moved
+    assert tr.final() == 0
+    assert (tr.refused, tr.bytes_w, tr.bytes_kv, tr.us, tr.s) == (3, 0, 256, us, 0)
+    rep = bw.report()["psram"]
+    assert (rep["weights"]["bytes"], rep["kv_write"]["bytes"], rep["kv_read"]["bytes"]) == (0, 256, 0)
+    for bad in (-1, 1.0, True, None, 1 << 70, bwm.CHARGE_MAX // 256 + 1):
+        assert tr.layer(bad) == E_RANGE
+    assert tr.refused == 3
+    # nothing refused: the same totals as before (µs of the whole layer, bytes of every piece)
+    k.clock.advance(10 * bw.window_us)
+    tr2 = bwm.DecodeTraffic(bw, 181760, 131584, 256, ps, ps)
+    us2 = tr2.layer(10)
+    assert us2 > 0 and (tr2.us, tr2.bytes_w, tr2.bytes_kv, tr2.refused) == (us2, 181760, 256 * 11, 0)
+
+
+def test_charge_copy_counts_bad_arguments_like_charge():
+    k = Kernel(VirtualClock(), max_tasks=2)
+    bw = bwm.Bandwidth(BOARD, kernel=k)
+    ps, sr = bw.tier_id("psram"), bw.tier_id("sram")
+    n_t = bw.n_tiers
+    assert bw.charge_copy(ps, n_t, bwm.IO, 100) == E_RANGE  # bad dst
+    assert bw.charge_copy(ps, sr, bwm.IO, -1) == E_RANGE
+    assert bw.charge_copy(ps, sr, bwm.IO, 2.0) == E_RANGE
+    assert bw.charge_copy(ps, sr, 99, 100) == E_RANGE  # no (src, cat) row to count in
+    assert bw.charge_copy(n_t, sr, bwm.IO, 100) == E_RANGE
+    assert bw.charge(ps, bwm.IO, -1) == E_RANGE
+    rep = bw.report()
+    assert rep["psram"]["io"]["refused"] == 4 and rep["sram"]["io"]["refused"] == 0

@@ -493,3 +493,51 @@ def test_flush_and_stage_errors_are_statuses(tmp_path):
     for j in range(10):
         assert T.read(h, j, 0, d, 0) == OK and bytes(d) == bytes(rows[j][:lay.layer_row])
     fs.close()
+
+
+BIG = 1 << 70
+
+
+@pytest.mark.parametrize("bad", [0.0, 1.5, True, BIG, -BIG, None, "0"])
+def test_flash_store_refuses_bad_int_arguments_with_e_range(tmp_path, bad):
+    # every int argument of write / read_block / read_at / spend is checked as an int before
+    # any arithmetic: a float, a bool, a big int or any other object is E_RANGE, never a
+    # raise from the file call, and nothing is written, read or counted
+    from firmware_py.status import E_RANGE
+    lay = kv.Layout(1, 1, 8, "fp32", tokens_per_block=4)
+    fs = flashkv.FlashStore(str(tmp_path / "kv.bin"), 2, lay.block_bytes)
+    src = bytearray(range(64))
+    dst = bytearray(lay.block_bytes)
+    fs.begin()
+    assert [fs.write(bad, 0, src, 0, 16), fs.write(0, bad, src, 0, 16), fs.write(0, 0, src, bad, 16),
+            fs.write(0, 0, src, 0, bad)] == [E_RANGE] * 4
+    assert [fs.read_block(bad, dst), fs.read_at(bad, 0, dst, 16), fs.read_at(0, bad, dst, 16),
+            fs.read_at(0, 0, dst, bad), fs.spend(bad)] == [E_RANGE] * 5
+    assert fs.end() == 0
+    assert (fs.bytes_written, fs.bytes_read, fs.errors, fs.transactions, fs.busy_us, fs.busy_s) == (0, 0, 0, 0, 0, 0)
+    fs.close()
+
+
+def test_flash_store_range_checks_and_good_calls(tmp_path):
+    from firmware_py.status import E_RANGE
+    lay = kv.Layout(1, 1, 8, "fp32", tokens_per_block=4)
+    bb = lay.block_bytes
+    fs = flashkv.FlashStore(str(tmp_path / "kv.bin"), 2, bb)
+    src = bytearray(range(64))
+    dst = bytearray(bb)
+    fs.begin()
+    assert fs.write(0, 0, src, 60, 8) == E_RANGE  # past src's end: nothing written
+    assert fs.write(0, 0, None, 0, 8) == E_RANGE
+    assert fs.write(0, bb - 4, src, 0, 8) == E_RANGE  # past the block
+    assert fs.write(2, 0, src, 0, 8) == E_RANGE  # no such slot
+    assert fs.read_block(0, None) == E_RANGE and fs.read_at(0, 0, None, 4) == E_RANGE
+    assert fs.read_at(0, 0, bytearray(3), 4) == E_RANGE
+    assert fs.bytes_written == 0 and fs.errors == 0
+    assert fs.write(1, 8, src, 56, 8) == OK
+    fs.end()
+    assert fs.read_at(1, 8, dst, 8) == OK and bytes(dst[:8]) == bytes(src[56:64])
+    assert fs.spend(2500000) == OK and (fs.busy_s, fs.busy_us) == (2, 500000)
+    fs.busy_s = 2 ** 30 - 2
+    assert fs.spend(1600000) == OK and (fs.busy_s, fs.busy_us) == (2 ** 30 - 1, 999999)  # saturated
+    assert fs.spend(1) == OK and (fs.busy_s, fs.busy_us) == (2 ** 30 - 1, 999999)
+    fs.close()

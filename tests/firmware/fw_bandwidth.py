@@ -328,7 +328,7 @@ k8.run()
 eq(res8[0], 0, "poll_task: the window is empty after 5 x MAX_WAIT_US idle")
 eq(res8[1], bw8.cost_us(PS, K_READ, 100), "poll_task: the tier is idle")
 eq(res8[2], OK, "poll_task: admitted at once")
-raises(bwm.BandwidthError, bw8.poll_task(0).__next__)
+raises(bwm.BandwidthError, bw8.poll_task, 0)  # at the call, not when the task first runs
 clk_l, t_l = busy_tracker()
 L_N, L_REST = (1 << 31) // CHUNK, (1 << 31) % CHUNK  # 2**31 is a boxed int on the 32-bit build
 
@@ -420,4 +420,102 @@ tot = 0
 for _ in range(500):
     tot = bc.move_copy(PS, SR, 1, IO, 100)
 eq(tot, 500 * bc.cost_ns(PS, K_DMA, 100) // 1000, "copies carry on the tier that sets their pace")
+
+# --- DecodeTraffic: a piece the tracker refuses moved nothing and is counted in refused only:
+# no status in the totals, the µs returned are the moved pieces' ---
+k9 = Kernel(VirtualClock(), max_tasks=2)
+bw9 = bwm.Bandwidth(b, kernel=k9)
+tr9 = bwm.DecodeTraffic(bw9, 181760, 131584, 256, "psram", "psram")
+eq(bw9.charge(PS, IO, bwm.CHARGE_MAX), OK, "half the bucket")
+eq(bw9.charge(PS, IO, bw9.bucket_max - bwm.CHARGE_MAX - 300), OK, "the bucket 300 B short of bucket_max")
+r9 = [0] * 8
+
+
+def refused_layer():
+    r9[0] = tr9.layer(4)  # weights (181,760 B) and the read (1,024 B) refused, the 256 B row fits
+    r9[1] = tr9.final()  # refused
+    r9[2] = tr9.layer(1.0)
+    r9[3] = tr9.layer(bwm.CHARGE_MAX // 256 + 1)
+
+
+no_alloc("DecodeTraffic layer / final with pieces the tracker refuses", refused_layer)
+want9 = bw9.cost_us(PS, K_WRITE, 256)
+eq((r9[0], r9[1], r9[2], r9[3]), (want9, 0, E_RANGE, E_RANGE), "the moved row's µs; 0 for the refused final; bad n")
+eq((tr9.refused, tr9.bytes_w, tr9.bytes_kv, tr9.us, tr9.s), (3, 0, 256, want9, 0),
+   "refused pieces counted in refused only: no bytes, no µs, no status in the totals")
+eq(bw9.report()["psram"]["kv_write"]["bytes"], 256, "the tracker holds the row's bytes only")
+k9.clock.advance(10 * bw9.window_us)  # the window empties
+tr9.refused = INT_MAX - 1
+tr9.bytes_w = CARRY_N - 1
+tr9.bytes_w_g = INT_MAX
+tr9.bytes_kv = CARRY_N - 1
+tr9.bytes_kv_g = INT_MAX - 1
+tr9.us = 999999
+tr9.s = INT_MAX - 1
+
+
+def traffic_limits():
+    r9[4] = tr9.layer(4)
+    r9[5] = tr9.layer(CHARGE_MAX // 256)  # the read piece itself refused (bucket)
+    r9[6] = tr9.layer(bwm.CHARGE_MAX // 256)
+
+
+CHARGE_MAX = bwm.CHARGE_MAX
+no_alloc("DecodeTraffic totals at their limits", traffic_limits)
+check(r9[4] > 0 and r9[5] >= 0 and r9[6] >= 0, "moved pieces' µs: %r" % r9[4:7])
+eq((tr9.bytes_w_g, tr9.bytes_w, tr9.bytes_kv_g, tr9.bytes_kv < CARRY_N, tr9.s, tr9.us, tr9.refused),
+   (INT_MAX, CARRY_N - 1, INT_MAX, True, INT_MAX, 999999, INT_MAX), "bytes carry then saturate, seconds and refusals saturate")
+
+# charged=True (the caller's admission charged the bytes): a refused occupy books no time,
+# the bytes are counted as given
+k10 = Kernel(VirtualClock(), max_tasks=2)
+bw10 = bwm.Bandwidth(b, kernel=k10)
+tr10 = bwm.DecodeTraffic(bw10, 1000, 0, 256, "psram", "psram")
+bw10.busy[PS] = INT_MAX - 2  # the tier busy so long that every occupy ends past 2**30 µs
+eq((tr10.layer(2, True), tr10.refused, tr10.bytes_w, tr10.bytes_kv, tr10.us), (0, 3, 1000, 768, 0),
+   "charged: refused occupies add no time, the admitted bytes are counted")
+
+# --- charge_copy refusals for bad arguments are counted like charge's (the (src, cat) row) ---
+k11 = Kernel(VirtualClock(), max_tasks=2)
+bw11 = bwm.Bandwidth(b, kernel=k11)
+r11 = [0] * 6
+
+
+def copy_refusals():
+    r11[0] = bw11.charge_copy(PS, 9, IO, 100)  # bad dst: counted (src and cat valid)
+    r11[1] = bw11.charge_copy(PS, SR, IO, -1)  # bad n: counted
+    r11[2] = bw11.charge_copy(PS, SR, IO, 1.0)  # a float n: counted
+    r11[3] = bw11.charge_copy(PS, SR, 99, 100)  # bad category: no row to count in
+    r11[4] = bw11.charge_copy(1.0, SR, IO, 100)  # bad src: no row
+    r11[5] = bw11.charge(PS, IO, -1)  # charge: counted the same way
+
+
+no_alloc("charge_copy refusals", copy_refusals)
+eq(r11, [E_RANGE] * 6, "all E_RANGE")
+rep11 = bw11.report()
+eq((rep11["psram"]["io"]["refused"], rep11["sram"]["io"]["refused"]), (4, 0), "counted in (src, cat) as charge's")
+
+# --- the tracker's carries and µs totals at their limits ---
+k12 = Kernel(VirtualClock(), max_tasks=2)
+bw12 = bwm.Bandwidth(b, kernel=k12)
+row12 = (PS * (bw12.n_cat_max + 1) + IO) * bwm.NSTAT
+tot12 = (PS * (bw12.n_cat_max + 1) + bw12.n_cat_max) * bwm.NSTAT
+bw12.st[row12 + bwm.S_BYTES] = CARRY_N - 1
+bw12.st[row12 + bwm.S_BYTES_G] = INT_MAX
+bw12.st[tot12 + bwm.S_BYTES] = CARRY_N - 1
+bw12.st[tot12 + bwm.S_BYTES_G] = INT_MAX - 1
+bw12.st[tot12 + bwm.S_BUSY_US] = 999999
+bw12.st[tot12 + bwm.S_BUSY_S] = INT_MAX - 1
+
+
+def tracker_limits():
+    bw12.move(PS, K_READ, IO, 100000)
+    bw12.move(PS, K_READ, IO, 100000)
+
+
+no_alloc("tracker bytes and busy time at their limits", tracker_limits)
+st12 = bw12.st
+eq((st12[row12 + bwm.S_BYTES_G], st12[row12 + bwm.S_BYTES]), (INT_MAX, CARRY_N - 1), "a saturated row stays at its top")
+eq(st12[tot12 + bwm.S_BYTES_G], INT_MAX, "the tier's row carried into its last _g value")
+eq((st12[tot12 + bwm.S_BUSY_S], st12[tot12 + bwm.S_BUSY_US]), (INT_MAX, 999999), "busy seconds saturated")
 done()

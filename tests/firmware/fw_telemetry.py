@@ -11,7 +11,8 @@ from array import array
 from fwtest import check, eq, no_alloc, done
 from firmware_py import kv, pool, telemetry as tm
 from firmware_py.clock import VirtualClock
-from firmware_py.sched import Kernel
+from firmware_py.sched import Kernel, S_RUN_S, T_IDLE_S
+from firmware_py.status import CARRY_N, E_RANGE, INT_MAX, OK
 
 # --- the CRC and COBS against their published vectors ---
 eq(tm.crc32(b"123456789"), 0xCBF43926, "CRC-32 check value of '123456789' (zlib's)")
@@ -365,6 +366,151 @@ if th.heap:
     heaps = [v for f in frames(CAP, capn[0]) if f[0] == tm.T_PERIODIC for r, v in records(f[3]) if r == tm.R_HEAP]
     eq(len(heaps), 3, "the heap record once a second: 3 in 3 s")
     check(heaps[0][0] > 0 and heaps[0][1] > 0, "free and allocated heap bytes")
+
+# --- counters at their limits (docs/conventions.md "Counters and limits"): the board time
+# wraps at MS_WRAP (10**9 ms), tokens / requests / byte counts carry at CARRY_N into their _g
+# field (saturating), every other count saturates at 2**30 - 1, the cumulative ms and kB in
+# the records are sent modulo 10**9, event arguments are clamped to +-ARG_MAX; each preset
+# near its limit and bumped with the heap locked (2**30 is a big int on the 32-bit port) ---
+NEAR = INT_MAX - 1
+BIG = 1 << 40  # made before the heap lock (big ints on the 32-bit port)
+NBIG = -BIG
+capn[0] = 0
+lay3 = kv.Layout(2, 2, 8, "fp32")
+p3 = pool.Pool(lay3.block_bytes, 8)
+c3 = kv.KVCache(p3, lay3, max_seqs=1)
+h3 = c3.open(p3.add_region(8), "window", 40)
+k3 = Kernel(VirtualClock(), max_tasks=5, verbose=False)
+bw3 = bwm.Bandwidth(board.load("boards/esp32s3_n8r8.json"), kernel=k3)
+PS3 = bw3.tier_id("psram")
+t3 = tm.Telemetry(link, kernel=k3, pool=p3, cache=c3, bw=bw3, heap=False, events=8, text_bytes=64)
+t3.watch_seq(h3, 40)
+row3 = bytearray(lay3.row_bytes)
+res3 = [0] * 12
+
+
+def dec3(k):
+    while True:
+        c3.append(h3, row3)
+        t3.tokens += 1
+        t3.text(b"abcdefghijklmnopqrstuvwxyz")  # more than the link carries: text dropped
+        bw3.charge(PS3, bwm.WEIGHTS, 1000)
+        k.charge(20000)
+        yield
+
+
+def hog3(k):
+    while True:  # sleeps through telemetry periods: skipped
+        yield k.sleep_us(2000000)
+        k.charge(350000)
+        yield
+
+
+tt3 = k3.spawn("telemetry", 3, t3.task(k3))
+k3.spawn("decode", 1, dec3(k3))
+k3.spawn("hog", 2, hog3(k3))
+k3.run(for_us=1000000)  # warm-up
+for name in ("skipped", "events_dropped", "text_dropped", "sent", "periodic_sent", "write_errors", "layouts",
+             "tokens_g", "requests_g", "sent_bytes_g", "periodic_bytes_g"):
+    setattr(t3, name, NEAR)
+dms3 = tm.MS_WRAP - 500 - t3.ms  # the board time wraps half a second from now
+dtok3 = CARRY_N - 3 - t3.tokens  # the tokens carry after 3 more
+for i in range(len(t3.ms_hist)):  # the tok/s history, as if the board had run that long
+    t3.ms_hist[i] = (t3.ms_hist[i] + dms3) % tm.MS_WRAP
+    t3.tok_hist[i] += dtok3
+t3.ms += dms3
+t3.tokens += dtok3
+t3.requests = CARRY_N - 1
+t3.sent_bytes = CARRY_N - 1
+t3.periodic_bytes = CARRY_N - 1
+o3 = (PS3 * (bw3.n_cat_max + 1) + bw3.n_cat_max) * bwm.NSTAT  # psram's all-categories row
+bw3.st[o3 + bwm.S_BYTES_G] = NEAR  # 1.07 * 10**18 B: kB would pass the small ints
+bw3.st[PS3 * (bw3.n_cat_max + 1) * bwm.NSTAT + bwm.S_BYTES_G] = NEAR  # the weights row
+tt3.st[S_RUN_S] = 1 << 29  # 17 years: run_ms and busy_ms would pass the small ints
+k3.totals[T_IDLE_S] = 1 << 29
+
+
+def limits3():
+    t3.requests += 1  # what serve does at a request's start
+    k3.run(for_us=700000)  # the tokens carry at once, the board time wraps after 500 ms
+    res3[11] = t3.tok_s_x10
+    k3.run(for_us=1300000)
+    for j in range(12):
+        t3.event(tm.EV_EVICT, j, 0, 0)  # a ring of 8: 4 or more dropped
+    res3[0] = t3.event(tm.EV_LAST + 1, 0, 0, 0)  # not a defined event type
+    res3[1] = t3.event(255, 0, 0, 0)
+    res3[2] = t3.event(0, 0, 0, 0)
+    res3[3] = t3.event(tm.EV_EVICT, 1.5, 0, 0)
+    res3[4] = t3.event(tm.EV_EVICT, 0, True, 0)
+    res3[5] = t3.event(tm.EV_EVICT, 0, 0, None)
+    res3[6] = t3.watch_seq(1.5, 0)
+    res3[7] = t3.watch_seq(h3, 1.0)
+    k3.run(for_us=1000000)  # the ring drains
+    res3[8] = t3.event(tm.EV_EVICT, BIG, NBIG, INT_MAX)  # clamped to +-ARG_MAX
+    res3[9] = t3.ev[((t3.ev_head + t3.ev_n - 1) % t3.ev_cap) * 5 + 2]
+    res3[10] = t3.ev[((t3.ev_head + t3.ev_n - 1) % t3.ev_cap) * 5 + 3]
+    k3.run(for_us=500000)
+
+
+no_alloc("ticks, frames, events, text with every telemetry counter at its limit, the board time wrapping", limits3)
+eq(res3[:8], [E_RANGE] * 8, "undefined event codes, non-int arguments, a bad watch_seq: E_RANGE")
+eq((res3[8], res3[9], res3[10]), (OK, tm.ARG_MAX, -tm.ARG_MAX), "event arguments past +-ARG_MAX are clamped")
+for name in ("skipped", "events_dropped", "text_dropped", "sent", "periodic_sent", "sent_bytes_g", "periodic_bytes_g",
+             "tokens_g", "requests_g"):
+    eq(getattr(t3, name), INT_MAX, "Telemetry.%s saturated at 2**30 - 1" % name)
+check(t3.ms < 10000, "the board time wrapped at MS_WRAP: %d ms" % t3.ms)
+check(t3.tokens < 1000 and t3.requests == 0, "tokens and requests carried: %d, %d" % (t3.tokens, t3.requests))
+check(t3.sent_bytes < CARRY_N and t3.periodic_bytes < CARRY_N, "the byte counts carried")
+check(0 < res3[11] <= 500, "tok/s over a second holding the tokens' carry and the board time's wrap: %d" % res3[11])
+t3.write_errors = NEAR
+t3.layouts = NEAR
+t3.request_layout()
+ERR3 = OSError(5)
+
+
+def link_fails(buf, n):
+    raise ERR3
+
+
+t3.write = link_fails
+t3.tick()  # the layout frame allocates: not locked
+t3.write = link
+eq((t3.write_errors, t3.layouts), (INT_MAX, INT_MAX), "write_errors and layouts saturated")
+# the frames: every header time below MS_WRAP and wrapping once; every record value a small int
+fr3 = frames(CAP, capn[0])
+ms3 = [f[2] for f in fr3]
+check(all(m < tm.MS_WRAP for m in ms3), "every frame's board time is below MS_WRAP")
+eq(sum(1 for i in range(1, len(ms3)) if ms3[i] < ms3[i - 1]), 1, "the board time went back once: the wrap")
+big3 = 0
+kinds3 = {}
+for fr in fr3:
+    ftype, body = fr[0], fr[3]
+    if ftype not in (tm.T_PERIODIC, tm.T_EVENT):
+        continue
+    for rid, vals in records(body):
+        kinds3[rid] = 1
+        for v in vals:
+            if v > INT_MAX:
+                big3 += 1
+eq(big3, 0, "every record value is a small int on the ESP32")
+check(tm.R_TIER in kinds3 and tm.R_KERNEL in kinds3 and tm.R_TASK in kinds3, "tier, kernel and task rows sent: %r" % sorted(kinds3))
+rd3 = tm.CommandReader(lambda ft, body, seq: None)
+rd3.good = rd3.corrupt = rd3.ignored = NEAR
+CMD3 = bytearray(tm.encode_command(tm.T_CMD_STOP, b"", 1))
+BAD3 = bytearray(b"\x00fe01zz\x00")
+SHORT3 = bytearray(b"\x00" + b"ab" * 8 + b"\x00")
+
+
+def reader3():
+    rd3.feed(b"hello")  # outside any frame: ignored
+    rd3.feed(BAD3)  # a non-hex byte inside a candidate: corrupt
+    rd3.feed(SHORT3)  # too short for a frame: corrupt
+
+
+no_alloc("command reader counts at their limits (ignored bytes, corrupt candidates)", reader3)
+rd3.feed(CMD3)
+rd3.feed(CMD3)
+eq((rd3.good, rd3.corrupt, rd3.ignored), (INT_MAX, INT_MAX, INT_MAX), "CommandReader counts saturated")
 
 # --- the same bytes on every interpreter: a fresh deterministic run ---
 capn[0] = 0

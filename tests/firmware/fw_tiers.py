@@ -9,7 +9,7 @@ from fwtest import check, eq, raises, no_alloc, done
 from firmware_py import dma, flashkv, kv, pool, tiers
 from firmware_py.clock import VirtualClock
 from firmware_py.sched import Kernel
-from firmware_py.status import E_EMPTY, E_STALE, E_STATE, OK
+from firmware_py.status import E_EMPTY, E_RANGE, E_STALE, E_STATE, INT_MAX, OK
 
 TAG = "%s%d" % (sys.implementation.name, 64 if sys.maxsize > 2 ** 32 else 32)
 PATH = "/tmp/kvrtos_fw_tiers_%s.bin" % TAG
@@ -491,5 +491,125 @@ for qq in (None, dma.DMAQueue(Kernel(VirtualClock(), max_tasks=4), slots=16)):
     eq((sp.region_used[sr], sp.region_used[T.region], T.completed > 0, T.completed + T.voided, T.moves),
        (4, 0, True, T.moves, T.moves), "every block charged to the sequence's region; nothing left in Tiers' (%r)" % (T.stats(),))
     T.close(h)
+fs.close()
+
+# --- counters at their limits (docs/conventions.md "Counters and limits"): every Tiers count
+# saturates at 2**30 - 1, the flash time carries its µs into whole seconds, which saturate;
+# each preset one below its limit, then bumped with the heap locked (2**30 would be a big
+# int on the 32-bit port: an allocation) ---
+NEAR = INT_MAX - 1
+CNT = ("moves", "completed", "voided", "deferred", "spills", "flushes", "flash_erases", "stage_hits", "stage_misses",
+       "hazard_refused", "raced", "reflushed", "flash_errors", "fork_refused", "flash_s")
+
+
+def preset(TT):
+    for name in CNT:
+        setattr(TT, name, NEAR)
+    TT.flash_us = 999999
+
+
+def saturated(TT):
+    # the counters that reached the limit; every one at most INT_MAX
+    out = []
+    for name in CNT:
+        v = getattr(TT, name)
+        check(v.__class__ is int and v <= INT_MAX, "%s stays a small int: %r" % (name, v))
+        if v == INT_MAX:
+            out.append(name)
+    check(0 <= TT.flash_us < 1000000, "flash_us below a second: %d" % TT.flash_us)
+    return out
+
+
+fs = flashkv.FlashStore(PATH, 12, lay.block_bytes)
+p, r, c, T = boot(4, 8, fs=fs)
+h = T.open(r, "full", 0, 2, 2, True, 16)
+feed(8)
+preset(T)
+fs.errors = NEAR
+fs.busy_s = NEAR
+fs.busy_us = 999999
+fs.bytes_written = 1000000000 - 1
+fs.bytes_written_g = INT_MAX
+box[0] = 0
+no_alloc("append + step + flush + spill with every counter one below its limit", lambda: feed(N - 8))
+eq(box[0], 0, "every append succeeded at the limits")
+eq(T.where(h, 0), tiers.FLASH, "block 0 spilled")
+
+
+def limits_read():
+    T.begin_pass(h)
+    T.block(h, 0)  # staged by begin_pass: a hit
+    T.block(h, 3)  # not staged: a miss
+    T.block(h, 1)
+    res[0] = T.fork(h)  # a block in flash: refused
+
+
+no_alloc("stage hits and misses, a refused fork, at the limits", limits_read)
+eq(res[0], E_STATE, "fork refused")
+fs.f, keep = None, fs.f  # every file call fails now
+
+
+def limits_errors():
+    for j in range(32):
+        T.append(h, rows[j % NROWS])
+
+
+no_alloc("flushes refused by the file at the limits", limits_errors)
+fs.f = keep
+got = saturated(T)
+for name in ("moves", "completed", "spills", "flushes", "flash_erases", "flash_s", "stage_hits", "stage_misses",
+             "fork_refused", "flash_errors"):
+    check(name in got, "%s saturated at 2**30 - 1 (%r)" % (name, got))
+eq((fs.errors, fs.busy_s, fs.busy_us, fs.bytes_written_g, fs.bytes_written),
+   (INT_MAX, INT_MAX, 999999, INT_MAX, 999999999), "the flash store's counts saturate too")
+T.close(h)
+fs.close()
+
+# the DMA path: a copy voided because its block was written after it (raced, voided), an
+# append refused while the copy is in flight (hazard_refused)
+q = dma.DMAQueue(Kernel(VirtualClock(), max_tasks=4), slots=16)
+sp, sr, sc, T = small(2, 4, q=q)
+h = T.open(sr, "window", 12, 2, -1)
+n = 0
+while T.hazard(h) < 0 and n < 40:
+    T.append(h, srows[n])
+    n += 1
+preset(T)
+no_alloc("a raced copy voided, an append refused in flight, at the limits", reserve_write_after_wait)
+eq(res[0], E_STATE, "append refused while the copy is in flight")
+got = saturated(T)
+for name in ("raced", "voided", "hazard_refused"):
+    check(name in got, "%s saturated at 2**30 - 1 (%r)" % (name, got))
+T.close(h)
+
+# --- FlashStore's int arguments: checked as ints before any arithmetic (a float, a bool, a
+# big int is E_RANGE, never a raise from the file call), nothing written, read or counted ---
+BIG = 1 << 40  # made before the heap lock (a big int on the 32-bit port)
+fs = flashkv.FlashStore(PATH, 2, lay.block_bytes)
+fsd = bytearray(lay.block_bytes)
+fres = [0] * 14
+
+
+def flash_bad_args():
+    fs.begin()
+    fres[0] = fs.write(0.0, 0, rows[0], 0, 16)
+    fres[1] = fs.write(0, 0.5, rows[0], 0, 16)
+    fres[2] = fs.write(0, 0, rows[0], 1.0, 16)
+    fres[3] = fs.write(0, 0, rows[0], 0, 16.0)
+    fres[4] = fs.write(True, 0, rows[0], 0, 16)
+    fres[5] = fs.write(0, BIG, rows[0], 0, 16)
+    fres[6] = fs.write(0, 0, rows[0], len(rows[0]) - 8, 16)  # past src's end
+    fres[7] = fs.read_block(1.0, fsd)
+    fres[8] = fs.read_at(0, 0.0, fsd, 16)
+    fres[9] = fs.read_at(0, 0, fsd, 16.0)
+    fres[10] = fs.read_at(BIG, 0, fsd, 16)
+    fres[11] = fs.spend(1.5)
+    fres[12] = fs.spend(-1)
+    fres[13] = fs.end()
+
+
+no_alloc("FlashStore write / read_block / read_at / spend with non-int and big-int arguments", flash_bad_args)
+eq(fres, [E_RANGE] * 13 + [0], "every bad argument is E_RANGE, the transaction touched nothing")
+eq((fs.bytes_written, fs.bytes_read, fs.errors, fs.busy_us), (0, 0, 0, 0), "nothing written, read or counted")
 fs.close()
 done()

@@ -7,6 +7,7 @@ from fwtest import check, eq, raises, no_alloc, done
 from firmware_py import board, dma, workloads, bandwidth as bwm
 from firmware_py.clock import VirtualClock
 from firmware_py.sched import Kernel, T_FAULTS
+from firmware_py.status import CARRY_N, INT_MAX
 
 brd = board.load("boards/esp32s3_n8r8.json")
 
@@ -140,4 +141,83 @@ for paced in (False, True):
     eq(a.st[workloads.A_MISSES], 0, "the load yields every 2 ms: no audio miss")
     eq(k.totals[T_FAULTS], 0, "no task faulted")
 
+# --- counters at their limits (docs/conventions.md "Counters and limits"): every count
+# saturates at 2**30 - 1, the bytes carry at CARRY_N into a _G field that saturates (the
+# low part then stays at CARRY_N - 1), the µs carry into seconds that saturate (the µs
+# then stay at 999,999), the audio's period number wraps at seq_mod; each preset near its
+# limit and bumped with the heap locked (2**30 is a big int on the 32-bit port) ---
+NEAR = INT_MAX - 1
+k, bw, q, SR, PS, CA, CW = fresh()
+bw.set_budget(PS, CW, 50)
+a = workloads.AudioCapture(k, q, SR, PS, CA, slots=4)
+ar = workloads.AudioCapture(k, q, SR, PS, 99, slots=4)  # a category the queue refuses: every move refused
+w = workloads.WifiBurst(k, q, PS, SR, CW, 1472, 64, 2000, 0, 8, bw, True, 8)  # paced: waits; longer than its period: late
+wr = workloads.WifiBurst(k, q, PS, SR, 99, 1472, 4, 10000, 0, 4)  # every packet refused
+
+
+def hogger(k=k):
+    while True:  # holds the CPU 40 ms every 100 ms: the audio's halves are overwritten (lost, missed)
+        yield k.sleep_us(100000)
+        k.charge(40000)
+        yield
+
+
+k.spawn("audio", 7, a.task())
+k.spawn("audio_r", 7, ar.task())
+q.spawn(6)
+k.spawn("wifi", 4, w.task())
+k.spawn("wifi_r", 4, wr.task())
+k.spawn("hog", 1, hogger())
+k.run(300000)  # warm-up: every path once
+A_COUNTS = (workloads.A_PERIODS, workloads.A_MISSES, workloads.A_LOST, workloads.A_REFUSED)
+W_COUNTS = (workloads.W_BURSTS, workloads.W_PACKETS, workloads.W_WAITS, workloads.W_LATE, workloads.W_REFUSED)
+for st in (a.st, ar.st):
+    for i in A_COUNTS:
+        st[i] = NEAR
+    st[workloads.A_BYTES] = CARRY_N - 1
+    st[workloads.A_BYTES_G] = NEAR
+    st[workloads.A_LAT_US] = 999999
+    st[workloads.A_LAT_S] = NEAR
+for st in (w.st, wr.st):
+    for i in W_COUNTS:
+        st[i] = NEAR
+    st[workloads.W_BYTES] = CARRY_N - 1
+    st[workloads.W_BYTES_G] = NEAR
+    st[workloads.W_WAIT_US] = 999999
+    st[workloads.W_WAIT_S] = NEAR
+a.seq = a.seq_mod - 2  # wraps to 0 in the run
+
+
+def limits(k=k):
+    k.run(400000)
+
+
+no_alloc("audio and Wi-Fi periods with every stat one below its limit", limits)
+for i in A_COUNTS:
+    eq(a.st[i] if i != workloads.A_REFUSED else ar.st[i], INT_MAX, "audio stat %d saturated at 2**30 - 1" % i)
+for i in W_COUNTS:
+    eq(w.st[i] if i != workloads.W_REFUSED else wr.st[i], INT_MAX, "Wi-Fi stat %d saturated at 2**30 - 1" % i)
+eq((a.st[workloads.A_BYTES_G], a.st[workloads.A_BYTES] < CARRY_N), (INT_MAX, True), "audio bytes carried into A_BYTES_G")
+eq((w.st[workloads.W_BYTES_G], w.st[workloads.W_BYTES] < CARRY_N), (INT_MAX, True), "Wi-Fi bytes carried into W_BYTES_G")
+eq((a.st[workloads.A_LAT_S], a.st[workloads.A_LAT_US]), (INT_MAX, 999999), "audio latency seconds saturated")
+eq((w.st[workloads.W_WAIT_S], w.st[workloads.W_WAIT_US]), (INT_MAX, 999999), "Wi-Fi wait seconds saturated")
+check(a.seq < 100, "the audio's period number wrapped at seq_mod: %d" % a.seq)
+n_chk, n_ok = a.check()
+check(n_chk > 0 and n_ok == n_chk, "every landed slot holds its period's samples across the wrap: %d of %d" % (n_ok, n_chk))
+a.st[workloads.A_BYTES] = CARRY_N - 1
+w.st[workloads.W_BYTES] = CARRY_N - 1
+no_alloc("audio and Wi-Fi bytes past a saturated _G field", limits)
+eq((a.st[workloads.A_BYTES_G], a.st[workloads.A_BYTES]), (INT_MAX, CARRY_N - 1), "audio bytes saturated")
+eq((w.st[workloads.W_BYTES_G], w.st[workloads.W_BYTES]), (INT_MAX, CARRY_N - 1), "Wi-Fi bytes saturated")
+eq(k.totals[T_FAULTS], 0, "no task faulted")
+
+# --- WifiBurst's configuration errors name the mistake ---
+k, bw, q, SR, PS, CA, CW = fresh()
+e = raises(workloads.WorkloadError, workloads.WifiBurst, k, q, PS, SR, 99, 1472, 4, 100000, 0, 4, bw, True)
+check("category" in str(e) and "budget" not in str(e) and "\n" not in str(e), "a bad category: %s" % e)
+e = raises(workloads.WorkloadError, workloads.WifiBurst, k, q, 9, SR, CW, 1472, 4, 100000, 0, 4, bw, True)
+check("tier" in str(e) and "budget" not in str(e), "a bad tier: %s" % e)
+bw.set_budget(PS, CW, 0)
+e = raises(workloads.WorkloadError, workloads.WifiBurst, k, q, PS, SR, CW, 1472, 4, 100000, 0, 4, bw, True)
+check("budget" in str(e), "a zero budget: %s" % e)
 done()
