@@ -16,7 +16,9 @@
 # covers a 254-byte periodic frame), every burst up to 32 bits, and any other damage but
 # for 1 in 2**32. Decoding the body (records that run past the end, a varint too long)
 # is a fifth check, but the guarantee is the CRC's.
+import codecs
 import json
+import re
 import time
 import zlib
 
@@ -24,6 +26,23 @@ from firmware_py import telemetry as tm
 
 MULTI = ("seq", "task", "tier", "bwcat")  # records that come once per slot: lists "seqs", "tasks", ...
 MAX_WIRE = tm.wire_len(tm.MAX_PAYLOAD) - 2  # the longest run between delimiters a frame makes
+
+
+_NOT_TEXT = re.compile("[\x01-\x06\x0b\x0c\x0e-\x1a\x1c-\x1f\x7f]")  # controls board text never holds
+
+
+def looks_like_text(run):
+    # True when a run the stream started with (its bytes before the first 0x00) reads as
+    # the end of the board's text: valid UTF-8, no control byte but tab, LF, CR, BS, BEL
+    # and ESC, and ending with LF (text before a frame ends its line). A frame's tail
+    # (COBS codes, varints, the CRC) almost never does: its last byte is a CRC byte
+    if not run.endswith(b"\n"):
+        return False
+    try:
+        s = codecs.decode(bytes(run), "utf-8")
+    except UnicodeDecodeError:
+        return False
+    return not _NOT_TEXT.search(s)
 
 
 # bytes of a COBS-encoded run (no 0x00 in it), or None when it is not valid COBS
@@ -201,10 +220,25 @@ class StreamDecoder:
     # run of text may come in more pieces when fed in pieces). A candidate that grows
     # past max_frame stays a candidate: its bytes are dropped (not kept, not text) up to
     # the next 0x00, where it is refused as "too long" (or "truncated" at the end).
+    # The stream's start (and the start after flush(): a reconnect) may be the middle of
+    # a frame whose opening 0x00 was never received: the bytes before the first 0x00 (the
+    # start run) are held back, up to max_frame of them, and decided whole. A start run
+    # that opens like a frame (a code, then 0xFE: as if it followed a delimiter) is a
+    # candidate; a good frame is a frame, a refused one a frame's tail. Any other start
+    # run is text when it looks like text (looks_like_text) or when it grows past
+    # max_frame (no frame's tail is that long), a frame's tail otherwise. A tail is
+    # dropped (an item ("partial", bytes), counted in partial_at_start), never text.
+    # settle() decides a held start run as text at once (the line went quiet: a frame's
+    # tail would have ended); only the monitor calls it, when a read comes back empty.
+    # The first good frame of a new run of the board (a restart, below) carries
+    # "restart": True.
     def __init__(self, max_frame=MAX_WIRE, keep_raw=False):
         self.max_frame = max_frame  # a candidate longer than this is not a frame
         self.keep_raw = keep_raw  # frames also carry raw_type and raw_body (hex): checks
-        self.state = "text"  # "text", "open" (after a 0x00: deciding), "frame" (collecting)
+        self.state = "start"  # "start" (before the first 0x00), "text", "open" (after a 0x00: deciding), "frame" (collecting)
+        self.at_start = False  # the candidate being collected is the start run (refused: a frame's tail)
+        self.partial_at_start = 0  # start runs dropped as the tail of a frame sent before the stream started
+        self.partial_bytes = 0  # their bytes
         self.cand = bytearray()  # bytes since the last 0x00 while deciding / collecting
         self.over = False  # the candidate being collected passed max_frame: dropping to the next 0x00
         self.good = 0
@@ -236,14 +270,24 @@ class StreamDecoder:
         self.why[why] = self.why.get(why, 0) + 1
         out.append(("corrupt", why))
 
+    def _partial(self, out, n):
+        self.partial_at_start += 1
+        self.partial_bytes += n
+        out.append(("partial", n))
+
     def _candidate(self, out):
-        # the run in self.cand ended at a 0x00: a frame or a rejection
+        # the run in self.cand ended at a 0x00: a frame or a rejection (at the stream's
+        # start: a frame's tail)
         run = bytes(self.cand)
         self.cand = bytearray()
+        at_start, self.at_start = self.at_start, False
         try:
             ftype, seq, ms, body = parse(run)
         except FrameError as e:
-            self._reject(out, str(e))
+            if at_start:
+                self._partial(out, len(run))
+            else:
+                self._reject(out, str(e))
             return
         try:
             d = to_dict(ftype, seq, ms, body, self.layout)
@@ -266,6 +310,7 @@ class StreamDecoder:
                 # its count starts again at 0, so the frames missing are the new run's
                 # before this one (none when this is its boot layout), not the gap
                 self.restarts += 1
+                d["restart"] = True  # for the dashboard's rates and the trace's time line
                 self.dropped += seq
                 self.skipped_before += self.skipped_run
                 self.skipped_run = 0
@@ -286,6 +331,9 @@ class StreamDecoder:
         i = 0
         n = len(data)
         while i < n:
+            if self.state == "start":
+                i = self._start(out, data, i)
+                continue
             if self.state == "text":
                 j = data.find(b"\x00", i)
                 if j < 0:
@@ -335,23 +383,67 @@ class StreamDecoder:
             i = j
         return out
 
+    def _start(self, out, data, i):
+        # state "start": hold the start run up to the first 0x00 (at most max_frame
+        # bytes), then decide it whole; returns where to go on in data
+        n = len(data)
+        j = data.find(b"\x00", i)
+        end = n if j < 0 else j
+        if len(self.cand) + end - i > self.max_frame:
+            # longer than any frame's run: not a tail
+            self.cand += data[i:end]
+            if self.cand[1] == tm.MAGIC:  # a candidate: over-long, dropped to the next 0x00
+                self.state, self.over = "frame", True
+            else:
+                self._text(out, bytes(self.cand))
+                self.state = "text"
+            self.cand = bytearray()
+            return end
+        self.cand += data[i:end]
+        if j < 0:
+            return n
+        if len(self.cand) >= 2 and self.cand[1] == tm.MAGIC:  # opens like a frame
+            self.at_start = True
+            self._candidate(out)
+        elif self.cand and looks_like_text(self.cand):
+            self._text(out, bytes(self.cand))
+        elif self.cand:
+            self._partial(out, len(self.cand))
+        self.cand = bytearray()
+        self.state = "open"
+        return j + 1
+
+    def settle(self):
+        # the line went quiet: a start run held back that does not open like a frame is
+        # text (a frame's tail would have reached its 0x00); the monitor calls this when a
+        # read times out, so the board's first text (a REPL prompt) is not held back
+        out = []
+        if self.state == "start" and self.cand and not (len(self.cand) >= 2 and self.cand[1] == tm.MAGIC):
+            self._text(out, bytes(self.cand))
+            self.cand = bytearray()
+            self.state = "text"
+        return out
+
     def flush(self, why="truncated"):
         # the end of the stream (or a lost port): a partial frame is a rejection, a byte
-        # after a 0x00 is text
+        # after a 0x00 or a start run held back is text; what comes next is a new stream
+        # (its start may be the middle of a frame)
         out = []
-        if self.state == "frame":
+        if self.state == "frame" or (self.state == "start" and len(self.cand) >= 2 and self.cand[1] == tm.MAGIC):
             self.truncated += 1
             self._reject(out, why)
         elif self.cand:
             self._text(out, bytes(self.cand))
         self.cand = bytearray()
         self.over = False
-        self.state = "text"
+        self.at_start = False
+        self.state = "start"
         return out
 
     def counts(self):
         return {"good": self.good, "corrupt": self.corrupt, "truncated": self.truncated, "dropped": self.dropped,
-                "skipped": self.skipped, "restarts": self.restarts, "body_errors": self.body_errors, "text_bytes": self.text_bytes, "by_type": dict(sorted(self.by_type.items())),
+                "skipped": self.skipped, "restarts": self.restarts, "body_errors": self.body_errors, "partial_at_start": self.partial_at_start,
+                "partial_bytes": self.partial_bytes, "text_bytes": self.text_bytes, "by_type": dict(sorted(self.by_type.items())),
                 "rejected": dict(sorted(self.why.items()))}
 
 
@@ -427,8 +519,13 @@ class State:
     def update(self, f):
         self.frames += 1
         ms = f.get("ms", 0)
-        if ms < self.ms - 60000:  # the board restarted: rates start again
+        if f.get("restart"):
+            # the board restarted (the decoder's rules: its boot layout at seq 0, its time
+            # or its seq going back): its counters started again, so rates start again,
+            # and the old run's rows (their rates) are gone until the new run reports them
             self._prev = {}
+            for rows in (self.seqs, self.tasks, self.tiers, self.bwcats):
+                rows.clear()
         self.ms = ms
         kind = f.get("type")
         if kind == "layout":

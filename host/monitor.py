@@ -198,12 +198,14 @@ class Monitor:
         self.done_events = 0  # "done" events seen (a request ended)
         self.cmd_seq = 0  # sequence number of the next command sent
         self.on_frame = None  # fn(frame dict) after each frame, or None (tests, tools)
+        self.quiet = False  # --until matched: what follows is still logged, no longer shown
 
     # one line to the console and the log
     def emit(self, text, note=False):
         line = ("[%s] " % _stamp() if self.timestamps else "") + ("[monitor] " if note else "") + text
-        self.out.write(console_text(line) + "\n")
-        self.out.flush()
+        if not self.quiet:
+            self.out.write(console_text(line) + "\n")
+            self.out.flush()
         if self.log:
             try:
                 self.log.write(line + "\n")
@@ -224,8 +226,16 @@ class Monitor:
         if self.capture:
             self.capture.write(data)
             self.capture.flush()
+        return self._decoded(self.decoder.feed(data), pattern)
+
+    # the line went quiet (a read came back empty): the start of the stream the decoder
+    # held back (it might have been the tail of a frame) is text after all
+    def settle(self, pattern=None):
+        return self._decoded(self.decoder.settle(), pattern)
+
+    def _decoded(self, items, pattern):
         hit = None
-        for kind, v in self.decoder.feed(data):
+        for kind, v in items:
             if kind == "text":
                 h = self.feed_text(v, pattern if hit is None else None)
                 if hit is None:
@@ -244,6 +254,8 @@ class Monitor:
                 self.jsonl = None
                 raise UserError("--jsonl %s cannot be written: %s" % (self.jsonl_path, e.strerror or e)) from None
         self.state.update(f)
+        if f.get("restart"):
+            self.last_status_ms = None  # a new run of the board: its first status line at once
         if f.get("type") == "event":
             for e in f.get("events", []):
                 if e.get("event") == "done":
@@ -266,6 +278,8 @@ class Monitor:
 
     # a plain-view line on the console (not the text log: that is the board's text)
     def _plain(self, text, what):
+        if self.quiet:
+            return
         line = ("[%s] " % _stamp() if self.timestamps else "") + "[%s] " % what + text
         self.out.write(console_text(line) + "\n")
         self.out.flush()
@@ -278,7 +292,7 @@ class Monitor:
 
     # redraw the dashboard (at most 5 times a second)
     def draw(self, force=False):
-        if self.view != "dashboard":
+        if self.view != "dashboard" or (self.quiet and not force):
             return
         now = time.monotonic()
         if not force and now - self.last_draw < 0.2:
@@ -306,14 +320,17 @@ class Monitor:
     def summary(self):
         c = self.decoder.counts()
         return {"port": self.port, "bytes": self.bytes, "lines": self.lines, "losses": self.losses,
-                "frames": {k: c[k] for k in ("good", "corrupt", "truncated", "dropped", "skipped", "restarts", "body_errors")},
+                "frames": {k: c[k] for k in ("good", "corrupt", "truncated", "dropped", "skipped", "restarts", "body_errors",
+                                              "partial_at_start", "partial_bytes")},
                 "frames_by_type": c["by_type"], "rejected": c["rejected"], "text_bytes": c["text_bytes"],
                 "requests_done": self.done_events, "tokens": self.state.core.get("tokens")}
 
-    # split text bytes into lines and emit them; returns the first line matching pattern
-    # (what follows it stays unread in self.partial), or None
+    # split text bytes into lines and emit them; returns the first line matching pattern,
+    # or None. The console stops at that line (self.quiet): the lines after it, already
+    # received, still go to the log (and a partial line to it at the end), never dropped
     def feed_text(self, data, pattern=None):
         buf = self.partial + data
+        hit = None
         while True:
             i = buf.find(b"\n")
             if i < 0:
@@ -322,14 +339,14 @@ class Monitor:
             buf = buf[i + 1 :]
             self.lines += 1
             self.emit(text)
-            if self.view == "dashboard":
+            if self.view == "dashboard" and not self.quiet:
                 self.board_text.append(console_text(text))
                 del self.board_text[:-50]
-            if pattern is not None and pattern.search(text):
-                self.partial = b""  # the rest is after the line we waited for
-                return text
+            if hit is None and pattern is not None and pattern.search(text):
+                hit = text
+                self.quiet = True
         self.partial = buf
-        return None
+        return hit
 
     # flush a partial line so nothing received is lost (a frame cut by the loss is
     # counted as truncated)
@@ -361,6 +378,7 @@ class Monitor:
     def run(self, until=None, timeout=None, ser=None, until_done=0, on_open=None):
         pattern = pattern_of(until) if isinstance(until, str) else until
         deadline = time.monotonic() + timeout if timeout else None
+        self.quiet = False
         self.ser = ser or open_port(self.port, self.baud)
         if ser is None:
             self.emit("connected to %s" % self.port, note=True)
@@ -385,12 +403,11 @@ class Monitor:
                     if not self._wait_for_port(deadline):
                         break
                     continue
-                if data:
-                    hit = self.feed(data, pattern)
-                    if hit is not None:
-                        return hit
-                    if until_done and self.done_events >= until_done and grace is None:
-                        grace = time.monotonic() + DONE_GRACE_S  # the frames sent after the done event
+                hit = self.feed(data, pattern) if data else self.settle(pattern)
+                if hit is not None:
+                    return hit  # the rest of what was read is logged (feed_text); the logs flushed below
+                if data and until_done and self.done_events >= until_done and grace is None:
+                    grace = time.monotonic() + DONE_GRACE_S  # the frames sent after the done event
                 if grace is not None and time.monotonic() >= grace:
                     return "done"
             return None
@@ -448,6 +465,32 @@ def _int_opt(v, flag, lo=1):
     return n
 
 
+DEFAULT_BOARD = "esp32s3_n8r8"
+DEFAULT_TOKENS = 64
+
+
+def _given(v, *defaults):
+    # an option the user typed: not None / "" and not its default (tasks.py hands the
+    # defaults over as they are, int or text)
+    return v not in (None, "") and str(v) not in {str(d) for d in defaults}
+
+
+def check_needs(board=None, until=None, timeout=None, replay=None, port=None, start=False, prompt=None, tokens=None,
+                until_done=None, link_bps=None):
+    # options that only matter with another one: one UserError (code 2) naming what the
+    # first such option needs, instead of ignoring it
+    if _given(tokens, DEFAULT_TOKENS) and prompt is None:
+        raise UserError("--tokens needs --prompt: it is how many tokens the prompt asks for", 2)
+    if _given(link_bps, 0) and not start:
+        raise UserError("--link-bps needs --start: it is the rate the started firmware_py.serve paces telemetry to", 2)
+    if replay is not None:
+        for v, opt in ((until, "--until"), (until_done, "--until-done"), (timeout, "--timeout")):
+            if _given(v, 0) if opt == "--until-done" else _given(v):
+                raise UserError("%s needs a port: --replay decodes the whole capture" % opt, 2)
+    if _given(board, DEFAULT_BOARD) and (port is not None or replay is not None):
+        raise UserError("--board only picks the port to find: it is not used with %s" % ("--port" if port is not None else "--replay"), 2)
+
+
 def start_serve(port, link_bps=0, out=print):
     # run firmware_py.serve.main() on the board at port over the raw REPL and leave it
     # running (the port is closed again for the monitor); UserError when it cannot be
@@ -467,13 +510,17 @@ def start_serve(port, link_bps=0, out=print):
 
 # ./kv monitor: a port (or --replay FILE) through the Monitor, commands sent once the
 # port is open, a summary at the end
-def main(port=None, board="esp32s3_n8r8", log=None, until=None, timeout=None, jsonl=None, capture=None, replay=None,
-         as_json=False, plain=False, start=False, prompt=None, tokens=64, policy=None, window=None, kv_dtype=None,
+def main(port=None, board=None, log=None, until=None, timeout=None, jsonl=None, capture=None, replay=None,
+         as_json=False, plain=False, start=False, prompt=None, tokens=None, policy=None, window=None, kv_dtype=None,
          stop=False, until_done=0, link_bps=0, out=None):
     import json
 
     from firmware_py import kv
 
+    check_needs(board=board, until=until, timeout=timeout, replay=replay, port=port, start=start, prompt=prompt,
+                tokens=tokens, until_done=until_done, link_bps=link_bps)
+    board = board or DEFAULT_BOARD
+    tokens = DEFAULT_TOKENS if tokens in (None, "") else tokens
     pattern = pattern_of(until)  # a bad regex is refused before the port is opened
     for path, opt in ((log, "--log"), (jsonl, "--jsonl"), (capture, "--capture")):
         if path is not None:

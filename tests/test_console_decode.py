@@ -68,7 +68,8 @@ def capture(draw):
     for j, it in enumerate(items):
         if it[0] != "text":
             continue
-        before_ok = j == 0 or (items[j - 1][0] == "frame" and items[j - 1][3])
+        # (at the stream's start: when it reads as text, docs/telemetry.md's start rule)
+        before_ok = (j == 0 and telemetry_indep.is_text(it[1])) or (j > 0 and items[j - 1][0] == "frame" and items[j - 1][3])
         after_ok = j == len(items) - 1 or (items[j + 1][0] == "frame" and items[j + 1][3])
         if before_ok and after_ok:
             must.append(it[1])
@@ -107,9 +108,11 @@ def test_damaged_capture_no_bad_frame_accepted_every_intact_one_recovered(cap):
     damaged_accepted = [k for k in got_keys if k not in intact]
     for k in damaged_accepted:
         # a damaged frame may only come through when its damage left its bytes whole
-        # (an extra 0x00 inserted beside its delimiter, a bit flipped back): check it
+        # (an extra 0x00 inserted beside its delimiter, a bit flipped back, its opening
+        # 0x00 lost at the stream's start, which counts as a delimiter): check it
         seq, ftype, body = k
-        assert frame_bytes(seq, ftype, body) in stream, "a damaged frame was accepted: %r" % (k,)
+        wire = frame_bytes(seq, ftype, body)
+        assert wire in stream or stream.startswith(wire[1:]), "a damaged frame was accepted: %r" % (k,)
     text = b"".join(v for kind, v in out if kind == "text")
     pos = 0
     for t in must:
@@ -134,7 +137,12 @@ def test_clean_stream_passes_text_exactly_and_every_frame(items, splits):
             stream += frame_bytes(len(want), it[0], it[1])
             want.append((len(want), it[0], it[1]))
     d, out = decode(stream, sorted(s for s in splits if s <= len(stream)))
-    assert b"".join(v for k, v in out if k == "text") == texts
+    # the text before the first frame is dropped only when it cannot be board text (a
+    # control byte: then it is taken for the tail of a frame sent before the stream began)
+    first = stream.split(b"\x00")[0]
+    tail = want and len(first) <= console.MAX_WIRE and not telemetry_indep.is_text(first)
+    assert b"".join(v for k, v in out if k == "text") == (texts[len(first):] if tail else texts)
+    assert d.partial_at_start == (1 if tail and first else 0)
     got = [(v["seq"], v["raw_type"], bytes.fromhex(v["raw_body"])) for k, v in out if k == "frame"]
     assert got == want and d.corrupt == 0 and d.dropped == 0
 
@@ -176,6 +184,15 @@ def long_capture(draw):
         stream = stream[:pos] + piece + stream[pos:]
     if draw(st.integers(0, 3)) == 0:
         stream += overlong(draw, draw(st.booleans()))
+    # the stream may start anywhere: inside a frame (the monitor connected to a board
+    # already streaming), at a frame's first byte after its missed 0x00, inside text
+    start = draw(st.sampled_from(["whole", "whole", "cut", "tail", "text tail", "frame"]))
+    if start == "cut":
+        stream = stream[draw(st.integers(0, len(stream))):]
+    elif start in ("tail", "text tail", "frame"):
+        body = draw(TEXT).encode() + b"\n" + draw(TEXT).encode() if start == "text tail" else draw(st.binary(max_size=60))
+        wire = frame_bytes(900, tm.T_TEXT if start == "text tail" else tm.T_PERIODIC, body)
+        stream = wire[draw(st.integers(1, len(wire) - 1)) if start != "frame" else 1:] + stream
     how = draw(st.sampled_from(["random", "random", "every", "fixed"]))
     if how == "every":  # one byte per read
         splits = list(range(1, len(stream)))
@@ -197,12 +214,13 @@ def test_decoding_does_not_depend_on_the_reads_and_agrees_with_the_independent_d
     assert normal(out_split) == normal(out_whole)
     assert split.counts() == whole.counts()
     # and the same as a decoder written from docs/telemetry.md alone
-    text, frames, bad = telemetry_indep.decode(stream)
+    text, frames, bad, partial = telemetry_indep.decode(stream)
     assert b"".join(v for k, v in out_whole if k == "text") == text
     assert [v for k, v in normal(out_whole) if k == "frame"] == frames
     assert [v for k, v in out_whole if k == "corrupt"] == bad
+    assert [v for k, v in out_whole if k == "partial"] == partial
     assert whole.text_bytes == len(text) and whole.good == len(frames) and whole.corrupt == len(bad)
-    assert whole.truncated == bad.count("truncated")
+    assert whole.truncated == bad.count("truncated") and whole.partial_at_start == len(partial)
 
 
 def test_an_over_long_candidate_is_dropped_to_the_next_delimiter_in_any_reads():
@@ -291,3 +309,72 @@ def test_commands_round_trip_through_the_board_reader():
     assert [g[0] for g in got] == [tm.T_CMD_CONFIG, tm.T_CMD_PROMPT, tm.T_CMD_STOP]
     assert got[0][1] == b"kv_dtype=int8\npolicy=window\nwindow=64"
     assert tm.get_varint(got[1][1], 0) == (300, 2) and got[1][1][2:] == b"Once upon a time"
+
+
+def test_a_stream_that_starts_inside_a_frame_shows_none_of_it_as_text():
+    # the new-user finding: `monitor` connecting to a board already streaming showed the
+    # tail of the frame being sent (binary, split at an 0x0a inside it) as board text.
+    # Started at every byte of a text frame holding a newline and of a real periodic frame,
+    # in any reads: the tail is dropped and counted (or, when it happens to read as text,
+    # passes as text: the documented rule), the frames and the text after it are whole
+    text_frame = frame_bytes(7, tm.T_TEXT, b"\x01Once upon\na time")
+    after = b"b1 line 3\n" + frame_bytes(8, tm.T_PERIODIC, b"\x01\x01\x05") + b"bye\n"
+    leaks = 0
+    for wire in (text_frame, periodic_frame()):
+        for k in range(1, len(wire)):
+            tail = wire[k:-1]
+            s = wire[k:] + after
+            for n in (len(s), 1, 5):
+                d, out = decode(s, range(n, len(s), n))
+                text = b"".join(v for kind, v in out if kind == "text")
+                frames = [v["seq"] for kind, v in out if kind == "frame"]
+                if k == 1:  # the frame's first byte after the missed 0x00: the frame itself
+                    assert frames[0] != 8 and text == b"b1 line 3\nbye\n" and d.partial_at_start == 0, k
+                elif telemetry_indep.is_text(tail):
+                    assert text == tail + b"b1 line 3\nbye\n" and d.partial_at_start == 0, (k, tail)
+                else:
+                    assert text == b"b1 line 3\nbye\n", (k, text)
+                    assert d.partial_at_start == (1 if tail else 0) and d.partial_bytes == len(tail), k
+                    assert not tail or normal(out)[0] == ("partial", len(tail)), k
+                assert frames[-1] == 8 and d.corrupt == 0, (k, out)
+            leaks += k > 1 and telemetry_indep.is_text(tail)
+    assert leaks == 0, leaks  # (a tail ending in a CRC byte 0x0a could: 1 in 256)
+
+
+def test_text_at_the_stream_start_still_passes():
+    # a boot message, the REPL, a character cut by the connection, ESC/BS/BEL: text,
+    # before a frame or at the end; a start run longer than any frame is text whatever
+    # it holds; one that opens like a frame but is refused is a tail, not corrupt
+    good = frame_bytes(1, tm.T_PERIODIC, b"")
+    for start in (b"MPY: soft reboot\r\nkvrtos boot\r\n", b"caf\xc3\xa9 \x1b[0m\x08 \x08\x07>>> x\n", b"\n", b""):
+        for n in (1, 3, 1000):
+            s = start + good + b"after\n"
+            d, out = decode(s, range(n, len(s), n))
+            assert b"".join(v for k, v in out if k == "text") == start + b"after\n" and d.good == 1 and d.partial_at_start == 0
+    d, out = decode(b">>> ")  # no 0x00 at all: text at the end
+    assert normal(out) == [("text", b">>> ")]
+    noise = bytes(range(1, 32)) * 40  # 1,240 control bytes, no 0x00: longer than any frame
+    d, out = decode(noise + good, range(1, 2000, 100))
+    assert normal(out)[0] == ("text", noise) and d.good == 1 and d.partial_at_start == 0
+    d, out = decode(b"ne 3 seq 8 (no newline)" + good)  # text not ending its line: taken for a tail
+    assert normal(out)[0] == ("partial", 23) and d.good == 1
+    d, out = decode(b"\x09\xfe\x01\x02junk" + good)  # opens like a frame, refused: a tail
+    assert normal(out)[0] == ("partial", 8) and d.corrupt == 0 and d.good == 1
+    d, out = decode(b"\x09\xfe\x01\x02junk")  # ... cut by the end: truncated, like any candidate
+    assert normal(out) == [("corrupt", "truncated")]
+
+
+def test_a_reconnect_starts_a_new_stream_and_settle_lets_held_text_through():
+    # flush() (the monitor: the port was lost) makes the next bytes a new stream, whose
+    # start may again be inside a frame; settle() (a read came back empty) lets a held
+    # start run through as text, unless it opens like a frame
+    wire = frame_bytes(3, tm.T_PERIODIC, b"\x01\x02\x03\x04")
+    d = console.StreamDecoder()
+    assert d.feed(b">>> ") == [] and d.settle() == [("text", b">>> ")]
+    assert d.feed(b"more") == [("text", b"more")]
+    d.flush()
+    out = d.feed(wire[6:] + b"hi\n" + wire)
+    assert [k for k, _ in out] == ["partial", "text", "frame"] and out[1] == ("text", b"hi\n")
+    d.flush()
+    assert d.feed(wire[1:5]) == [] and d.settle() == []  # opens like a frame: still held
+    assert d.flush("port lost") == [("corrupt", "port lost")] and d.truncated == 1

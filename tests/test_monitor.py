@@ -399,3 +399,151 @@ def test_a_board_restart_is_not_counted_as_dropped_frames():
             m.feed(data[i:i + n])
         f = m.summary()["frames"]
         assert (f["good"], f["dropped"], f["restarts"], f["skipped"], f["corrupt"]) == (6, 6, 2, 7, 0), (n, f)
+
+
+class FakePort:
+    # a pyserial stand-in: reads hand out the chunks given (b"" when there is nothing:
+    # a read that timed out), then raise an OSError (the port vanished) if told to
+    def __init__(self, chunks, lose_at_end=False):
+        self.chunks = list(chunks)
+        self.lose_at_end = lose_at_end
+        self.in_waiting = 0
+        self.written = b""
+
+    def read(self, n):
+        if self.chunks:
+            return self.chunks.pop(0)
+        if self.lose_at_end:
+            raise OSError("gone")
+        return b""
+
+    def write(self, data):
+        self.written += data
+
+    def flush(self):
+        pass
+
+    def close(self):
+        pass
+
+
+def _mon(tmp_path, **kw):
+    import io
+
+    from host.monitor import Monitor
+
+    out = io.StringIO()
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    m = Monitor("fake", out=out, log_path=str(tmp_path / "l.txt"), jsonl_path=str(tmp_path / "f.jsonl"),
+                capture_path=str(tmp_path / "c.bin"), view="plain", timestamps=False, reconnect=False, **kw)
+    return m, out
+
+
+def _frame(ftype, seq, ms, body=b""):
+    from host import console
+
+    return console.encode_frame(console.payload(ftype, body, seq=seq, ms=ms))
+
+
+def test_connecting_mid_frame_shows_and_logs_none_of_its_tail(tmp_path):
+    # the new-user finding: monitor connecting to a board already streaming showed the
+    # tail of the frame being sent as text (binary bytes, split at an 0x0a inside it) on
+    # the console and in --log. Now the tail is dropped (counted; it stays in --capture),
+    # the text and frames after it come through, in reads of any size
+    from firmware_py import telemetry as tm
+
+    wire = _frame(tm.T_TEXT, 7, 500, b"\x01upon\n a time")
+    rest = b"b1 line 3\n" + _frame(tm.T_PERIODIC, 8, 600, bytes([tm.R_CORE, 1, 5])) + b"b1 line 4\n"
+    for n in (1, 4, 1000):
+        data = wire[5:] + rest
+        m, out = _mon(tmp_path / str(n))
+        hit = m.run(until="line 4", timeout=10, ser=FakePort([data[i:i + n] for i in range(0, len(data), n)]))
+        m.close()
+        log = open(tmp_path / str(n) / "l.txt", encoding="utf-8", errors="surrogateescape").read()
+        assert hit == "b1 line 4" and log == "b1 line 3\nb1 line 4\n", (n, log)
+        assert "upon" not in out.getvalue() and "\\x" not in out.getvalue(), out.getvalue()
+        f = m.summary()["frames"]
+        assert (f["good"], f["corrupt"], f["partial_at_start"], f["partial_bytes"]) == (1, 0, 1, len(wire) - 6), f
+        assert open(tmp_path / str(n) / "c.bin", "rb").read() == data  # every byte received, in the capture
+
+
+def test_text_at_the_start_is_not_held_back(tmp_path):
+    # the board's first text (a boot report, the REPL) with no frame after it: held back
+    # only until a read comes back empty, then shown (--until sees it)
+    m, out = _mon(tmp_path)
+    hit = m.run(until="report end", timeout=10, ser=FakePort([b"kvrtos: boot report\n", b"report end\n>>> ", b""]))
+    m.close()
+    assert hit == "report end" and out.getvalue().splitlines()[:2] == ["kvrtos: boot report", "report end"], out.getvalue()
+
+
+def test_until_logs_what_follows_the_matching_line(tmp_path):
+    # --until stops the console at the matching line, but nothing received is lost from
+    # the logs: the rest of the read (lines, a partial line, frames) is in --log, --jsonl
+    # and --capture
+    from firmware_py import telemetry as tm
+
+    data = b"hello\n" + _frame(tm.T_LAYOUT, 0, 0, b"proto=1") + b"the line\nafter 1\n" + \
+        _frame(tm.T_PERIODIC, 1, 10, bytes([tm.R_CORE, 1, 9])) + b"after 2\npartial"
+    m, out = _mon(tmp_path)
+    hit = m.run(until="the line", timeout=10, ser=FakePort([data]))
+    m.close()
+    shown = out.getvalue()
+    assert hit == "the line" and "the line" in shown and "after" not in shown and "partial" not in shown, shown
+    log = open(tmp_path / "l.txt").read()
+    assert log == "hello\nthe line\nafter 1\nafter 2\npartial [partial line: monitor stopped]\n", log
+    assert [json.loads(ln)["seq"] for ln in open(tmp_path / "f.jsonl")] == [0, 1]
+    assert open(tmp_path / "c.bin", "rb").read() == data
+
+
+def test_a_reconnect_starts_a_new_stream(tmp_path):
+    # after the port is lost the next bytes may again start inside a frame: the decoder
+    # is told (flush), the tail is dropped, not shown
+    from firmware_py import telemetry as tm
+
+    m, out = _mon(tmp_path)
+    m.feed(b"before\n" + _frame(tm.T_PERIODIC, 1, 10) + b"cut li")
+    m.flush_partial("port lost")
+    m.feed(_frame(tm.T_PERIODIC, 9, 900, bytes([tm.R_CORE, 1, 3]))[4:] + b"back\n" + _frame(tm.T_PERIODIC, 10, 1000))
+    m.close()
+    assert open(tmp_path / "l.txt").read() == "before\ncut li [partial line: port lost]\nback\n"
+    assert m.decoder.partial_at_start == 1 and m.decoder.good == 2
+
+
+def test_the_dashboard_rates_start_again_at_every_restart_the_decoder_sees():
+    # State.update resets its rates on the decoder's restart signal (the frame's
+    # "restart"), not only when board time goes back by more than 60 s: here the board
+    # rebooted while the port was away for 90 s, its seq went back (100 -> 50) and its
+    # time forward; the old rule computed the task's CPU % across the two runs
+    from firmware_py import telemetry as tm
+    from host import console
+
+    def task_row(run_ms):
+        vals = bytes([0, 1, 1]) + console._varint(run_ms) + bytes([1, 0, 0, 0, 0, 0])
+        return bytes([tm.R_TASK, len(vals)]) + vals
+
+    d = console.StreamDecoder()
+    st = console.State()
+    frames = []
+    for seq, ms, run_ms in ((99, 1000, 500), (100, 2000, 1000), (50, 90000, 80000), (51, 91000, 80100)):
+        for _kind, f in d.feed(_frame(tm.T_PERIODIC, seq, ms, task_row(run_ms))):
+            frames.append(f)
+            st.update(f)
+            if seq == 100:
+                assert st.tasks[0]["cpu_pct"] == 50.0
+            if seq == 50:
+                assert f.get("restart") is True and st.tasks[0]["cpu_pct"] is None  # not (80000-1000)/88000
+    assert st.tasks[0]["cpu_pct"] == 10.0 and d.restarts == 1
+    assert [("restart" in f) for f in frames] == [False, False, True, False]
+
+
+def test_options_that_need_another_are_refused():
+    # an option that only matters with another one is refused (one line, exit 2) instead
+    # of silently ignored
+    for args, needs in ((("--tokens", "5"), "--tokens needs --prompt"),
+                        (("--port", "/dev/null", "--link-bps", "100"), "--link-bps needs --start"),
+                        (("--replay", "x.bin", "--until", "boot"), "--until needs a port"),
+                        (("--replay", "x.bin", "--until-done", "1"), "--until-done needs a port"),
+                        (("--replay", "x.bin", "--timeout", "5"), "--timeout needs a port"),
+                        (("--port", "/dev/null", "--board", "esp32s3_devkitc"), "--board only picks the port")):
+        r = kv("monitor", *args)
+        assert one_line_error(r) and r.returncode == 2 and needs in r.stderr, (args, r.returncode, r.stderr)
