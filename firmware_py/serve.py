@@ -20,6 +20,7 @@ from firmware_py.sched import Kernel
 from firmware_py.status import E_RANGE, E_STATE, OK
 
 INPUT_US = 20000  # the input task looks for command bytes this often
+CTRL_C = 3  # the console's interrupt character: ends serve (stdin_poller)
 CONFIG_KEYS = ("kv_dtype", "policy", "window", "sinks", "temperature", "top_p", "seed", "backend", "rope")
 BOOT_KEYS = ("kv_dtype", "policy", "window", "sinks", "backend", "rope", "temperature", "top_p", "seed")
 PRIO_TELEMETRY = 3  # highest: it sleeps almost always and never waits for the link
@@ -273,7 +274,15 @@ def _board_name():
 
 # fn(reader) feeding the bytes waiting on stdin to reader.byte, or None where stdin
 # cannot be polled (MicroPython: select.poll on sys.stdin; allocates a little per call,
-# it runs every INPUT_US, never in the frame path)
+# it runs every INPUT_US, never in the frame path).
+# Ctrl-C (0x03) stops serve: poll raises KeyboardInterrupt when it reads one, before
+# any byte after it, which stays for the REPL (mpremote's \r\x03 ... \r\x01). On a
+# board's UART or USB-CDC the port's driver takes the interrupt character itself
+# (micropython.kbd_intr(3), which main() keeps) and raises KeyboardInterrupt: stdin
+# never holds a 0x03 there. Where the interrupt character does reach stdin (the unix
+# port's raw REPL runs code with its terminal's ISIG off, as on the virtual board, or a
+# board whose kbd_intr was switched off) the poller is what sees it, and a command
+# frame never holds a 0x03 (commands are hex digits between 0x00 bytes).
 def stdin_poller():
     try:
         import select  # noqa: PLC0415
@@ -283,6 +292,9 @@ def stdin_poller():
     except (ImportError, OSError, AttributeError, TypeError, ValueError):
         return None
     src = getattr(sys.stdin, "buffer", sys.stdin)
+    # CPython: the unbuffered stream, so read(1) takes one byte off the fd and poll()
+    # still sees the rest (a BufferedReader would swallow them into its buffer)
+    src = getattr(src, "raw", None) or src
 
     def poll(reader):
         for _ in range(512):
@@ -292,13 +304,26 @@ def stdin_poller():
             b = src.read(1)
             if not b:
                 return
-            reader.byte(b[0] if isinstance(b[0], int) else ord(b[0]))
+            c = b[0] if isinstance(b[0], int) else ord(b[0])
+            if c == CTRL_C:
+                raise KeyboardInterrupt
+            reader.byte(c)
 
     return poll
 
 
-# serve on this board: frames on stdout, commands from stdin. prompt: start one request
-# at once; max_requests: return after that many (0: serve until interrupted)
+# keep Ctrl-C the interrupt character of the board's console (a main.py may have
+# switched it off with micropython.kbd_intr(-1)): serve ends on Ctrl-C, as mpremote,
+# ./kv flash and ./kv monitor --start expect. Nothing on CPython.
+def _keep_ctrl_c():
+    f = getattr(compat.micropython, "kbd_intr", None) if compat.IS_MICROPYTHON else None
+    if f is not None:
+        try:
+            f(CTRL_C)
+        except (OSError, ValueError, TypeError):
+            pass
+
+
 # the thermal guard for this board: its profile's thresholds (board.json beside main.py)
 # when there is one, else the defaults; BoardTemp where the port has the sensor, else
 # ModelTemp on the kernel's clock
@@ -321,14 +346,23 @@ def _guard(k):
     return thermal.Guard(k, src)
 
 
+# serve on this board: frames on stdout, commands from stdin. prompt: start one request
+# at once; max_requests: return after that many (0: serve until Ctrl-C,
+# which prints one line and raises KeyboardInterrupt on to the caller or the REPL)
 def main(prompt=None, tokens=64, model=decode.MODEL_FILE, tokenizer=decode.TOKENIZER_FILE,
          link_bps=tm.DEFAULT_LINK_BPS, rate_hz=tm.DEFAULT_RATE_HZ, max_requests=0, **opts):
     out = getattr(sys.stdout, "buffer", sys.stdout)
     srv = Server(tm.stream_writer(out), stdin_poller(), model=model, tokenizer=tokenizer, link_bps=link_bps,
                  rate_hz=rate_hz, max_requests=max_requests, guard=_guard, **opts)
-    print("serve: telemetry at %d Hz on a %d B/s link; waiting for commands" % (rate_hz, link_bps))
-    if prompt is not None:
-        if srv.start(prompt, tokens) != OK:
-            print("serve: the prompt was refused")
-    srv.run()
+    print("serve: telemetry at %d Hz on a %d B/s link; waiting for commands (Ctrl-C ends)" % (rate_hz, link_bps))
+    _keep_ctrl_c()
+    try:
+        if prompt is not None:
+            if srv.start(prompt, tokens) != OK:
+                print("serve: the prompt was refused")
+        srv.run()
+    except KeyboardInterrupt:
+        # Ctrl-C: one line, then the interrupt goes on to the REPL (or main.py's caller)
+        print("\nserve: stopped by Ctrl-C after %d requests" % srv.req)
+        raise
     return srv

@@ -15,6 +15,7 @@ from host import boards, flash, paths
 from host.errors import UserError
 
 SILENCE_S = 60.0  # s the board may stay silent: its boot (weights, tokenizer) and one token
+CONNECT_S = 15.0  # s for each try at the raw REPL (interrupt, soft reset, banner): flash's 10 s and a margin
 _ERR = "DecodeError: "  # the board's one-line mistake, last line of its traceback
 
 
@@ -39,6 +40,26 @@ def port_of(port, board_name=paths.DEFAULT_BOARD):
     return p
 
 
+# the raw REPL on port (flash.connect: Ctrl-C, soft reset, banner), tried twice: a board
+# still rebooting (right after `kv flash` soft-reset it) can drop the interrupt that
+# starts the raw REPL. A board that answers neither try runs something Ctrl-C does not
+# stop, or is no MicroPython: the error says what to do (generate has no --timeout)
+def _connect(port):
+    try:
+        return flash.connect(port, CONNECT_S)
+    except UserError as e:
+        if "raw REPL" not in str(e):
+            raise
+    try:
+        return flash.connect(port, CONNECT_S)
+    except UserError as e:
+        if "no prompt within" not in str(e):
+            raise
+        raise UserError("no MicroPython raw REPL on %s: no prompt within %g s, twice (the board ignores Ctrl-C "
+                        "or runs no MicroPython): reset it (its reset button; a virtual board: ./kv vboard --stop, "
+                        "then start it again) and run this again" % (port, CONNECT_S)) from None
+
+
 # the Python the board runs: decode.run over model.bin / tokenizer.bin with the options
 def command(prompt, n, opts):
     args = ", ".join("%s=%r" % (k, opts[k]) for k in sorted(opts))
@@ -55,14 +76,7 @@ def run(port, mp, tp, prompt, n, opts, out=None, silence_s=SILENCE_S, board_name
 
     dst = out or sys.stdout.buffer
     port = port_of(port, board_name)
-    try:
-        t = flash.connect(port, silence_s)
-    except UserError as e:
-        if "raw REPL" not in str(e):
-            raise
-        # a board still rebooting (right after `kv flash` soft-reset it) can drop the
-        # interrupt that starts the raw REPL: ask once more
-        t = flash.connect(port, silence_s)
+    t = _connect(port)
     try:
         have = flash.device_hashes(t, ["firmware_py/decode.mpy", decode.MODEL_FILE, decode.TOKENIZER_FILE])
         if have[0] is None:

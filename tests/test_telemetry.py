@@ -262,3 +262,167 @@ def test_a_hot_board_shrinks_the_next_budget_and_slows_decode():
     temps = [f["temp"] for f in hot_[1] if f["type"] == "periodic" and "temp" in f]
     assert temps and all(t["state"] == thermal.SLOW and t["deci_c"] >= 850 for t in temps), "the frames say hot"
     assert text_of(hot_[1], 1)[:16] == text_of(cool[1], 1)[:16] == "Once upon a time"
+
+
+# --- Ctrl-C ends serve --------------------------------------------------------------------
+
+def test_the_stdin_poller_feeds_commands_and_raises_keyboardinterrupt_at_ctrl_c(monkeypatch):
+    # the bytes before a 0x03 reach the command reader; the 0x03 raises KeyboardInterrupt;
+    # the bytes after it stay on stdin (for the REPL: mpremote's \r\x03 ... \r\x01)
+    import sys
+
+    r, w = os.pipe()
+    stdin = os.fdopen(r, "r")
+    monkeypatch.setattr(sys, "stdin", stdin)
+    try:
+        got = []
+        reader = tm.CommandReader(lambda ftype, body, seq: got.append((ftype, seq)))
+        poll = serve.stdin_poller()
+        assert poll is not None
+        os.write(w, console.command("layout", seq=7) + console.command("stop", seq=8))
+        poll(reader)
+        assert got == [(tm.T_CMD_LAYOUT, 7), (tm.T_CMD_STOP, 8)]  # every byte read, none held in a buffer
+        os.write(w, console.command("layout", seq=9) + b"\r\x03\r\x01")
+        with pytest.raises(KeyboardInterrupt):
+            poll(reader)
+        assert got[-1] == (tm.T_CMD_LAYOUT, 9)
+        assert os.read(r, 16) == b"\r\x01"
+    finally:
+        os.close(w)
+        stdin.close()
+
+
+def test_no_command_frame_holds_a_ctrl_c():
+    # the framing serve reads: hex digits between 0x00 bytes, whatever the body
+    for kind, kw in (("prompt", {"text": "\x03\x03 Once", "tokens": 3}), ("stop", {}), ("layout", {}),
+                     ("config", {"policy": "window", "window": 3, "kv_dtype": "int4tok"})):
+        for seq in (3, 0x0303, 0xFFFF):
+            assert b"\x03" not in console.command(kind, seq=seq, **kw), (kind, seq)
+
+
+@pytest.mark.parametrize("interp", ["micropython", "cpython"])
+def test_serve_main_answers_commands_then_ends_on_ctrl_c(interp, tmp_path):
+    # serve.main() as a board runs it (stdin: the console, stdout: frames and lines) acks a
+    # command, then a 0x03 ends it within a poll: one line, KeyboardInterrupt to the caller
+    import subprocess
+    import threading
+    import time
+
+    from host import interp as interp_mod
+
+    script = tmp_path / "serve_main.py"
+    script.write_text("from firmware_py import serve\nserve.main()\n")
+    cmd, env = interp_mod.command(str(script), interp)
+    env["PYTHONUNBUFFERED"] = "1"
+    p = subprocess.Popen(cmd, cwd=str(tmp_path), env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT)
+    out = bytearray()
+    th = threading.Thread(target=lambda: [out.extend(c) for c in iter(lambda: os.read(p.stdout.fileno(), 4096), b"")],
+                          daemon=True)
+    th.start()
+
+    def wait(pred, s=30):
+        end = time.monotonic() + s
+        while not pred() and time.monotonic() < end:
+            time.sleep(0.05)
+        return pred()
+
+    def acks():
+        d = console.StreamDecoder()
+        frames = [v for k, v in d.feed(bytes(out)) if k == "frame"]
+        return events(frames, "ack")
+
+    try:
+        assert wait(lambda: b"waiting for commands" in out), bytes(out)[-500:]
+        p.stdin.write(console.command("layout", seq=1))
+        p.stdin.flush()
+        assert wait(lambda: acks()), bytes(out)[-500:]
+        t0 = time.monotonic()
+        p.stdin.write(b"\r\x03")
+        p.stdin.flush()
+        p.wait(timeout=20)
+        took = time.monotonic() - t0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        th.join(5)
+    text = bytes(out).decode("utf-8", "replace")
+    assert acks()[0]["type"] == tm.T_CMD_LAYOUT and acks()[0]["status"] == 0, acks()
+    assert "serve: stopped by Ctrl-C after 0 requests" in text and "KeyboardInterrupt" in text, text[-500:]
+    assert p.returncode != 0 and took < 10, (p.returncode, took)
+
+
+@pytest.mark.vboard
+def test_flash_monitor_start_and_generate_work_right_after_a_serve_session(tmp_path):
+    # `monitor --start ... --until-done 1` leaves serve running on the virtual board; each
+    # tool that needs the raw REPL interrupts it with Ctrl-C and works at once (before the
+    # fix serve read the 0x03 as a command byte: flash said "no raw REPL prompt")
+    import time
+
+    from vboard_util import kv, start
+
+    with start(tmp_path) as vb:
+        r = kv("flash", "--port", vb.port, "--model", MODEL, timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        mon = ("monitor", "--port", vb.port, "--start", "--prompt", "hi", "--tokens", "10", "--until-done", "1", "--plain",
+               "--timeout", "120")
+        r = kv(*mon, timeout=180)
+        assert r.returncode == 0 and "started firmware_py.serve" in r.stdout, r.stdout + r.stderr
+        t0 = time.monotonic()
+        r = kv("flash", "--port", vb.port, timeout=120)
+        assert r.returncode == 0 and "flash: soft reset" in r.stdout, r.stdout + r.stderr
+        assert time.monotonic() - t0 < 60
+        r = kv(*mon, timeout=180)  # serve again, then again over the one left running
+        assert r.returncode == 0, r.stdout + r.stderr
+        r = kv(*mon, timeout=180)
+        assert r.returncode == 0, r.stdout + r.stderr
+        r = kv("generate", "--runtime", "board", "--port", vb.port, "--tokens", "5", timeout=180)
+        assert r.returncode == 0 and r.stdout.startswith("Once upon a time"), r.stdout + r.stderr
+        assert "\n" + decode.SUMMARY in r.stdout and "(1 prompt + 5 new)" in r.stdout, r.stdout
+
+
+def test_generate_on_a_board_that_ignores_ctrl_c_says_what_to_do(monkeypatch):
+    # a port where nothing answers the raw REPL's Ctrl-C / Ctrl-A (a firmware that ignores
+    # the interrupt): two short tries, then one line that names a fix that exists (generate
+    # has no --timeout option)
+    import pty
+    import threading
+    import time
+    import tty
+
+    from host import boardrun
+    from host.errors import UserError
+
+    master, slave = pty.openpty()
+    tty.setraw(slave)
+    stop = []
+
+    def drain():
+        import select
+
+        while not stop:
+            if select.select([master], [], [], 0.05)[0]:
+                try:
+                    os.read(master, 4096)
+                except OSError:
+                    return
+
+    th = threading.Thread(target=drain, daemon=True)
+    th.start()
+    monkeypatch.setattr(boardrun, "CONNECT_S", 1.0)
+    port = os.ttyname(slave)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(UserError) as e:
+            boardrun.run(port, MODEL, TOK, "hi", 1, {}, out=io.BytesIO())
+    finally:
+        stop.append(1)
+        th.join(2)
+        os.close(master)
+        os.close(slave)
+    msg = str(e.value)
+    assert "--timeout" not in msg and "\n" not in msg, msg
+    assert msg.startswith("no MicroPython raw REPL on %s: no prompt within 1 s, twice" % port), msg
+    assert "reset it" in msg and "./kv vboard --stop" in msg, msg
+    assert time.monotonic() - t0 < 15
