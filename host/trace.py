@@ -14,10 +14,16 @@
 #   pool.png     pool blocks in use and KV tokens cached over board time
 #   bandwidth.png MB/s per memory tier over board time (from the tier rows' kB counters)
 #
+# A line that is no frame (not UTF-8, not JSON, a field of the wrong type, the last line
+# cut off by a monitor stopped mid-write) is skipped and counted: every good frame is
+# used, the count goes to --json (skipped_lines, cut_last_line) and one stderr line.
+#
 # Board time: the frames' ms. A board that restarts starts again at 0; its frames are
 # laid after the previous run's (an offset per run), so one trace shows every run.
 import json
+import math
 import os
+import sys
 
 from host.errors import UserError
 
@@ -26,28 +32,172 @@ TID_REQUESTS = 1000  # the requests track
 TID_EVENTS = 1001  # instants
 
 
-def load(path):
-    # the frames of a JSONL log, in order; UserError (one line) for a file that is not one
+_BIG = 1 << 64  # a counter beyond this is no board's (u32 times, varint counters)
+_SEQ_MAX = 0xFFFF
+_ROWS = (("seq", "slot", ("cached", "length", "blocks")), ("tier", "tier", ("kb",)), ("task", "slot", ("run_ms",)))
+_RECS = (("core", ("tokens", "tok_s_x10")), ("pool", ("used", "high_water")), ("heap", ("free",)), ("dma", ("depth",)),
+         ("temp", ("deci_c",)))
+_LAYOUT_INTS = ("pool.block_bytes", "kv.kv_bytes_per_token", "kv.token_bytes")
+
+
+class BadLine(ValueError):
+    # a JSONL line that is no telemetry frame trace can use (the message says why)
+    pass
+
+
+def _finite(text):
+    # json's parse_float: a finite number (1e999 is no board's)
+    v = float(text)
+    if not math.isfinite(v):
+        raise BadLine("a number out of range (%s)" % text)
+    return v
+
+
+def _constant(name):
+    # json's parse_constant: NaN / Infinity are not JSON a board's log holds
+    raise BadLine("%s is not a number a frame holds" % name)
+
+
+def _is_int(v, lo=0, hi=_BIG):
+    return v.__class__ is int and lo <= v < hi
+
+
+def _is_num(v):
+    return v.__class__ in (int, float) and -_BIG < v < _BIG
+
+
+def _decimal(v):
+    # a layout value that is a whole number: its digits as text (the console's) or an int
+    return _is_int(v) or (isinstance(v, str) and v.isascii() and v.isdigit())
+
+
+def _check_fields(d, fields, what):
+    for k in fields:
+        if k in d and not _is_num(d[k]):
+            v = d[k]
+            if v.__class__ in (int, float):
+                raise BadLine("%s.%s is %g: out of range" % (what, k, v))
+            raise BadLine("%s.%s is %s, not a number" % (what, k, _kind(v)))
+
+
+def _kind(v):
+    return "null" if v is None else type(v).__name__
+
+
+def check_frame(d):
+    # d (a JSON value) as a frame build() can read; BadLine naming the first wrong field.
+    # Only the fields trace uses are checked: a later console's extra fields pass.
+    if not isinstance(d, dict):
+        raise BadLine("a JSON %s, not a frame object" % _kind(d))
+    kind = d.get("type")
+    if not isinstance(kind, str):
+        raise BadLine("no frame type" if kind is None else "type is %s, not text" % _kind(kind))
+    if not _is_int(d.get("ms"), 0):
+        raise BadLine("no board time ms" if d.get("ms") is None else "ms is %r, not a whole number >= 0" % (d["ms"],))
+    if "seq" in d and not _is_int(d["seq"], 0, _SEQ_MAX + 1):
+        raise BadLine("seq is %r, not 0..%d" % (d["seq"], _SEQ_MAX))
+    if kind == "layout":
+        lay = d.get("layout", {})
+        if not isinstance(lay, dict):
+            raise BadLine("layout is %s, not an object" % _kind(lay))
+        for k, v in lay.items():
+            if k.startswith(("task.", "tier.")) and k.count(".") == 1:
+                if not _decimal(k.split(".")[1]):
+                    raise BadLine("layout key %r: not a slot number" % k)
+                if not isinstance(v, str):
+                    raise BadLine("layout %s is %s, not a name" % (k, _kind(v)))
+            elif k in _LAYOUT_INTS and v not in ("", None) and not _decimal(v):
+                raise BadLine("layout %s is %r, not a whole number" % (k, v))
+            elif k in ("board", "firmware") and not isinstance(v, str):
+                raise BadLine("layout %s is %s, not text" % (k, _kind(v)))
+    elif kind == "periodic":
+        for name, fields in _RECS:
+            r = d.get(name)
+            if r:  # build skips an absent or empty record
+                if not isinstance(r, dict):
+                    raise BadLine("%s is %s, not an object" % (name, _kind(r)))
+                _check_fields(r, fields, name)
+        for name, key, fields in _ROWS:
+            rows = d.get(name + "s")
+            if rows is None:
+                rows = [d[name]] if isinstance(d.get(name), dict) else []
+            if not isinstance(rows, list):
+                raise BadLine("%ss is %s, not a list" % (name, _kind(rows)))
+            for r in rows:
+                if not isinstance(r, dict):
+                    raise BadLine("a %s row is %s, not an object" % (name, _kind(r)))
+                if key not in r:
+                    raise BadLine("a %s row without its %s" % (name, key))
+                if not _is_int(r[key]):
+                    raise BadLine("a %s row's %s is %r, not a whole number >= 0" % (name, key, r[key]))
+                _check_fields(r, fields, name)
+    elif kind == "event":
+        evs = d.get("events", [])
+        if not isinstance(evs, list):
+            raise BadLine("events is %s, not a list" % _kind(evs))
+        for e in evs:
+            if not isinstance(e, dict):
+                raise BadLine("an event is %s, not an object" % _kind(e))
+            if "event" in e and not isinstance(e["event"], str):
+                raise BadLine("an event's name is %s, not text" % _kind(e["event"]))
+            if "ms" in e and not _is_num(e["ms"]):
+                raise BadLine("an event's ms is %s, not a number" % _kind(e["ms"]))
+            if isinstance(e.get("request"), (list, dict)):
+                raise BadLine("an event's request is %s, not a number" % _kind(e["request"]))
+    return d
+
+
+def read(path):
+    # (frames, skipped): the frames of a JSONL log, in order, and the lines skipped as
+    # [(line number, why)] (not UTF-8, not JSON, not a frame, wrong field types; the last
+    # line cut off: why starts with "cut off"). UserError (one line) when the file cannot
+    # be read or holds no frame
     try:
-        f = open(path, encoding="utf-8")
+        f = open(path, "rb")
     except OSError as e:
         raise UserError("%s cannot be read: %s" % (path, e.strerror or e), 2) from None
     frames = []
-    with f:
-        for i, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                d = json.loads(line)
-            except ValueError:
-                raise UserError("%s:%d is not a JSON line (give the log ./kv monitor --jsonl writes)" % (path, i), 2) from None
-            if not isinstance(d, dict) or "type" not in d or "ms" not in d:
-                raise UserError("%s:%d is not a telemetry frame (no type / ms)" % (path, i), 2)
-            frames.append(d)
+    skipped = []
+    n = 0
+    try:
+        with f:
+            for n, raw in enumerate(f, 1):
+                cut = not raw.endswith(b"\n")  # only the last line can lack its newline
+                line = raw.strip()
+                if not line:
+                    continue
+                try:
+                    d = json.loads(line.decode("utf-8"), parse_float=_finite, parse_constant=_constant)
+                    frames.append(check_frame(d))
+                except UnicodeDecodeError:
+                    skipped.append((n, "cut off" if cut else "not UTF-8 text"))
+                except BadLine as e:
+                    skipped.append((n, str(e)))
+                except (ValueError, RecursionError):
+                    skipped.append((n, "cut off" if cut else "not a JSON line"))
+    except OSError as e:
+        raise UserError("%s cannot be read: %s" % (path, e.strerror or e), 2) from None
     if not frames:
-        raise UserError("%s holds no frames" % path, 2)
-    return frames
+        why = " (%d bad line%s skipped, line %d: %s)" % (len(skipped), "" if len(skipped) == 1 else "s", skipped[0][0],
+                                                         skipped[0][1]) if skipped else ""
+        raise UserError("%s holds no telemetry frames%s: give the log ./kv monitor --jsonl writes" % (path, why), 2)
+    return frames, skipped
+
+
+def load(path):
+    # the frames of a JSONL log, in order (bad lines skipped: read() says which)
+    return read(path)[0]
+
+
+def skipped_note(path, skipped):
+    # one line for stderr about the lines read() skipped, or None
+    if not skipped:
+        return None
+    n, why = skipped[0]
+    more = "" if len(skipped) == 1 else "; %d more" % (len(skipped) - 1)
+    cut = "; the last line was cut off (a log still being written?)" if len(skipped) > 1 and skipped[-1][1] == "cut off" else ""
+    return "trace: %s: skipped %d bad line%s, used every good frame (line %d: %s%s)%s" % (
+        path, len(skipped), "" if len(skipped) == 1 else "s", n, why, more, cut)
 
 
 def with_time(frames):
@@ -175,7 +325,7 @@ def kv_fit(series):
     lay = series["layout"]
     bb = int(lay.get("pool.block_bytes", 0) or 0)
     pts = sorted({(s["cached"], s["blocks"] * bb) for _, s in series["seq"]
-                  if s.get("cached") == s.get("length") and s.get("cached", 0) > 0})
+                  if "blocks" in s and s.get("cached") == s.get("length") and s.get("cached", 0) > 0})
     if not bb or len({x for x, _ in pts}) < 2:
         return None
     n = len(pts)
@@ -258,12 +408,12 @@ def _save(fig, out_dir, name):
     try:
         fig.savefig(p, dpi=90)
     except OSError as e:
-        raise UserError("%s cannot be written: %s" % (p, e.strerror or e)) from None
+        raise UserError("%s cannot be written: %s" % (p, e.strerror or e), 2) from None
     return p
 
 
-def main(log, out_dir=None, as_json=False):
-    frames = load(log)
+def main(log, out_dir=None, as_json=False, err=None):
+    frames, skipped = read(log)
     out_dir = out_dir or (os.path.dirname(os.path.abspath(log)))
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise UserError("--out %s is not a folder" % out_dir, 2)
@@ -271,17 +421,24 @@ def main(log, out_dir=None, as_json=False):
         parent = os.path.dirname(os.path.abspath(out_dir))
         if not os.path.isdir(parent):
             raise UserError("--out %s: folder %s does not exist" % (out_dir, parent), 2)
-        os.mkdir(out_dir)
+        try:
+            os.mkdir(out_dir)
+        except OSError as e:
+            raise UserError("--out %s cannot be made: %s" % (out_dir, e.strerror or e), 2) from None
+    note = skipped_note(log, skipped)
+    if note:
+        print(note, file=err or sys.stderr)
     trace, series = build(frames)
     tp = os.path.join(out_dir, "trace.json")
     try:
         with open(tp, "w") as f:
             json.dump(trace, f)
     except OSError as e:
-        raise UserError("%s cannot be written: %s" % (tp, e.strerror or e)) from None
+        raise UserError("%s cannot be written: %s" % (tp, e.strerror or e), 2) from None
     fit = kv_fit(series)
     pngs = plots(series, fit, out_dir)
     res = {"frames": len(frames), "trace": tp, "trace_events": len(trace["traceEvents"]), "plots": pngs,
+           "skipped_lines": len(skipped), "cut_last_line": bool(skipped) and skipped[-1][1] == "cut off",
            "kv_fit": {k: v for k, v in fit.items() if k != "pts"} if fit else None}
     if as_json:
         print(json.dumps(res, indent=1, sort_keys=True))
