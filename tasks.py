@@ -252,14 +252,14 @@ def flash_firmware(c, bin="", port=None, board="esp32s3_n8r8", erase=False, dry_
             "capture": "append every byte received to this raw capture file", "replay": "decode a recorded capture instead of a port",
             "json": "print a JSON summary at the end (good, corrupt, dropped, skipped frames)",
             "plain": "plain lines even on a terminal (no dashboard)", "start": "start the telemetry firmware (firmware_py.serve) over the raw REPL first",
-            "prompt": "send this prompt (the board generates and streams the text)", "tokens": "tokens for --prompt",
+            "prompt": "send this prompt (the board generates and streams the text)", "tokens": "tokens for --prompt (a whole number >= 1, default 64)",
             "policy": "KV policy for the next request", "window": "window for window/sinks/h2o", "kv_dtype": "KV element type for the next request",
-            "stop": "send a stop command", "until_done": "stop once this many requests have ended",
-            "link_bps": "with --start: the link's bytes/s the board paces telemetry to"})
+            "stop": "send a stop command", "until_done": "return once this many requests have ended (serve goes on running on the board until Ctrl-C or the next flash / monitor --start / generate --runtime board)",
+            "link_bps": "with --start: the link's bytes/s the board paces telemetry to (100..1000000; default 0: the firmware's)"})
 @one_line_errors
 def monitor(c, port=None, board="esp32s3_n8r8", log=None, until=None, timeout="", jsonl=None, capture=None, replay=None,
-            json=False, plain=False, start=False, prompt=None, tokens=64, policy=None, window=None, kv_dtype=None, stop=False,
-            until_done=0, link_bps=0):
+            json=False, plain=False, start=False, prompt=None, tokens="64", policy=None, window=None, kv_dtype=None, stop=False,
+            until_done="0", link_bps="0"):
     """Print what the board sends (text timestamped, telemetry frames decoded: a dashboard on a terminal), log, reconnect."""
     from host import monitor as mon
 
