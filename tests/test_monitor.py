@@ -547,3 +547,14 @@ def test_options_that_need_another_are_refused():
                         (("--port", "/dev/null", "--board", "esp32s3_devkitc"), "--board only picks the port")):
         r = kv("monitor", *args)
         assert one_line_error(r) and r.returncode == 2 and needs in r.stderr, (args, r.returncode, r.stderr)
+
+
+@pytest.mark.parametrize("args", [("--prompt", "hi", "--tokens", "abc"), ("--prompt", "hi", "--tokens", "1.5"),
+                                  ("--prompt", "hi", "--tokens", "0"), ("--until-done", "x"), ("--until-done", "-1"),
+                                  ("--until-done", "1.5"), ("--start", "--link-bps", "abc"), ("--start", "--link-bps", "50")])
+def test_monitor_number_options_are_checked_by_the_task(args):
+    # text options checked by monitor itself: one line, exit 2 (invoke used to convert
+    # int defaults first and crash with a ValueError traceback)
+    r = kv("monitor", "--port", "/dev/null", *args)
+    flag = [a for a in args if a in ("--tokens", "--until-done", "--link-bps")][0]
+    assert one_line_error(r) and r.returncode == 2 and r.stderr.startswith("kv monitor: %s must be" % flag), (args, r.stderr)
