@@ -65,7 +65,7 @@ def lint(c):
             "tokenizer": "bench quality: the tokenizer (default: beside the model)",
             "prompt": "bench quality: a prompt (repeat for several)"}, iterable=["prompt"])
 @one_line_errors
-def bench(c, name, json=False, model="", tokenizer="", prompt=None):
+def bench(c, name, json=False, model=None, tokenizer=None, prompt=None):
     """Run a benchmark (host/bench/<name>.py) and print its figures; --json prints one object."""
     import importlib
 
@@ -86,6 +86,9 @@ def bench(c, name, json=False, model="", tokenizer="", prompt=None):
 
         known = sorted(m.name for m in pkgutil.iter_modules(host.bench.__path__) if not m.name.startswith("_"))
         raise UserError("no benchmark %r (known: %s)" % (name, ", ".join(known)), 2)
+    for flag, v in (("--model", model), ("--tokenizer", tokenizer)):
+        if v == "":
+            raise UserError("%s needs a value (./kv bench quality --help)" % flag, 2)
     extra = {k: v for k, v in (("model", model), ("tokenizer_path", tokenizer), ("prompts", prompt)) if v}
     if extra and name != "quality":
         raise UserError("--model, --tokenizer and --prompt belong to bench quality", 2)
@@ -94,11 +97,13 @@ def bench(c, name, json=False, model="", tokenizer="", prompt=None):
 
 @task(help={"render": "only re-render docs/benchmarks.md from the committed docs/bench/*.json", "only": "run just this benchmark (the others keep their JSON)"})
 @one_line_errors
-def bench_docs(c, render=False, only=""):
+def bench_docs(c, render=False, only=None):
     """Run every benchmark (host/bench/*.py), write docs/bench/<name>.json and regenerate docs/benchmarks.md from them."""
     from host import benchdoc
 
-    benchdoc.main(render_only=render, only=only)
+    if only == "":
+        raise UserError("--only needs a benchmark name (known: %s)" % ", ".join(benchdoc.names()), 2)
+    benchdoc.main(render_only=render, only=only or "")
     print("wrote %s" % os.path.relpath(benchdoc.DOC, ROOT))
 
 
@@ -120,19 +125,24 @@ def bench_docs(c, render=False, only=""):
     }
 )
 @one_line_errors
-def budget(c, board="esp32s3_n8r8", model="stories260K", kv_dtype="fp32", policy="full", window="0", batch="1", tokens="0", weights_dtype="", weights_bytes="0", json=False,
-           word_bytes="0", sram_kv_bytes="", flash_kv_bytes=""):
+def budget(c, board="esp32s3_n8r8", model="stories260K", kv_dtype="fp32", policy="full", window="0", batch="1", tokens="0", weights_dtype=None, weights_bytes="0", json=False,
+           word_bytes="0", sram_kv_bytes=None, flash_kv_bytes=None):
     """How many KV tokens fit on a board with a model, and the heap the firmware needs."""
     from host import budget as budget_mod
     from host import models
 
+    # an empty value is a mistake, not the default (None: the option was left out)
+    for flag, v in (("--model", model), ("--weights-dtype", weights_dtype)):
+        if v == "":
+            raise UserError("%s needs a value (./kv budget --help)" % flag, 2)
     if model.lower() not in (n.lower() for n in models.names()):
         model = paths_user(model)  # a checkpoint path, typed relative to where ./kv ran
+    whole = budget_mod.whole  # ASCII digits only
     r = budget_mod.main(
         board=board, model=model, kv_dtype=kv_dtype, policy=policy, window=window,
-        batch=_whole(batch, "--batch", 1), tokens=_whole(tokens, "--tokens"), weights_dtype=weights_dtype,
-        weights_bytes=_whole(weights_bytes, "--weights-bytes"), as_json=json, word_bytes=_whole(word_bytes, "--word-bytes"),
-        sram_kv_bytes=sram_kv_bytes or None, flash_kv_bytes=flash_kv_bytes or None,
+        batch=whole(batch, "--batch", 1), tokens=whole(tokens, "--tokens"), weights_dtype=weights_dtype or "",
+        weights_bytes=whole(weights_bytes, "--weights-bytes"), as_json=json, word_bytes=whole(word_bytes, "--word-bytes"),
+        sram_kv_bytes=sram_kv_bytes, flash_kv_bytes=flash_kv_bytes,
     )
     if not r["fits"]:
         # the figures are on stdout; exit 3 says "does not fit" (2: bad input)

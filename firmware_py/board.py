@@ -11,6 +11,14 @@ MPY_ARCHS = ("x86", "x64", "armv6", "armv6m", "armv7m", "armv7em", "armv7emsp", 
              "xtensa", "xtensawin", "rv32imc", "rv64imc")
 NAME_MAX = 64  # a board name names folders (.vboard/NAME): this many characters at most
 _NAME_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-"  # what a name may hold
+# The largest figure a profile may give, by unit: past these it is a typo or a broken
+# profile, not a board (host/budget.py refuses sizes over 1 PiB the same way)
+MAX_BYTES = 1 << 50  # 1 PiB: a tier, the heap, a reserve; also bytes/s (1 PiB/s)
+MAX_NS = 10 ** 9  # 1 s: a latency
+MAX_CORES = 1024
+MAX_MHZ = 100000  # 100 GHz
+MAX_CELSIUS = 1000
+_LIMIT_TEXT = {MAX_BYTES: "2**50 (1 PiB)", MAX_NS: "10**9 (1 s)"}
 
 
 class BoardError(ValueError):
@@ -27,9 +35,9 @@ class Tier:
     def __init__(self, d, where, path):
         self.name = _str(d, "name", where, path)  # unique within the board, e.g. "psram"
         self.kind = _choice(d, "kind", TIER_KINDS, where, path)  # one of TIER_KINDS
-        self.bytes = _int(d, "bytes", where, path, 1)  # capacity in bytes
-        self.bandwidth = _int(d, "bandwidth_bytes_per_s", where, path, 1)  # sustained bytes/s
-        self.latency_ns = _int(d, "latency_ns", where, path, 0)  # first-access latency, ns
+        self.bytes = _int(d, "bytes", where, path, 1, MAX_BYTES)  # capacity in bytes
+        self.bandwidth = _int(d, "bandwidth_bytes_per_s", where, path, 1, MAX_BYTES)  # sustained bytes/s
+        self.latency_ns = _int(d, "latency_ns", where, path, 0, MAX_NS)  # first-access latency, ns
         self.dma = _bool(d, "dma", where, path)  # True when a DMA engine can move it
         self.source = _str(d, "source", where, path)  # citation; "estimate: ..." when estimated
         self.cost = None  # TierCost: what moving bytes here costs (docs/tiers.md); None: derived from bandwidth
@@ -53,7 +61,8 @@ class Tier:
 
 
 # a tier's cost figures (docs/tiers.md): each is {"value": int, "source": "..."}; a source
-# starting "estimate" marks an estimate. (name, minimum value)
+# starting "estimate" marks an estimate. (name, minimum value); the maximum is MAX_BYTES
+# (bytes, bytes/s) unless COST_MAX says otherwise
 COST_FIELDS = (
     ("read_bytes_per_s", 1),  # CPU copy out of this tier into SRAM (SRAM itself: SRAM to SRAM)
     ("write_bytes_per_s", 1),  # CPU copy from SRAM into this tier
@@ -63,6 +72,7 @@ COST_FIELDS = (
     ("line_ns", 0),  # miss latency per line, ns
     ("line_stream_bytes_per_s", 1),  # rate at which a line's bytes then arrive
 )
+COST_MAX = {"line_ns": MAX_NS}
 
 
 class TierCost:
@@ -74,7 +84,7 @@ class TierCost:
         self.source = {}  # field -> citation ("estimate: ..." when estimated)
         for name, lo in COST_FIELDS:
             f = _obj(d, name, where, path + ".")
-            self.value[name] = _int(f, "value", where, path + "." + name + ".", lo)
+            self.value[name] = _int(f, "value", where, path + "." + name + ".", lo, COST_MAX.get(name, MAX_BYTES))
             self.source[name] = _str(f, "source", where, path + "." + name + ".")
         for k in d:
             if k not in self.value:
@@ -111,8 +121,8 @@ class Board:
         self.kind = _choice(d, "kind", BOARD_KINDS, where, "")  # "mcu" or "soc"
         cpu = _obj(d, "cpu", where, "")
         self.cpu_arch = _str(cpu, "arch", where, "cpu.")  # e.g. "xtensa-lx7"
-        self.cores = _int(cpu, "cores", where, "cpu.", 1)  # CPU cores
-        self.cpu_mhz = _int(cpu, "mhz", where, "cpu.", 1)  # max clock, MHz
+        self.cores = _int(cpu, "cores", where, "cpu.", 1, MAX_CORES)  # CPU cores
+        self.cpu_mhz = _int(cpu, "mhz", where, "cpu.", 1, MAX_MHZ)  # max clock, MHz
         tiers = _list(d, "memory", where, "")
         if not tiers:
             raise BoardError(where, "memory", "needs at least one tier")
@@ -128,7 +138,7 @@ class Board:
             seen[tier.name] = tier
             self.tiers.append(tier)
         thermal = _obj(d, "thermal", where, "")
-        self.throttle_c = _int(thermal, "throttle_c", where, "thermal.", 1)  # throttles from here, °C
+        self.throttle_c = _int(thermal, "throttle_c", where, "thermal.", 1, MAX_CELSIUS)  # throttles from here, °C
         self.usb_vid = None  # USB vendor id (int) of the board's serial port, or None
         self.usb_pid = None  # USB product id (int), or None
         usb = d.get("usb")
@@ -146,13 +156,13 @@ class Board:
             raise BoardError(where, "estimates", "expected a list of field names")
         self.estimates = est  # fields whose figures are estimates, not datasheet values
         if self.kind == "mcu":
-            self.mpy_heap = _int(d, "micropython_heap_bytes", where, "", 1024)  # usable GC heap
+            self.mpy_heap = _int(d, "micropython_heap_bytes", where, "", 1024, MAX_BYTES)  # usable GC heap
             self.mpy_arch = _choice(d, "mpy_arch", MPY_ARCHS, where, "")  # mpy-cross -march value
-            self.firmware_bytes = _int(d, "firmware_reserved_bytes", where, "", 0)  # heap the firmware itself keeps
+            self.firmware_bytes = _int(d, "firmware_reserved_bytes", where, "", 0, MAX_BYTES)  # heap the firmware itself keeps
         else:
             self.mpy_heap = None
             self.mpy_arch = None
-            self.firmware_bytes = _int(d, "os_reserved_bytes", where, "", 0)  # RAM the OS keeps
+            self.firmware_bytes = _int(d, "os_reserved_bytes", where, "", 0, MAX_BYTES)  # RAM the OS keeps
         self.raw = d  # the dict as loaded, for writing to the device
 
     def tier(self, name):
@@ -215,12 +225,14 @@ def _name(d, where):
     return v
 
 
-def _int(d, key, where, path, minimum):
+def _int(d, key, where, path, minimum, maximum):
+    # an integer field within minimum..maximum (the profile's units: bytes, ns, ...)
     v = _get(d, key, where, path)
     if isinstance(v, bool) or not isinstance(v, int):
         raise BoardError(where, path + key, "expected an integer")
-    if v < minimum:
-        raise BoardError(where, path + key, "must be at least %d" % minimum)
+    if v < minimum or v > maximum:
+        got = ("%d" % v) if -10 ** 20 < v < 10 ** 20 else "a %d-digit number" % len("%d" % abs(v))
+        raise BoardError(where, path + key, "must be %d..%s, got %s" % (minimum, _LIMIT_TEXT.get(maximum, "%d" % maximum), got))
     return v
 
 

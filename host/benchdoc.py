@@ -233,6 +233,10 @@ def render_doc(records):
 
 def main(render_only=False, only=""):
     # run (unless render_only) and write the JSON, then render docs/benchmarks.md; returns the page
+    if render_only and only:
+        # --render runs nothing: with --only it would silently skip the run asked for
+        raise UserError("--render only re-renders docs/benchmarks.md from the committed JSON, --only %s runs a benchmark: "
+                        "give one or the other" % only, 2)
     if not render_only:
         todo = [only] if only else names()
         for n in todo:

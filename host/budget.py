@@ -163,7 +163,7 @@ def compute(board, model, kv_dtype="fp32", policy="full", window=0, batch=1, tok
         out["decode_tokens"] = None if need_blocks <= blocks else 0  # None: unbounded (the ring evicts)
         if need_blocks > blocks:
             out["fits"] = False
-            out["note"] = out["note"] or "%s of %d tokens needs %d blocks, %d fit" % ("a window" if policy == "window" else "a %s window" % policy, window, need_blocks, blocks)
+            out["note"] = out["note"] or "%s of %d tokens needs %s, %s fit" % ("a window" if policy == "window" else "a %s window" % policy, window, _blocks(need_blocks), _n(blocks))
         pool_blocks = need_blocks
     else:
         pool_blocks = blocks
@@ -195,23 +195,44 @@ def compute(board, model, kv_dtype="fp32", policy="full", window=0, batch=1, tok
     return out
 
 
+def whole(text, flag, lo=0):
+    # a whole number >= lo typed on a command line: ASCII digits only (Python's int() would
+    # also take "1_000", " 7 " and other scripts' digits such as "\u0661\u0660\u0660"); an
+    # int passes as it is; anything else, empty included, is a one-line UserError (exit 2)
+    if isinstance(text, bool) or not isinstance(text, (int, str)):
+        raise UserError("%s must be a whole number >= %d, got %r" % (flag, lo, text), 2)
+    if isinstance(text, str):
+        if text == "":
+            raise UserError("%s needs a value: a whole number >= %d (got an empty one)" % (flag, lo), 2)
+        body = text[1:] if text[:1] in "+-" else text
+        if not body or not all("0" <= ch <= "9" for ch in body):
+            if any(ch.isdigit() and not "0" <= ch <= "9" for ch in body):
+                raise UserError("%s must be a whole number in ASCII digits 0-9, got %r" % (flag, text), 2)
+            raise UserError("%s must be a whole number >= %d, got %r" % (flag, lo, text), 2)
+        n = int(text)
+    else:
+        n = text
+    if n < lo:
+        raise UserError("%s must be a whole number >= %d, got %d" % (flag, lo, n), 2)
+    return n
+
+
 def tier_bytes(text, flag):
     # an option's tier size: None (not given: the default), "max" (the bound) or a whole
-    # number >= 0; anything else is a one-line UserError (exit 2)
-    if text is None or text == "":
+    # number >= 0 in ASCII digits; anything else, an empty value included, is a one-line
+    # UserError (exit 2)
+    if text is None:
         return None
-    if isinstance(text, bool):
-        raise UserError("%s must be a whole number of bytes >= 0 or max, got %r" % (flag, text), 2)
-    if isinstance(text, int):
-        n = text
-    else:
-        t = str(text).strip()
-        if t.lower() == "max":
-            return "max"
-        try:
-            n = int(t)
-        except ValueError:
-            raise UserError("%s must be a whole number of bytes >= 0 or max, got %r" % (flag, text), 2) from None
+    if text == "":
+        raise UserError("%s needs a value: a whole number of bytes >= 0 or max (got an empty one)" % flag, 2)
+    if isinstance(text, str) and text.lower() == "max":
+        return "max"
+    try:
+        n = whole(text, flag, -(1 << 62))
+    except UserError as e:
+        if "ASCII" in str(e):
+            raise
+        raise UserError("%s must be a whole number of bytes >= 0 or max, got %r" % (flag, text), 2) from None
     if n < 0:
         raise UserError("%s must be a whole number of bytes >= 0 or max, got %d" % (flag, n), 2)
     if n > _ABSURD_BYTES:
@@ -278,21 +299,28 @@ def tiers_of(brd, m, cfg, layout, policy="full", batch=1, heap_blocks=0, memory=
             notes.append("on a board MicroPython cannot put a buffer in SRAM (its GC heap is in PSRAM): there the sram range "
                          "is a label on the same arena and only the emulator prices it as SRAM (docs/tiers-placement.md)")
         if n_sram and n_sram < tiers_mod.KEEP_SRAM * batch + 1:
-            notes.append("the sram range (%d blocks) is smaller than tiers.py's default placement needs (%d newest blocks per "
-                         "sequence + 1 while a copy is in flight)" % (n_sram, tiers_mod.KEEP_SRAM))
+            notes.append("the sram range (%s) is smaller than tiers.py's default placement needs (%s per "
+                         "sequence + 1 while a copy is in flight)" % (_blocks(n_sram), _blocks(tiers_mod.KEEP_SRAM, "newest ")))
         if n_psram < heap_blocks:
-            notes.append("the sram range's %d blocks cost %d B of heap bookkeeping and slot state each: the heap's range "
-                         "holds %d fewer blocks" % (n_sram, ovh, heap_blocks - n_psram))
+            fewer = heap_blocks - n_psram
+            notes.append("the sram range's %s cost %d B of heap bookkeeping and slot state each: the heap's range "
+                         "holds %s" % (_blocks(n_sram), ovh, _blocks(fewer, "fewer ")))
         pool_n = n_sram + n_psram
         out["pool"] = 'Pool(%d, %d, tiers=(%d, %d), tier_names=("sram", "psram"))' % (bb, pool_n, n_sram, n_psram)
     else:
+        # one RAM tier: the GC heap is in it, and its pool is that tier's KV, labelled by
+        # the tier's kind (a PSRAM profile without an sram tier: psram)
+        heap_kind = "psram" if has_psram else "sram"
         if sram_kv_bytes not in (None, 0):
+            if has_psram:
+                raise UserError("--sram-kv-bytes: board %s has no sram tier (its memory: %s), so there is no SRAM range to "
+                                "give the KV" % (brd.name, ", ".join(names)), 2)
             raise UserError("--sram-kv-bytes: board %s has no PSRAM, its GC heap already is the SRAM tier (its pool is the "
                             "sram tier's KV)" % brd.name, 2)
         n_psram = heap_blocks
-        out["heap_tier"] = "sram"
-        out["sram"] = {"bytes": heap_blocks * bb, "blocks": heap_blocks, "tokens": heap_blocks * t, "range": [0, heap_blocks],
-                       "heap_blocks": heap_blocks}
+        out["heap_tier"] = heap_kind
+        out[heap_kind] = {"bytes": heap_blocks * bb, "blocks": heap_blocks, "tokens": heap_blocks * t,
+                          "range": [0, heap_blocks], "heap_blocks": heap_blocks}
         pool_n = heap_blocks
         out["pool"] = "Pool(%d, %d)" % (bb, pool_n)
     if policy != "full":
@@ -362,7 +390,7 @@ def tiers_row(args):
     # string; the same as ./kv budget's); tests/test_budget.py regenerates every row and compares
     import shlex
 
-    a = _parser().parse_args(shlex.split(args))
+    a = _parse(shlex.split(args))
     r = compute(a.board, a.model, a.kv_dtype, a.policy, a.window, a.batch, a.tokens, a.weights_dtype, a.weights_bytes, a.word_bytes,
                 a.sram_kv_bytes, a.flash_kv_bytes)
     tr = r["tiers"]
@@ -446,12 +474,32 @@ def flash_wear(brd, layout, n_slots=0, batch_tokens=FLASH_BATCH, tokens=1000):
         "endurance_erases": flashkv.ENDURANCE,
     }
     if n_slots:
-        # levelled: the flash part's sectors share the erases evenly (slots taken in turn);
-        # one slot: flashkv's free list is LIFO, so a freed slot is the next one handed
-        # out: the worst case is every spilled block going through the same slot
-        out["lifetime_tokens_levelled"] = int(flashkv.ENDURANCE * n_slots * spb * tokens // wb["erases"]) if wb["erases"] else None
-        out["lifetime_tokens_one_slot"] = int(flashkv.ENDURANCE * t // wb["max"]) if wb["max"] else None
+        out["lifetime_tokens_levelled"] = lifetime_tokens_levelled(n_slots * spb, wb["erases"], tokens)
+        out["lifetime_tokens_one_slot"] = lifetime_tokens_one_slot(t, wb["max"])
     return out
+
+
+# The flash sector lifetime in tokens, one definition for ./kv budget (flash_wear) and
+# ./kv bench dma (host/bench/_flash.py); tests/test_dma_bench.py checks they agree.
+# The figure to trust is lifetime_tokens_one_slot: flashkv.FlashStore's free list hands out
+# the last freed slot first and nothing levels the wear, so every spilled block can go
+# through the same slot; lifetime_tokens_levelled (the erases spread evenly over the
+# file's sectors) is the ceiling a wear-levelling layer could reach, not a promise.
+def lifetime_tokens_one_slot(tokens_per_block, max_erases_per_sector_per_block, endurance=flashkv.ENDURANCE):
+    # tokens until the hottest sector of one slot that takes every block wears out: each
+    # block (tokens_per_block tokens) erases that sector max_erases_per_sector_per_block
+    # times; None when it is never erased
+    if not max_erases_per_sector_per_block:
+        return None
+    return int(endurance * tokens_per_block // max_erases_per_sector_per_block)
+
+
+def lifetime_tokens_levelled(n_sectors, erases, tokens, endurance=flashkv.ENDURANCE):
+    # tokens until n_sectors sectors sharing `erases` erases per `tokens` tokens evenly wear
+    # out (the best case; see lifetime_tokens_one_slot for the one to trust)
+    if not erases:
+        return None
+    return int(endurance * n_sectors * tokens // erases)
 
 
 def heap_figures_from(word=BOARD_WORD_BYTES):
@@ -497,10 +545,7 @@ def main(board="esp32s3_n8r8", model="stories260K", kv_dtype="fp32", policy="ful
          batch=1, tokens=0, out=None, weights_dtype="", weights_bytes=0, word_bytes=0, sram_kv_bytes=None, flash_kv_bytes=None):
     # print the budget (one JSON object with as_json); UserError on bad input
     out = out or sys.stdout
-    try:
-        window = int(window)
-    except ValueError:
-        raise UserError("--window must be a whole number of tokens, got %r" % window, 2) from None
+    window = whole(window, "--window")
     from firmware_py import board as fw_board
     from firmware_py import llama2c
 
@@ -522,7 +567,7 @@ def main(board="esp32s3_n8r8", model="stories260K", kv_dtype="fp32", policy="ful
         w("  residual          %s B (each sequence's current block of keys in fp32, KIVI)\n" % _n(r["kv_residual_bytes"]))
     w("  weights           %s   activations %s   reserved %s of %s (%s)\n"
       % (_mib(r["weights_bytes"]), _mib(r["activations_bytes"]), _mib(r["reserved_bytes"]), _mib(r["memory_bytes"]), r["memory_from"]))
-    w("  left for KV       %s = %d blocks\n" % (_mib(r["kv_avail_bytes"]), r["pool_blocks"]))
+    w("  left for KV       %s = %s block%s\n" % (_mib(r["kv_avail_bytes"]), _n(r["pool_blocks"]), "" if r["pool_blocks"] == 1 else "s"))
     if policy == "full":
         w("  max tokens        %s%s (what the KV memory holds)\n" % (_n(r["max_tokens"]), " per sequence x %d" % batch if batch > 1 else ""))
         if r["fits"] and r["limited_by"] == "context":
@@ -555,7 +600,7 @@ def _write_tiers(w, tr):
             continue
         lead = "  tiers             " if first else "                    "
         first = False
-        rng = ("blocks %d-%d" % (d["range"][0], d["range"][1] - 1)) if d.get("blocks") else "no blocks"
+        rng = _span("block", d) if d.get("blocks") else "no blocks"
         if name == tr["heap_tier"]:
             what = "the heap's pool"
         elif name == "sram":
@@ -568,8 +613,8 @@ def _write_tiers(w, tr):
                    "estimate; --flash-kv-bytes B or max" % (
                        "a preallocated file of %s B" % _n(d["bytes"]) if d["blocks"] else "no file asked", _n(d["slot_bytes"]),
                        _n(d["max_bytes"]))
-            rng = ("slots %d-%d" % (d["range"][0], d["range"][1] - 1)) if d["blocks"] else "no slots"
-        w("%s%-5s %s blocks = %s tokens, %s (%s)\n" % (lead, name, _n(d["blocks"]), _n(d["tokens"]), rng, what))
+            rng = _span("slot", d) if d["blocks"] else "no slots"
+        w("%s%-5s %s = %s tokens, %s (%s)\n" % (lead, name, _blocks(d["blocks"]), _n(d["tokens"]), rng, what))
     w("                    pool  %s, %d tokens per block\n" % (tr["pool"], t))
     fw = tr.get("flash", {}).get("wear")
     if fw:
@@ -578,9 +623,10 @@ def _write_tiers(w, tr):
               fw["erases_per_1000_tokens"], fw["batch_tokens"], fw["erases_per_1000_tokens_write_through"],
               fw["batching_saves"], fw["flash_ms_per_token"], fw["flash_ms_per_token_write_through"]))
         if "lifetime_tokens_levelled" in fw:
-            w("                    a sector lasts %s erases: %s tokens through the flash part when its slots are used in turn, "
-              "%s when one slot takes every block\n" % (_n(fw["endurance_erases"]), _n(fw["lifetime_tokens_levelled"] or 0),
-                                                        _n(fw["lifetime_tokens_one_slot"] or 0)))
+            w("                    a sector lasts %s erases: %s tokens when one slot takes every block (the worst case, "
+              "the figure to trust: FlashStore hands out the last freed slot first), at most %s when the flash part's slots "
+              "share the wear evenly\n" % (_n(fw["endurance_erases"]), _n(fw["lifetime_tokens_one_slot"] or 0),
+                                            _n(fw["lifetime_tokens_levelled"] or 0)))
     w("  tiers total       %s tokens; one sequence at most %s (%s)\n" % (
         _n(tr["total_tokens"]), _n(tr["tokens_per_sequence"]),
         "its block table has the pool's entries" if tr["limited_by"] == "kv_table" else "the pool's blocks"))
@@ -590,6 +636,17 @@ def _write_tiers(w, tr):
 
 def _n(v):
     return "{:,}".format(v)
+
+
+def _span(what, d):
+    # "blocks 6-307", "block 6": a tier's range of pool blocks (or the file's slots)
+    a, b = d["range"][0], d["range"][1] - 1
+    return "%s %d" % (what, a) if a == b else "%ss %d-%d" % (what, a, b)
+
+
+def _blocks(n, what=""):
+    # "1 block", "2 fewer blocks", "1,214 blocks": a count of blocks with its plural
+    return "%s %s%s" % (_n(n), what, "block" if n == 1 else "blocks")
 
 
 def _mib(b):
@@ -606,11 +663,11 @@ def _parser():
     ap.add_argument("--kv-dtype", default="fp32", help="KV element type: %s (int4: KIVI, int4tok: per token)" % ", ".join(KV_DTYPES))
     ap.add_argument("--policy", default="full")
     ap.add_argument("--window", default="0")
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--tokens", type=int, default=0)
+    ap.add_argument("--batch", default="1")
+    ap.add_argument("--tokens", default="0")
     ap.add_argument("--weights-dtype", default="", help="re-price the weights: fp32, fp16, int8 (q8_0) or int4 (q4_0)")
-    ap.add_argument("--weights-bytes", type=int, default=0, help="weights take exactly this many bytes")
-    ap.add_argument("--word-bytes", type=int, default=0, help="MCU: 4 the board (default), 8 the 64-bit unix port")
+    ap.add_argument("--weights-bytes", default="0", help="weights take exactly this many bytes")
+    ap.add_argument("--word-bytes", default="0", help="MCU: 4 the board (default), 8 the 64-bit unix port")
     ap.add_argument("--sram-kv-bytes", default=None, help="KV bytes of internal SRAM for the tiers' sram range, or max "
                                                          "(default: what is left after ESP-IDF and MicroPython, an estimate)")
     ap.add_argument("--flash-kv-bytes", default=None, help="KV bytes of a preallocated flash file, or max (default 0)")
@@ -618,10 +675,20 @@ def _parser():
     return ap
 
 
+def _parse(argv):
+    # _parser()'s options with the whole numbers checked as the task checks them (ASCII
+    # digits only); UserError on a bad one
+    a = _parser().parse_args(argv)
+    a.batch = whole(a.batch, "--batch", 1)
+    for flag in ("tokens", "weights_bytes", "word_bytes"):
+        setattr(a, flag, whole(getattr(a, flag), "--" + flag.replace("_", "-")))
+    return a
+
+
 def _cli(argv=None):
     # python -m host.budget: the invoke task's options
-    a = _parser().parse_args(argv)
     try:
+        a = _parse(argv)
         r = main(a.board, a.model, a.kv_dtype, a.policy, a.window, a.json, a.batch, a.tokens, None, a.weights_dtype, a.weights_bytes,
                  a.word_bytes, a.sram_kv_bytes, a.flash_kv_bytes)
     except UserError as e:

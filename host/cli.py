@@ -27,6 +27,11 @@ class KvProgram(Program):
 
     # the task and its flags; a mistake is one `kv TASK:` line; two tasks need --chain
     def parse_tasks(self):
+        parser = self._make_parser()
+        msg = check_flags(parser, self.core.unparsed)
+        if msg:
+            raise Exit(msg, code=USAGE_EXIT)
+        self._kv_parser = parser  # invoke's parse uses this one: building another loses the tasks' help
         try:
             super().parse_tasks()
         except ParseError as e:
@@ -35,6 +40,12 @@ class KvProgram(Program):
             names = [t.name for t in self.tasks]
             raise Exit("kv: one task per command line, got %s; run them one at a time, or ./kv --chain %s"
                        % (", ".join(names), " ".join(names)), code=USAGE_EXIT)
+
+    # the task parser; the one parse_tasks checked, once (invoke's Task.get_arguments pops
+    # each option's help as it builds a context, so a second build would have none)
+    def _make_parser(self):
+        parser = self.__dict__.pop("_kv_parser", None)
+        return parser if parser is not None else super()._make_parser()
 
     # `./kv --chain` alone: nothing to chain is a mistake, not a request for help
     def no_tasks_given(self):
@@ -49,6 +60,69 @@ class KvProgram(Program):
             super().parse_cleanup()
         except ParseError as e:
             raise Exit(explain(e, self.argv), code=USAGE_EXIT) from None
+
+
+def check_flags(parser, argv):
+    # what invoke lets by, walked the way its parser does (a context's flags first, then a
+    # pending value, a positional, a task name): a flag given twice (invoke keeps the first
+    # value, then calls the second "an unexpected argument") and a repeatable (list) flag
+    # with no value (invoke runs its default) as one `kv TASK: ...` line; None when neither.
+    # What it does not know (an unknown word or flag) is left to invoke's own error.
+    ctx = None  # the current task's ParserContext
+    seen = set()  # its flags given so far (Argument names)
+    want = None  # the flag (Argument) waiting for its value
+    posargs = 0  # its positional arguments still to come
+    for tok in argv:
+        if tok == "--":
+            break
+        name = tok.split("=", 1)[0] if tok.startswith("-") else None
+        glued = False  # -t5: a short flag with its value in the same word
+        if ctx is not None and name and name[:2] != "--" and len(name) > 2 and name[:2] in ctx.flags:
+            name, glued = name[:2], ctx.flags[name[:2]].takes_value
+            if not glued:  # -jq: several boolean short flags, left to invoke
+                name = tok
+        arg = None
+        if ctx is not None and name is not None:
+            # flags and inverse_flags are invoke Lexicons: aliases (-t) answer [] and `in`, not get()
+            if name in ctx.flags:
+                arg = ctx.flags[name]
+            elif name in ctx.inverse_flags:
+                arg = ctx.flags[ctx.inverse_flags[name]]
+        if want is not None:
+            if arg is None:  # the pending flag's value
+                want = None
+                continue
+            if want.kind is list:
+                return _needs_value(ctx, want)
+            want = None  # invoke says "needs a value" itself
+        if arg is not None:
+            if arg.kind is not list:
+                if arg.name in seen:
+                    return "kv %s: %s given twice: give it once (./kv %s --help)" % (ctx.name, _flag(arg.name), ctx.name)
+                seen.add(arg.name)
+            if arg in ctx.positional_args:
+                posargs -= 1
+            if arg.takes_value and "=" not in tok and not glued:
+                want = arg
+            continue
+        if ctx is not None and posargs > 0:
+            posargs -= 1
+            continue
+        if ctx is not None and name is not None and name in parser.initial.flags:
+            continue  # a core flag (--help) inside a task's flags
+        if name is None and tok in parser.contexts:
+            ctx = parser.contexts[tok]  # a task's name or alias
+            seen = set()
+            posargs = len(ctx.positional_args)
+            continue
+        return None  # unknown: invoke's error says it
+    if want is not None and want.kind is list:
+        return _needs_value(ctx, want)
+    return None
+
+
+def _needs_value(ctx, arg):
+    return "kv %s: %s needs a value (./kv %s --help)" % (ctx.name, _flag(arg.name), ctx.name)
 
 
 def _flag(name):

@@ -95,7 +95,7 @@ def test_a_malformed_cost_field_on_the_command_line_is_one_line_and_exit_2(tmp_p
                        capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 2, r.stdout + r.stderr
     err = r.stderr.strip().splitlines()
-    assert len(err) == 1 and "memory[1].cost.copy_bytes_per_s.value: must be at least 1" in err[0], r.stderr
+    assert len(err) == 1 and "memory[1].cost.copy_bytes_per_s.value: must be 1..2**50 (1 PiB), got -3" in err[0], r.stderr
     assert "Traceback" not in r.stderr
 
 
@@ -106,3 +106,48 @@ def test_a_profile_without_cost_blocks_still_loads_and_prices_from_its_bandwidth
     b = board.loads(json.dumps(d))
     c = bwm.CostModel(b)
     assert c.cost_us(1, bwm.K_READ, 38600) == 1000 + 0  # 38.6 MB/s headline: 1 ms (+ latency under 1 us)
+
+
+SIZES = [
+    (lambda d: d["memory"][2].update(bytes=10 ** 30), "memory[2].bytes: must be 1..2**50 (1 PiB), got a 31-digit number"),
+    (lambda d: d["memory"][0].update(bytes=2 ** 50 + 1), "memory[0].bytes: must be 1..2**50 (1 PiB), got %d" % (2 ** 50 + 1)),
+    (lambda d: d["memory"][1].update(bandwidth_bytes_per_s=10 ** 18), "memory[1].bandwidth_bytes_per_s: must be 1..2**50 (1 PiB)"),
+    (lambda d: d["memory"][1].update(latency_ns=10 ** 10), "memory[1].latency_ns: must be 0..10**9 (1 s), got 10000000000"),
+    (lambda d: d["memory"][1]["cost"]["line_ns"].update(value=10 ** 12), "memory[1].cost.line_ns.value: must be 0..10**9 (1 s)"),
+    (lambda d: d["memory"][1]["cost"]["read_bytes_per_s"].update(value=2 ** 60), "memory[1].cost.read_bytes_per_s.value: must be 1..2**50"),
+    (lambda d: d.update(micropython_heap_bytes=2 ** 51), "micropython_heap_bytes: must be 1024..2**50 (1 PiB)"),
+    (lambda d: d.update(firmware_reserved_bytes=-1), "firmware_reserved_bytes: must be 0..2**50 (1 PiB), got -1"),
+    (lambda d: d["cpu"].update(mhz=10 ** 9), "cpu.mhz: must be 1..100000, got 1000000000"),
+    (lambda d: d["cpu"].update(cores=5000), "cpu.cores: must be 1..1024, got 5000"),
+    (lambda d: d["thermal"].update(throttle_c=10 ** 6), "thermal.throttle_c: must be 1..1000, got 1000000"),
+]
+
+
+@pytest.mark.parametrize("mutate,says", SIZES, ids=[s.split(": ")[0] for _, s in SIZES])
+def test_an_impossible_size_is_one_line_naming_the_field(mutate, says):
+    # a figure no board has (a 10**30-byte flash tier) is refused where the profile loads,
+    # never turned into 40-digit block counts downstream
+    d = copy.deepcopy(_good())
+    mutate(d)
+    with pytest.raises(board.BoardError) as e:
+        board.loads(json.dumps(d), "x.json")
+    assert str(e.value).startswith("x.json: " + says), str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_every_profile_is_inside_the_limits():
+    # the limits refuse typos, not boards: every shipped profile's figures are well inside
+    for path in PROFILES:
+        b = board.load(path)
+        assert all(t.bytes <= board.MAX_BYTES // 1024 for t in b.tiers), b.name
+
+
+def test_an_impossible_tier_size_on_the_command_line_is_exit_2(tmp_path):
+    d = _good()
+    d["memory"][2]["bytes"] = 10 ** 30
+    p = tmp_path / "huge.json"
+    p.write_text(json.dumps(d))
+    r = subprocess.run([os.path.join(ROOT, "kv"), "budget", "--board", str(p)], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and "memory[2].bytes: must be 1..2**50 (1 PiB)" in err[0] and "Traceback" not in r.stderr, r.stderr

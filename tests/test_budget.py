@@ -387,6 +387,15 @@ def test_flash_wear_equals_the_real_tiers_and_flashstore(dtype, batch):
     (["--sram-kv-bytes", "lots"], "--sram-kv-bytes must be a whole number of bytes >= 0 or max, got 'lots'"),
     (["--flash-kv-bytes", "1e6"], "--flash-kv-bytes must be a whole number of bytes >= 0 or max, got '1e6'"),
     (["--flash-kv-bytes", "-1"], "--flash-kv-bytes must be a whole number of bytes >= 0 or max, got -1"),
+    (["--sram-kv-bytes", ""], "--sram-kv-bytes needs a value: a whole number of bytes >= 0 or max (got an empty one)"),
+    (["--flash-kv-bytes", ""], "--flash-kv-bytes needs a value: a whole number of bytes >= 0 or max (got an empty one)"),
+    (["--sram-kv-bytes", "\u0661\u0660\u0660"], "--sram-kv-bytes must be a whole number in ASCII digits 0-9, got '\u0661\u0660\u0660'"),
+    (["--flash-kv-bytes", "1_000"], "--flash-kv-bytes must be a whole number of bytes >= 0 or max, got '1_000'"),
+    (["--sram-kv-bytes", "1e23"], "--sram-kv-bytes must be a whole number of bytes >= 0 or max, got '1e23'"),
+    (["--flash-kv-bytes", str(10 ** 23)], "--flash-kv-bytes %d is more than 1 PiB: not a real tier" % 10 ** 23),
+    (["--tokens", "\u0661\u0660"], "--tokens must be a whole number in ASCII digits 0-9, got '\u0661\u0660'"),
+    (["--window", "\u0661\u0660"], "--window must be a whole number in ASCII digits 0-9, got '\u0661\u0660'"),
+    (["--batch", " 2"], "--batch must be a whole number >= 1, got ' 2'"),
     (["--sram-kv-bytes", "600000"], "--sram-kv-bytes 600000 is more than board esp32s3_n8r8's SRAM tier can give: at most 131072 B"),
     (["--flash-kv-bytes", "99999999"], "--flash-kv-bytes 99999999 is more than board esp32s3_n8r8's flash can give: at most"),
     (["--flash-kv-bytes", "max", "--kv-dtype", "int4"], "--flash-kv-bytes: the flash tier does not take int4 (KIVI) blocks"),
@@ -453,3 +462,96 @@ def test_the_filesystem_estimate_holds_the_firmware_build_and_tokenizer():
     tok_bytes = max(os.path.getsize(p) for p in (tok, big) if p and os.path.exists(p))
     on_fs = sum(-(-len(a.data) // 4096) * 4096 for a in arts) + -(-tok_bytes // 4096) * 4096
     assert on_fs < budget.FS_FIXED_BYTES, on_fs
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--model", ""], "kv budget: --model needs a value"),
+    (["--weights-dtype", ""], "kv budget: --weights-dtype needs a value"),
+    (["--tokens", ""], "kv budget: --tokens needs a value"),
+])
+def test_an_empty_value_is_a_mistake_not_the_default(args, needle):
+    r = kv_cli(*args)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and r.stdout == "" and len(lines) == 1 and lines[0].startswith(needle), r.stderr
+
+
+def test_whole_takes_ascii_digits_only():
+    assert budget.whole("120", "--x") == 120 and budget.whole(7, "--x") == 7 and budget.whole("+3", "--x") == 3
+    for bad in ("\u0661\u0660\u0660", "\uff11\uff12", "1_000", " 5", "5 ", "", "-", "0x10", True):
+        with pytest.raises(budget.UserError) as e:
+            budget.whole(bad, "--x")
+        assert e.value.code == 2 and "\n" not in str(e.value)
+    assert budget.tier_bytes("MAX", "--x") == "max" and budget.tier_bytes(None, "--x") is None
+
+
+def _profile(tmp_path, mutate):
+    d = json.load(open(os.path.join(ROOT, "boards", "esp32s3_n8r8.json")))
+    mutate(d)
+    p = tmp_path / "prof.json"
+    p.write_text(json.dumps(d))
+    return str(p)
+
+
+def test_a_psram_profile_without_an_sram_tier_labels_its_heap_psram(tmp_path):
+    def drop_sram(d):
+        d["memory"].pop(0)
+        d["estimates"] = []
+
+    p = _profile(tmp_path, drop_sram)
+    r = budget.compute(p, "stories260K")
+    tr = r["tiers"]
+    assert tr["heap_tier"] == "psram" and "sram" not in tr and tr["psram"]["blocks"] == r["pool_blocks"]
+    t = kv_cli("--board", p)
+    assert t.returncode == 0, t.stderr
+    assert "  tiers             psram %s blocks = " % "{:,}".format(r["pool_blocks"]) in t.stdout and " sram " not in t.stdout
+    e = kv_cli("--board", p, "--sram-kv-bytes", "4096")
+    assert e.returncode == 2 and "has no sram tier" in e.stderr and len(e.stderr.strip().splitlines()) == 1, e.stderr
+
+
+def test_text_counts_have_separators_and_singulars():
+    import io
+
+    r = budget.main(kv_dtype="int4", out=io.StringIO())
+    out = io.StringIO()
+    budget.main(kv_dtype="int4", out=out)
+    n = r["pool_blocks"]
+    assert n >= 1000 and "  left for KV       %s = %s blocks\n" % (budget._mib(r["kv_avail_bytes"]), "{:,}".format(n)) in out.getvalue()
+    assert budget._blocks(1) == "1 block" and budget._blocks(1, "fewer ") == "1 fewer block"
+    assert budget._blocks(1214) == "1,214 blocks" and budget._blocks(0) == "0 blocks"
+    assert budget._span("block", {"range": [6, 7]}) == "block 6" and budget._span("slot", {"range": [0, 3]}) == "slots 0-2"
+    # an sram range that gives up exactly one heap block says so in the singular
+    small = budget.compute("esp32s3_n8r8", "stories260K", sram_kv_bytes=20608)["tiers"]
+    assert small["psram"]["given_up_blocks"] in (0, 1)
+    notes = " ".join(small["notes"])
+    assert "1 blocks" not in notes and "(1 blocks)" not in notes and "holds 1 fewer blocks" not in notes
+
+
+def test_kv_quality_boards_quote_the_calculator():
+    # docs/kv-quality.md's "Boards" part: every calculator figure it quotes is what
+    # ./kv budget prints now for the command it names (KL figures: docs/bench/quality.json)
+    doc = open(os.path.join(ROOT, "docs", "kv-quality.md")).read()
+    part = " ".join(doc[doc.index("Boards (each figure"):doc.index("## int4: KIVI")].split())
+    assert "b608c25" not in doc and "~30 s" not in doc
+    n = "{:,}".format
+
+    def c(board, dtype, policy="full", window=0):
+        return budget.compute(board, "stories260K", dtype, policy, window)
+
+    big = c("esp32s3_n8r8", "fp32")
+    assert c("esp32s3_n16r8", "fp32")["max_tokens"] == big["max_tokens"]
+    assert "leaves %s for KV = %d blocks, %s tokens" % (budget._mib(big["kv_avail_bytes"]), big["pool_blocks"], n(big["max_tokens"])) in part
+    assert "%s usable heap" % budget._mib(big["memory_bytes"]) in part
+    small = {d: c("esp32s3_n4r2", d) for d in ("fp32", "int8", "int4")}
+    assert "%s left for KV" % budget._mib(small["fp32"]["kv_avail_bytes"]) in part
+    for d, what in (("fp32", "` full holds %s tokens"), ("int8", "` full holds %s"), ("int4", "` (KIVI) full holds %s")):
+        r = small[d]
+        assert ("`--kv-dtype %s" % d + what + " (%d blocks of %s B") % (n(r["max_tokens"]), r["pool_blocks"], n(r["block_bytes"])) in part, d
+    assert "plus its %s B residual" % n(small["int4"]["kv_residual_bytes"]) in part
+    s256 = c("esp32s3_n4r2", "fp32", "sinks", 256)
+    assert "(16 of the %d blocks; heap needed %s B)" % (s256["pool_blocks"], n(s256["heap_bytes_needed"])) in part
+    for d, w in (("int8", 256), ("fp32", 96), ("int4", 256)):
+        r = c("esp32s3_n4r2", d, "sinks", w)
+        assert n(r["heap_bytes_needed"]) + " B" in part, (d, w)
+    pico = c("rp2350_pico2", "fp32")
+    assert not pico["fits"] and "reserve of %s is more than the %s heap" % (
+        budget._mib(pico["reserved_bytes"]), budget._mib(pico["memory_bytes"])) in part

@@ -769,3 +769,68 @@ def test_generate_help_has_no_broken_short_flag():
 def test_generate_q8_with_fp32_kv_suggests_int8_kv():
     r = kv("generate", "--backend", "q8", "--tokens", "1")
     assert r.returncode == 2 and line(r) == "kv generate: --backend q8 reads int8 KV rows, not fp32: add --kv-dtype int8", r.stderr
+
+
+def _task_contexts():
+    # the parser ./kv builds for tasks.py, and every task's context in it
+    import copy
+
+    import tasks
+    from invoke import Collection
+    from invoke.parser import Parser
+
+    from host.cli import program
+
+    # a copy: building contexts pops the tasks' option help (invoke's Task.get_arguments)
+    parser = Parser(initial=program.initial_context, contexts=copy.deepcopy(Collection.from_module(tasks)).to_contexts())
+    return parser, [parser.contexts[n] for n in sorted(parser.contexts)]
+
+
+def test_every_tasks_repeated_option_says_given_twice():
+    # invoke keeps the first value of a repeated option and calls the second one "an
+    # unexpected argument": the front door says which option came twice, for every task
+    from host.cli import check_flags
+
+    parser, contexts = _task_contexts()
+    checked = 0
+    for ctx in contexts:
+        pos = ["P"] * len(ctx.positional_args)
+        for name in sorted(n for n in ctx.flags if n.startswith("--")):
+            arg = ctx.flags[name]
+            if arg.kind is list or arg in ctx.positional_args:
+                continue
+            once = [name, "1"] if arg.takes_value else [name]
+            assert check_flags(parser, [ctx.name] + pos + once) is None, (ctx.name, name)
+            msg = check_flags(parser, [ctx.name] + pos + once + once)
+            assert msg == "kv %s: %s given twice: give it once (./kv %s --help)" % (ctx.name, name, ctx.name), msg
+            checked += 1
+    assert checked > 50
+
+
+@pytest.mark.parametrize("args, says", [
+    (["budget", "--tokens", "10", "--tokens", "20"], "kv budget: --tokens given twice: give it once (./kv budget --help)"),
+    (["budget", "--tokens=10", "-t", "20"], "kv budget: --tokens given twice"),
+    (["budget", "-t5", "--tokens", "20"], "kv budget: --tokens given twice"),
+    (["bench", "quality", "--prompt"], "kv bench: --prompt needs a value (./kv bench --help)"),
+    (["bench", "quality", "--prompt", "--json"], "kv bench: --prompt needs a value"),
+    (["bench", "quality", "--prompt", ""], "kv bench: --prompt needs a text to continue, got an empty one"),
+    (["bench", "quality", "--model", ""], "kv bench: --model needs a value"),
+    (["bench-docs", "--only", "dma", "--render"], "kv bench-docs: --render only re-renders docs/benchmarks.md"),
+    (["bench-docs", "--render", "--only", "dma"], "kv bench-docs: --render only re-renders docs/benchmarks.md"),
+    (["bench-docs", "--only", ""], "kv bench-docs: --only needs a benchmark name (known: "),
+    (["budget", "--sram-kv-bytes", ""], "kv budget: --sram-kv-bytes needs a value"),
+    (["budget", "--flash-kv-bytes", ""], "kv budget: --flash-kv-bytes needs a value"),
+    (["budget", "--sram-kv-bytes", "\u0661\u0660\u0660"], "kv budget: --sram-kv-bytes must be a whole number in ASCII digits 0-9"),
+])
+def test_empty_repeated_and_contradictory_options_are_one_line_exit_2(args, says):
+    r = kv(*args)
+    assert one_line_error(r) and r.returncode == 2 and r.stderr.strip().startswith(says), r.stderr
+    assert "bench quality: " not in r.stderr  # nothing was run
+
+
+def test_repeatable_prompt_still_repeats():
+    from host.cli import check_flags
+
+    parser, _ = _task_contexts()
+    assert check_flags(parser, ["bench", "quality", "--prompt", "a", "--prompt", "b", "--json"]) is None
+    assert check_flags(parser, ["bench", "--prompt", "a", "quality"]) is None

@@ -81,3 +81,35 @@ def test_cli_json_and_bench_docs_section(tmp_path, monkeypatch):
     rec = json.loads((tmp_path / "bench" / "dma.json").read_text())
     assert rec["command"] == "./kv bench dma --json"
     assert "## " + bench.TITLE in page and "| spill (block moves) |" in page
+
+
+def test_flash_lifetime_is_the_budgets_figure():
+    # one definition of a sector's lifetime (host/budget.py): ./kv bench dma's table shows
+    # the worst case, one slot taking every block, the same figure as
+    # ./kv budget --flash-kv-bytes max's lifetime_tokens_one_slot; the levelled figure over
+    # the bench's own file equals the budget's for a file of that many slots
+    import os
+
+    from firmware_py import kv
+    from host import boards, budget
+    from host.bench import _flash
+
+    b = budget.compute("esp32s3_n8r8", "stories260K", "fp32", flash_kv_bytes="max")
+    wear = b["tiers"]["flash"]["wear"]
+    wb = _flash.erases_per_1000_tokens(bench.FLASH_BATCH)
+    assert wb["lifetime_tokens_one_slot"] == wear["lifetime_tokens_one_slot"] == 1600000
+    lay = kv.Layout(5, 4, 8, "fp32")
+    w = budget.flash_wear(boards.load("esp32s3_n8r8"), lay, n_slots=wb["flash_slots"])
+    assert wb["lifetime_tokens_levelled"] == w["lifetime_tokens_levelled"]
+    assert wb["lifetime_tokens_one_slot"] == w["lifetime_tokens_one_slot"]
+    wt = _flash.erases_per_1000_tokens(1)
+    assert wt["lifetime_tokens_one_slot"] == budget.lifetime_tokens_one_slot(16, wt["max_erases_per_sector"])
+    assert "lifetime_tokens_hottest_sector" not in wb  # the 1,000-token extrapolation, no slot reused: gone
+    text = "\n".join(bench.render(bench.measure()))
+    row = [ln for ln in text.splitlines() if ln.startswith("| write-back, 16 tokens |")][0]
+    assert row.endswith("| {:,} |".format(wear["lifetime_tokens_one_slot"])), row
+    assert "The lifetime to trust is the worst case" in text
+    # docs/budget.md quotes the same figure and says which to trust
+    doc = open(os.path.join(paths.ROOT, "docs", "budget.md")).read()
+    assert "**Trust `lifetime_tokens_one_slot`**" in doc
+    assert "({:,} tokens for stories260K fp32 with write-back 16".format(wear["lifetime_tokens_one_slot"]) in doc

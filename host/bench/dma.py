@@ -247,11 +247,19 @@ def render(r):
         f = r["flash"]
         L += ["", "Flash sector erases per 1,000 tokens of the same KV through the flash tier (%s; "
               "blocks past the newest SRAM and PSRAM ones live in a preallocated file of 4 KiB sectors):" % f["source"], "",
-              "| mode | erases per 1,000 tokens | max erases per sector | flash ms per token | lifetime tokens (hottest sector) |",
+              "| mode | erases per 1,000 tokens | max erases per sector | flash ms per token | sector lifetime, tokens (one slot, the worst case) |",
               "| --- | --- | --- | --- | --- |"]
         for name, d in (("write-through", f["writethrough"]), ("write-back, %d tokens" % r["flash_writeback_batch_tokens"], f["writeback"])):
             L.append("| %s | {:,} | {:,} | %.3f | {:,} |".format(d["erases_per_1000_tokens"], d["max_erases_per_sector"],
-                                                               d["lifetime_tokens_hottest_sector"]) % (name, d["flash_ms_per_token"]))
+                                                               d["lifetime_tokens_one_slot"]) % (name, d["flash_ms_per_token"]))
+        L += ["", "The lifetime to trust is the worst case, `lifetime_tokens_one_slot`: a %s-erase sector of one slot "
+              "taking every spilled block (`FlashStore`'s free list hands out the last freed slot first and nothing levels "
+              "the wear), the same definition and figure as `./kv budget --flash-kv-bytes max` "
+              "(`host/budget.py: lifetime_tokens_one_slot`; `tests/test_dma_bench.py` checks they agree). Extrapolating this "
+              "run's hottest sector instead would say more, since in %s tokens no slot is reused; the erases spread evenly over "
+              "this run's %s slots (`lifetime_tokens_levelled` in the JSON: %s tokens write-back) are a ceiling, not a promise."
+              % ("{:,}".format(f["writeback"]["endurance_erases"]), "{:,}".format(f["writeback"]["tokens"]), f["writeback"]["flash_slots"],
+                 "{:,}".format(f["writeback"]["lifetime_tokens_levelled"] or 0))]
     else:
         L += ["", "Flash sector erases per 1,000 tokens: %s." % r["flash_writeback"]]
     return L

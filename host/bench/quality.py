@@ -62,6 +62,8 @@ def figures(result, model_desc, mp, tp, prompts, prompt_lens, cfg, command):
 
 # ./kv bench quality: measure, print the table (or one JSON object); returns the figures
 def run(as_json=False, model="", tokenizer_path="", prompts=None, context=0, only=None):
+    if prompts is not None and any(not isinstance(p, str) or not p.strip() for p in prompts):
+        raise UserError("--prompt needs a text to continue, got an empty one", 2)
     mp, tp, desc = resolve(model, tokenizer_path)
     try:
         w = llama2c.load(mp)
@@ -85,7 +87,7 @@ def run(as_json=False, model="", tokenizer_path="", prompts=None, context=0, onl
     log = (lambda s: sys.stderr.write("bench quality: %s\n" % s)) if not as_json else None
     if log:
         n = len(only or quality.settings(ctx) + quality.equal_bytes(w.cfg, ctx))
-        log("model %s, %d prompts, context %d, %d settings" % (desc, len(prompts), ctx, n))
+        log("model %s, %d prompt%s, context %d, %d settings" % (desc, len(prompts), "" if len(prompts) == 1 else "s", ctx, n))
     result = quality.measure(w, ids, ctx, only, log)
     f = figures(result, desc, mp, tp, prompts, [len(i) for i in ids], w.cfg, command)
     if as_json:
@@ -109,7 +111,7 @@ def _kl(v):
 def render(f):
     ctx = f["context"]
     suf = f["rope_other_suffix"]
-    L = ["Model: %s; %d prompts (%s), each greedy-decoded by the fp32 full cache to the whole context of %d "
+    L = ["Model: %s; %d prompt%s (%s), each greedy-decoded by the fp32 full cache to the whole context of %d "
          "positions (prompt included), then replayed token for token through each setting (the firmware's "
          "`KVCache` + `Model`, numpy backend). KL = mean over positions, then prompts, of KL(fp32 full || "
          "setting) in nats (softmax in float64); top-1 = fraction of positions whose argmax agrees; KV bytes = "
@@ -118,7 +120,7 @@ def render(f):
          "layout (one scale per token and group for K and V). Columns `absolute` are the RoPE mode the "
          "firmware ships (keys `kl_<dtype>_<policy><budget>`); `cache` is StreamingLLM's rotation by rank "
          "(keys with `%s`). Measured in %s s on this machine; the guide is docs/kv-quality.md."
-         % (f["model"], len(f["prompts"]), ", ".join("\"%s\"" % p for p in f["prompts"]), ctx,
+         % (f["model"], len(f["prompts"]), "" if len(f["prompts"]) == 1 else "s", ", ".join("\"%s\"" % p for p in f["prompts"]), ctx,
             " (int4: plus the sequence's residual, %s B)" % "{:,}".format(f["kv_bytes_residual_int4"])
             if "kv_bytes_residual_int4" in f else "", suf, f["measure_wall_s"]),
          "",
