@@ -322,13 +322,18 @@ class Session:
     # latency included); the sub-µs parts of the pieces' ns are carried (here, or by the
     # tracker itself when it was made with carry_ns), so the pieces of a move cost the sum
     # of their ns, not that sum less a rounding per piece. Counted in the
-    # traffic's totals (weights: final True or cat WEIGHTS). No allocation
+    # traffic's totals (weights: final True or cat WEIGHTS). A piece the tracker refuses
+    # moves nothing: 0 µs, counted in tr.refused only (as DecodeTraffic.layer does). No allocation
     def _move_piece(self, tr, tier, cat, kind, p, charged, final=False):
         bw = tr.bw
-        if not charged:
-            bw.charge(tier, cat, p)
+        if not charged and bw.charge(tier, cat, p) < 0:  # refused (a bucket at its bound): moved nothing
+            if tr.refused < 0x3FFFFFFF:
+                tr.refused += 1
+            return 0
         us = bw.occupy(tier, kind, p)
         if us < 0:
+            if tr.refused < 0x3FFFFFFF:
+                tr.refused += 1
             return 0
         if not bw.carry_ns:  # a tracker that carries the rounded-off ns itself (carry_ns) needs none here
             ns = bw.cost_ns(tier, kind, p)

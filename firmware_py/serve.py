@@ -139,7 +139,7 @@ class Server:
             self.out("serve: request refused: %s" % e)
             self.tm.event(tm.EV_REFUSED, E_RANGE, 1, self.req)
             return E_RANGE
-        self.req += 1
+        self.req = self.req + 1 if self.req < 0x3FFFFFFF else 1  # request numbers wrap below 2**30 (a small int)
         self._release()
         self.task = self.k.spawn("decode", PRIO_DECODE, self._request(s, ids, n, self.req))
         self.tasks.append(self.task)
