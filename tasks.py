@@ -256,7 +256,7 @@ def flash_firmware(c, bin="", port=None, board="esp32s3_n8r8", erase=False, dry_
     fl.flash_firmware(paths_user(bin), port=port and paths_user(port), erase=erase, board_name=board, dry_run=dry_run)
 
 
-@task(help={"port": "serial port (default: ESP32-S3 by USB VID, else the virtual board)", "board": "board profile name (to find the port)",
+@task(help={"port": "serial port (default: ESP32-S3 by USB VID, else the virtual board)", "board": "board profile name (to find the port; default esp32s3_n8r8)",
             "log": "append every text line to this file", "until": "stop at the first text line matching this regex",
             "timeout": "stop after this many seconds", "jsonl": "append every telemetry frame to this JSONL file",
             "capture": "append every byte received to this raw capture file", "replay": "decode a recorded capture instead of a port",
@@ -267,14 +267,14 @@ def flash_firmware(c, bin="", port=None, board="esp32s3_n8r8", erase=False, dry_
             "stop": "send a stop command", "until_done": "return once this many requests have ended (serve goes on running on the board until Ctrl-C or the next flash / monitor --start / generate --runtime board)",
             "link_bps": "with --start: the link's bytes/s the board paces telemetry to (100..1000000; default 0: the firmware's)"})
 @one_line_errors
-def monitor(c, port=None, board="esp32s3_n8r8", log=None, until=None, timeout="", jsonl=None, capture=None, replay=None,
-            json=False, plain=False, start=False, prompt=None, tokens="64", policy=None, window=None, kv_dtype=None, stop=False,
+def monitor(c, port=None, board=None, log=None, until=None, timeout=None, jsonl=None, capture=None, replay=None,
+            json=False, plain=False, start=False, prompt=None, tokens=None, policy=None, window=None, kv_dtype=None, stop=False,
             until_done="0", link_bps="0"):
     """Print what the board sends (text timestamped, telemetry frames decoded: a dashboard on a terminal), log, reconnect."""
     from host import monitor as mon
 
     mon.main(port=port and paths_user(port), board=board, log=log and paths_user(log), until=until,
-             timeout=_seconds(timeout, "--timeout") if timeout != "" else None, jsonl=jsonl and paths_user(jsonl),
+             timeout=_seconds(timeout, "--timeout") if timeout is not None else None, jsonl=jsonl and paths_user(jsonl),
              capture=capture and paths_user(capture), replay=replay and paths_user(replay), as_json=json, plain=plain,
              start=start, prompt=prompt, tokens=tokens, policy=policy, window=window, kv_dtype=kv_dtype, stop=stop,
              until_done=until_done, link_bps=link_bps)

@@ -214,7 +214,7 @@ class StreamDecoder:
     # what came before it; after it the next two bytes say frame (a code, then 0xFE) or
     # text. Counts: good, corrupt, dropped (sequence numbers missing between good frames),
     # skipped (what the board says it skipped), restarts (the board's count started again:
-    # its boot layout at seq 0, its time or its seq going back), text bytes.
+    # its boot layout at seq 0, its time or its seq going back, not the time's wrap), text bytes.
     # The result does not depend on how the stream is split into feed() calls: the same
     # frames, corrupt reasons and counts in the same order, and the same text bytes (a
     # run of text may come in more pieces when fed in pieces). A candidate that grows
@@ -231,7 +231,11 @@ class StreamDecoder:
     # settle() decides a held start run as text at once (the line went quiet: a frame's
     # tail would have ended); only the monitor calls it, when a read comes back empty.
     # The first good frame of a new run of the board (a restart, below) carries
-    # "restart": True.
+    # "restart": True. The board time wraps at tm.MS_WRAP (10**9 ms, 11.57 days): a step
+    # back by more than half of it while the sequence goes on (not at a boot layout at
+    # seq 0) is that wrap, no restart; the frames' ms (and their events') are unwrapped:
+    # ms since the board's telemetry task started, counted again from 0 at a restart (a
+    # decoder that joined after a wrap counts only the wraps it saw).
     def __init__(self, max_frame=MAX_WIRE, keep_raw=False):
         self.max_frame = max_frame  # a candidate longer than this is not a frame
         self.keep_raw = keep_raw  # frames also carry raw_type and raw_body (hex): checks
@@ -254,7 +258,8 @@ class StreamDecoder:
         self.by_type = {}  # kind -> good frames
         self.why = {}  # rejection reason -> count
         self.last_seq = None  # seq of the last good frame
-        self.last_ms = 0  # its board time
+        self.last_ms = 0  # its board time (as sent: modulo tm.MS_WRAP)
+        self.ms_epoch = 0  # times the board time wrapped at tm.MS_WRAP in this run of the board
         self.layout = {}  # the latest layout frame's items
 
     def _text(self, out, data):
@@ -304,7 +309,11 @@ class StreamDecoder:
         self.by_type[d["type"]] = self.by_type.get(d["type"], 0) + 1
         if self.last_seq is not None:
             gap = (seq - self.last_seq - 1) & 0xFFFF
-            back = (ms - self.last_ms) & 0xFFFFFFFF >= 0x80000000  # board time went back
+            # the board time counts ms modulo tm.MS_WRAP (10**9, 11.57 days): a step back by
+            # more than half of it while the sequence goes on is the wrap, not a restart
+            wrap = (ms < self.last_ms and self.last_ms - ms > tm.MS_WRAP // 2 and gap < 0x8000
+                    and not (ftype == tm.T_LAYOUT and seq == 0))
+            back = not wrap and (ms - self.last_ms) & 0xFFFFFFFF >= 0x80000000  # board time went back
             if back or (ftype == tm.T_LAYOUT and seq == 0 and gap) or gap >= 0x8000:
                 # the board restarted (reset, power cycle, re-enumerated and rebooted):
                 # its count starts again at 0, so the frames missing are the new run's
@@ -314,10 +323,19 @@ class StreamDecoder:
                 self.dropped += seq
                 self.skipped_before += self.skipped_run
                 self.skipped_run = 0
+                self.ms_epoch = 0
             else:
                 self.dropped += gap
+                if wrap:
+                    self.ms_epoch += 1
         self.last_seq = seq
         self.last_ms = ms
+        if self.ms_epoch:  # the board time unwrapped: ms since the board's telemetry task started
+            base = self.ms_epoch * tm.MS_WRAP
+            d["ms"] = ms + base
+            for e in d.get("events", ()):
+                if isinstance(e.get("ms"), int):  # queued before this frame: in the epoch before when above its time
+                    e["ms"] += base - tm.MS_WRAP if e["ms"] > ms else base
         if ftype == tm.T_LAYOUT:
             self.layout = d["layout"]
         core = d.get("core")
@@ -505,13 +523,21 @@ class State:
         self.frames = 0
         self._prev = {}  # row key -> (ms, cumulative value)
 
-    def _rate(self, key, ms, value):
-        # (value - previous) / (ms - previous ms) per ms, or None on the first report
+    def _rate(self, key, ms, value, mod=None):
+        # (value - previous) / (ms - previous ms) per ms, or None on the first report. A
+        # field the board sends modulo mod (tm.MS_WRAP: run_ms, kb) that steps back by more
+        # than half of it wrapped: its difference is taken modulo mod. A smaller step back
+        # is no wrap (a task respawned in the slot, a counter that started again): None
         prev = self._prev.get(key)
         self._prev[key] = (ms, value)
-        if prev is None or ms <= prev[0] or value < prev[1]:
+        if prev is None or ms <= prev[0]:
             return None
-        return (value - prev[1]) / (ms - prev[0])
+        dv = value - prev[1]
+        if dv < 0:
+            if mod is None or -dv <= mod // 2:
+                return None
+            dv %= mod
+        return dv / (ms - prev[0])
 
     def name(self, kind, i):
         return self.layout.get("%s.%d" % (kind, i), "%s%d" % (kind, i))
@@ -557,20 +583,20 @@ class State:
             for row in f.get("tasks", []):
                 slot = row["slot"]
                 r = dict(row, name=self.name("task", slot))
-                rate = self._rate(("task", slot), ms, row.get("run_ms", 0))
+                rate = self._rate(("task", slot), ms, row.get("run_ms", 0), tm.MS_WRAP)
                 old = self.tasks.get(slot, {})
                 r["cpu_pct"] = 100.0 * rate if rate is not None else old.get("cpu_pct")
                 self.tasks[slot] = r
             for row in _rows(f, "tier"):
                 t = row["tier"]
                 r = dict(row, name=self.name("tier", t))
-                rate = self._rate(("tier", t), ms, row.get("kb", 0))
+                rate = self._rate(("tier", t), ms, row.get("kb", 0), tm.MS_WRAP)
                 r["mb_s"] = rate if rate is not None else self.tiers.get(t, {}).get("mb_s")  # kB/ms = MB/s
                 self.tiers[t] = r
             for row in _rows(f, "bwcat"):
                 key = (row["tier"], row["category"])
                 r = dict(row, name="%s/%s" % (self.name("tier", key[0]), self.name("cat", key[1])))
-                rate = self._rate(("bwcat",) + key, ms, row.get("kb", 0))
+                rate = self._rate(("bwcat",) + key, ms, row.get("kb", 0), tm.MS_WRAP)
                 r["mb_s"] = rate if rate is not None else self.bwcats.get(key, {}).get("mb_s")
                 self.bwcats[key] = r
 

@@ -478,8 +478,9 @@ def _given(v, *defaults):
 def check_needs(board=None, until=None, timeout=None, replay=None, port=None, start=False, prompt=None, tokens=None,
                 until_done=None, link_bps=None):
     # options that only matter with another one: one UserError (code 2) naming what the
-    # first such option needs, instead of ignoring it
-    if _given(tokens, DEFAULT_TOKENS) and prompt is None:
+    # first such option needs, instead of ignoring it. --tokens and --board are None
+    # unless typed (main fills in their defaults), so any value typed counts: 64, '' too
+    if tokens is not None and prompt is None:
         raise UserError("--tokens needs --prompt: it is how many tokens the prompt asks for", 2)
     if _given(link_bps, 0) and not start:
         raise UserError("--link-bps needs --start: it is the rate the started firmware_py.serve paces telemetry to", 2)
@@ -487,16 +488,20 @@ def check_needs(board=None, until=None, timeout=None, replay=None, port=None, st
         for v, opt in ((until, "--until"), (until_done, "--until-done"), (timeout, "--timeout")):
             if _given(v, 0) if opt == "--until-done" else _given(v):
                 raise UserError("%s needs a port: --replay decodes the whole capture" % opt, 2)
-    if _given(board, DEFAULT_BOARD) and (port is not None or replay is not None):
+    if board is not None and (port is not None or replay is not None):
         raise UserError("--board only picks the port to find: it is not used with %s" % ("--port" if port is not None else "--replay"), 2)
 
 
 def start_serve(port, link_bps=0, out=print):
     # run firmware_py.serve.main() on the board at port over the raw REPL and leave it
-    # running (the port is closed again for the monitor); UserError when it cannot be
-    from host import flash
+    # running (the port is closed again for the monitor); UserError when it cannot be.
+    # The raw REPL as generate --runtime board enters it: two tries (a board still
+    # rebooting after ./kv flash may drop the first Ctrl-C), then a line that says to
+    # reset the board (flash.connect's own hint names flash's --timeout, and monitor's
+    # --timeout is how long to watch, not how long the board may stay silent)
+    from host import boardrun, flash
 
-    t = flash.connect(port)
+    t = boardrun._connect(port)
     try:
         have = flash.device_hashes(t, ["firmware_py/serve.mpy", "firmware_py/telemetry.mpy"])
         if None in have:
@@ -519,8 +524,8 @@ def main(port=None, board=None, log=None, until=None, timeout=None, jsonl=None, 
 
     check_needs(board=board, until=until, timeout=timeout, replay=replay, port=port, start=start, prompt=prompt,
                 tokens=tokens, until_done=until_done, link_bps=link_bps)
-    board = board or DEFAULT_BOARD
-    tokens = DEFAULT_TOKENS if tokens in (None, "") else tokens
+    board = DEFAULT_BOARD if board is None else board  # '' is refused by boards.load, below
+    tokens = DEFAULT_TOKENS if tokens is None else tokens  # '' is refused by _int_opt, below
     pattern = pattern_of(until)  # a bad regex is refused before the port is opened
     for path, opt in ((log, "--log"), (jsonl, "--jsonl"), (capture, "--capture")):
         if path is not None:

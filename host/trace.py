@@ -18,8 +18,9 @@
 # cut off by a monitor stopped mid-write) is skipped and counted: every good frame is
 # used, the count goes to --json (skipped_lines, cut_last_line) and one stderr line.
 #
-# Board time: the frames' ms. A board that restarts starts again at 0; its frames are
-# laid after the previous run's (an offset per run), so one trace shows every run.
+# Board time: the frames' ms (the console unwraps the board's wrap at 10**9 ms). A board
+# that restarts starts again at 0; its frames are laid after the previous run's (an
+# offset per run, from the console's "restart": true marks), so one trace shows every run.
 import json
 import math
 import os
@@ -201,18 +202,44 @@ def skipped_note(path, skipped):
 
 
 def with_time(frames):
-    # (t_ms, frame) with board time made monotonic across board restarts
+    # (t_ms, frame) with board time made monotonic across board restarts: a new time
+    # segment starts at the frame the console marked "restart": true (the decoder's rules:
+    # a boot layout at seq 0, the time or the seq going back; the board time's wrap at
+    # 10**9 ms is no restart, and the console unwraps it), the new run's board time 0 laid
+    # a second after the last frame before it; in a log without the marks (an older
+    # console's), at a step back in board time of more than 60 s
+    return [(t, f) for t, f, _ in _timed(frames)]
+
+
+def _timed(frames):
+    # (t_ms, frame, new_run) as with_time; new_run: the frame starts a new time segment
     out = []
     offset = 0
     last = None
     for f in frames:
         ms = f.get("ms", 0)
-        if last is not None and ms + offset < last - 60000:  # time went back: a new run of the board
+        new = last is not None and (f.get("restart") is True or ms + offset < last - 60000)
+        if new and f.get("restart") is True:
+            offset = last + 1000  # the new run's time 0
+        elif new:  # time went back: a new run of the board
             offset = last + 1000 - ms
         t = ms + offset
         last = max(t, last or 0)
-        out.append((t, f))
+        out.append((t, f, new))
     return out
+
+
+_MOD = 10 ** 9  # run_ms and kb are sent modulo 10**9 (firmware_py/telemetry.MS_WRAP)
+
+
+def _delta(value, prev):
+    # value - prev for a counter sent modulo 10**9: a step back by more than half of it
+    # is its wrap; a smaller one (a task respawned in the slot, a counter that started
+    # again) is no difference: None
+    dv = value - prev
+    if dv < 0:
+        return dv % _MOD if -dv > _MOD // 2 else None
+    return dv
 
 
 def _rows(f, name):
@@ -225,7 +252,7 @@ def _rows(f, name):
 
 def build(frames):
     # (trace dict, series dict) from the frames
-    tf = with_time(frames)
+    tf = _timed(frames)
     layout = {}
     ev = []
     names = {}  # task slot -> name (latest layout)
@@ -234,7 +261,10 @@ def build(frames):
     tier_names = {}
     series = {"pool": [], "seq": [], "tier": {}, "tokens": [], "layout": {}}
     open_req = {}
-    for t, f in tf:
+    for t, f, new_run in tf:
+        if new_run:  # the board's counters started again: no rate across the restart
+            prev_task.clear()
+            prev_tier.clear()
         us = t * 1000
         kind = f["type"]
         if kind == "layout":
@@ -272,8 +302,9 @@ def build(frames):
                 kb = r.get("kb", 0)
                 pv = prev_tier.get(tier)
                 prev_tier[tier] = (t, kb)
-                if pv is not None and t > pv[0] and kb >= pv[1]:
-                    mbs = (kb - pv[1]) / (t - pv[0])  # kB per ms = MB/s
+                dkb = _delta(kb, pv[1]) if pv is not None else None
+                if dkb is not None and t > pv[0]:
+                    mbs = dkb / (t - pv[0])  # kB per ms = MB/s
                     name = tier_names.get(tier, "tier%d" % tier)
                     ev.append({"ph": "C", "name": "bandwidth MB/s", "pid": PID, "ts": us, "args": {name: round(mbs, 3)}})
                     series["tier"].setdefault(name, []).append((t, mbs))
@@ -288,8 +319,8 @@ def build(frames):
                 run = r.get("run_ms", 0)
                 pv = prev_task.get(slot)
                 prev_task[slot] = (t, run)
-                if pv is not None and t > pv[0] and run >= pv[1]:
-                    d_run = run - pv[1]
+                d_run = _delta(run, pv[1]) if pv is not None else None
+                if d_run is not None and t > pv[0]:
                     if d_run > 0:
                         ev.append({"ph": "X", "name": "run", "pid": PID, "tid": slot, "ts": pv[0] * 1000,
                                    "dur": min(d_run, t - pv[0]) * 1000,

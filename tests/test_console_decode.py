@@ -378,3 +378,98 @@ def test_a_reconnect_starts_a_new_stream_and_settle_lets_held_text_through():
     d.flush()
     assert d.feed(wire[1:5]) == [] and d.settle() == []  # opens like a frame: still held
     assert d.flush("port lost") == [("corrupt", "port lost")] and d.truncated == 1
+
+
+def test_the_board_time_wrap_is_no_restart_and_is_unwrapped():
+    # the board time counts ms modulo tm.MS_WRAP (10**9, 11.57 days): a step back by more
+    # than half of it with the sequence going on is its wrap (0 restarts, 0 dropped, the
+    # frames' and events' ms unwrapped, the dashboard's rates over fields sent modulo
+    # 10**9 go on); a restart right after (or right before) a wrap is still one
+    W = tm.MS_WRAP
+
+    def task_row(run_ms):
+        vals = bytes([0, 1, 1]) + console._varint(run_ms) + bytes([1, 0, 0, 0, 0, 0])
+        return bytes([tm.R_TASK, len(vals)]) + vals
+
+    def tier_row(kb):
+        vals = bytes([0, 5]) + console._varint(kb) + bytes([0])
+        return bytes([tm.R_TIER, len(vals)]) + vals
+
+    def ev(code, ms, *args):
+        vals = console._varint(ms) + b"".join(console._varint(2 * a) for a in args)
+        return bytes([code, len(vals)]) + vals
+
+    def fr(seq, ms, body, ftype=tm.T_PERIODIC):
+        return console.encode_frame(console.payload(ftype, body, seq=seq, ms=ms))
+
+    # seq 100..107, 100 ms apart, across the wrap; run_ms (50 % CPU) and kb (2 MB/s) wrap too
+    times = [W - 300, W - 200, W - 100, 0, 100, 200]
+    runs = [W - 140, W - 90, W - 40, 10, 60, 110]
+    kbs = [W - 500, W - 300, W - 100, 100, 300, 500]
+    s = b"".join(fr(100 + i, t, task_row(r) + tier_row(k)) + b"line %d\n" % i for i, (t, r, k) in enumerate(zip(times, runs, kbs, strict=True)))
+    s += fr(106, 250, ev(tm.EV_EVICT, W - 50, 1, 2, 3) + ev(tm.EV_START, 240, 7, 4, 8), tm.T_EVENT)  # queued before / after
+    s += fr(107, 300, b"")
+    for n in (len(s), 1, 9):
+        d, out = decode(s, range(n, len(s), n))
+        frames = [v for k, v in out if k == "frame"]
+        assert d.restarts == 0 and d.dropped == 0 and d.corrupt == 0 and d.good == 8, d.counts()
+        assert [f["ms"] for f in frames] == [W - 300, W - 200, W - 100, W, W + 100, W + 200, W + 250, W + 300]
+        assert [e["ms"] for e in frames[6]["events"]] == [W - 50, W + 240]
+        assert not any(f.get("restart") for f in frames)
+        assert b"".join(v for k, v in out if k == "text") == b"".join(b"line %d\n" % i for i in range(6))
+        st = console.State()
+        cpu, mbs = [], []
+        for f in frames[:6]:
+            st.update(f)
+            cpu.append(st.tasks[0]["cpu_pct"])
+            mbs.append(st.tiers[0]["mb_s"])
+        assert cpu == [None, 50.0, 50.0, 50.0, 50.0, 50.0] and mbs == [None, 2.0, 2.0, 2.0, 2.0, 2.0], (cpu, mbs)
+    # what the independent decoder (the raw wire) sees: the same frames, the time as sent
+    _, raw, _, _ = telemetry_indep.decode(s)
+    assert [f[2] for f in raw] == [t % W for t in times] + [250, 300]
+
+    # a restart right after the wrap: the boot layout at seq 0 (time back by 300 ms) ...
+    after = fr(0, 0, b"proto=1", tm.T_LAYOUT) + fr(1, 100, task_row(5)) + fr(2, 200, task_row(55))
+    d, out = decode(s + after)
+    frames = [v for k, v in out if k == "frame"]
+    assert d.restarts == 1 and d.dropped == 0, d.counts()
+    assert [f["ms"] for f in frames[-3:]] == [0, 100, 200] and frames[-3].get("restart") is True
+    st = console.State()
+    for f in frames:
+        st.update(f)
+    assert st.tasks[0]["cpu_pct"] == 50.0  # over the new run's rows only
+    # ... or its layout lost: the seq went back (frames 0..2 of the new run dropped)
+    d, out = decode(s + fr(3, 400, b""))
+    assert d.restarts == 1 and d.dropped == 3 and [v for k, v in out if k == "frame"][-1]["ms"] == 400
+    # ... a restart just before the wrap (time back by nearly all of it, at a boot layout)
+    before = fr(100, W - 200, b"") + fr(101, W - 100, b"") + fr(0, 0, b"proto=1", tm.T_LAYOUT) + fr(1, 100, b"")
+    d, out = decode(before)
+    assert d.restarts == 1 and d.dropped == 0 and [v["ms"] for k, v in out if k == "frame"] == [W - 200, W - 100, 0, 100]
+    # ... and with its layout lost (the seq went back): a restart, not a wrap
+    d, out = decode(fr(100, W - 200, b"") + fr(101, W - 100, b"") + fr(2, 200, b""))
+    assert d.restarts == 1 and d.dropped == 2 and [v["ms"] for k, v in out if k == "frame"][-1] == 200
+
+
+def test_the_firmware_encoder_across_its_time_wrap():
+    # the board's own encoder (CPython twin) streaming across MS_WRAP: every frame decoded,
+    # no restart, nothing dropped, the time going on past 10**9
+    from firmware_py.clock import VirtualClock
+
+    cap = bytearray()
+    clock = VirtualClock()
+    t = tm.Telemetry(lambda b, n: cap.extend(bytes(b[:n])), clock=clock, heap=False)
+    t.tick()  # the layout
+    t.ms = tm.MS_WRAP - 1000
+    for i in range(30):
+        clock.advance(100000)
+        t.tokens += 3
+        if i % 7 == 0:
+            t.event(tm.EV_WATERMARK, 0, i, 64)
+        t.tick()
+    d, out = decode(bytes(cap))
+    frames = [v for k, v in out if k == "frame"]
+    ms = [f["ms"] for f in frames]
+    assert d.restarts == 0 and d.dropped == 0 and d.corrupt == 0 and len(frames) > 30
+    assert ms == sorted(ms) and ms[-1] == tm.MS_WRAP + 2000, ms
+    evs = [e["ms"] for f in frames for e in f.get("events", [])]
+    assert evs == sorted(evs) and len(evs) == 5 and evs[-1] > tm.MS_WRAP

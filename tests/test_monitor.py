@@ -540,6 +540,10 @@ def test_options_that_need_another_are_refused():
     # an option that only matters with another one is refused (one line, exit 2) instead
     # of silently ignored
     for args, needs in ((("--tokens", "5"), "--tokens needs --prompt"),
+                        (("--tokens", "64"), "--tokens needs --prompt"),  # the default typed: refused alike
+                        (("--tokens", ""), "--tokens needs --prompt"),
+                        (("--port", "/dev/null", "--board", "esp32s3_n8r8"), "--board only picks the port"),
+                        (("--replay", "x.bin", "--board", "esp32s3_n8r8"), "--board only picks the port"),
                         (("--port", "/dev/null", "--link-bps", "100"), "--link-bps needs --start"),
                         (("--replay", "x.bin", "--until", "boot"), "--until needs a port"),
                         (("--replay", "x.bin", "--until-done", "1"), "--until-done needs a port"),
@@ -550,11 +554,39 @@ def test_options_that_need_another_are_refused():
 
 
 @pytest.mark.parametrize("args", [("--prompt", "hi", "--tokens", "abc"), ("--prompt", "hi", "--tokens", "1.5"),
-                                  ("--prompt", "hi", "--tokens", "0"), ("--until-done", "x"), ("--until-done", "-1"),
+                                  ("--prompt", "hi", "--tokens", "0"), ("--prompt", "hi", "--tokens", ""),
+                                  ("--timeout", ""), ("--timeout", "0"), ("--until-done", "x"), ("--until-done", "-1"),
                                   ("--until-done", "1.5"), ("--start", "--link-bps", "abc"), ("--start", "--link-bps", "50")])
 def test_monitor_number_options_are_checked_by_the_task(args):
     # text options checked by monitor itself: one line, exit 2 (invoke used to convert
     # int defaults first and crash with a ValueError traceback)
     r = kv("monitor", "--port", "/dev/null", *args)
-    flag = [a for a in args if a in ("--tokens", "--until-done", "--link-bps")][0]
+    flag = [a for a in args if a in ("--tokens", "--until-done", "--link-bps", "--timeout")][0]
     assert one_line_error(r) and r.returncode == 2 and r.stderr.startswith("kv monitor: %s must be" % flag), (args, r.stderr)
+
+
+def test_an_empty_board_name_is_one_line():
+    r = kv("monitor", "--board", "")
+    assert one_line_error(r) and r.returncode == 2 and "--board needs a board name" in r.stderr, r.stderr
+
+
+def test_start_on_a_board_that_does_not_answer_says_to_reset_it(monkeypatch):
+    # monitor --start on a port where nothing answers the raw REPL (a board that ignores
+    # Ctrl-C): one line that says to reset the board, not flash's "(--timeout)" hint
+    # (monitor's --timeout is how long to watch)
+    import pty
+
+    from host import boardrun
+    from host.errors import UserError
+    from host.monitor import start_serve
+
+    monkeypatch.setattr(boardrun, "CONNECT_S", 0.3)
+    master, slave = pty.openpty()
+    try:
+        with pytest.raises(UserError) as e:
+            start_serve(os.ttyname(slave))
+    finally:
+        os.close(master)
+        os.close(slave)
+    msg = str(e.value)
+    assert "\n" not in msg and "--timeout" not in msg and "reset it" in msg and "twice" in msg, msg

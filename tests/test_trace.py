@@ -135,3 +135,42 @@ def test_the_cli_says_one_line(log_lines, tmp_path):
     assert res["frames"] == len(log_lines) - 1 and res["skipped_lines"] == 1 and res["cut_last_line"], res
     assert len(r.stderr.splitlines()) == 1 and "cut off" in r.stderr, r.stderr
     assert os.path.isfile(res["trace"])
+
+
+def test_a_restart_mark_starts_a_new_time_segment():
+    # the console marks the first frame of a new run of the board "restart": true; trace
+    # starts a new time segment there even when the board time went back by less than 60 s
+    # (here 30 s) or went on (a reboot while the port was away); without marks (an older
+    # console's log) a step back of more than 60 s still does
+    def per(ms, run_ms, **kw):
+        return dict({"type": "periodic", "ms": ms, "tasks": [{"slot": 0, "run_ms": run_ms}]}, **kw)
+
+    frames = [per(10000, 100), per(30000, 200), per(0, 0, restart=True), per(5000, 2500),
+              per(90000, 10, restart=True), per(91000, 510)]
+    ts = [t for t, _ in trace.with_time(frames)]
+    assert ts == [10000, 30000, 31000, 36000, 36000 + 1000 + 90000, 36000 + 1000 + 91000], ts
+    trace_d, _ = trace.build(frames)
+    runs = [(e["ts"] // 1000, e["args"]["cpu_pct"]) for e in trace_d["traceEvents"] if e.get("name") == "run"]
+    assert runs == [(10000, 0.5), (31000, 50.0), (127000, 50.0)], runs  # none across a restart
+    old = [per(100000, 100), per(130000, 200), per(0, 0), per(5000, 2500)]  # no marks: time back 130 s
+    assert [t for t, _ in trace.with_time(old)] == [100000, 130000, 131000, 136000]
+    assert [t for t, _ in trace.with_time([per(50000, 0), per(20000, 0)])] == [50000, 20000]  # the fallback: 60 s
+    # no rate across a restart, even when the new run's counter is above the old one's
+    trace_d, _ = trace.build([per(1000, 100), per(2000, 600), per(3000, 900, restart=True), per(4000, 1400)])
+    runs = [(e["ts"] // 1000, e["args"]["cpu_pct"]) for e in trace_d["traceEvents"] if e.get("name") == "run"]
+    assert runs == [(1000, 50.0), (2000 + 1000 + 3000, 50.0)], runs
+
+
+def test_counters_sent_modulo_10_9_wrap_and_the_time_is_the_consoles():
+    # run_ms and kb are sent modulo 10**9: a step back by more than half of it is their
+    # wrap, the rate goes on; a smaller step back (a task respawned in its slot) gives none
+    W = 10 ** 9
+
+    def per(ms, run_ms, kb):
+        return {"type": "periodic", "ms": ms, "tasks": [{"slot": 0, "run_ms": run_ms}], "tiers": [{"tier": 0, "kb": kb}]}
+
+    frames = [per(W - 100, W - 60, W - 200), per(W + 100, 40, 200), per(W + 300, 10, 600)]
+    trace_d, series = trace.build(frames)
+    runs = [(e["ts"] // 1000, e["args"]["cpu_pct"]) for e in trace_d["traceEvents"] if e.get("name") == "run"]
+    assert runs == [(W - 100, 50.0)], runs
+    assert series["tier"]["tier0"] == [(W + 100, 2.0), (W + 300, 2.0)]
