@@ -657,14 +657,7 @@ class KVCache:
         i = self._idx(h)
         if i < 0:
             return i
-        # compared before any arithmetic (a big int would allocate); the arena itself is
-        # never a destination (that would write another sequence's rows), nor an immutable
-        # bytes or str (viper would write into it on MicroPython: a literal in the code)
-        if (layer.__class__ is not int or layer < 0 or layer >= self.n_layers or dst_off.__class__ is not int
-                or dst_off < 0 or dst_off > _HMAX or dst is None or dst is self.arena
-                or dst.__class__ is bytes or dst.__class__ is str):
-            return E_RANGE
-        if dst_off & 3 or dst_off + self.layer_row > len(dst):
+        if self.bad_dst(layer, dst, dst_off):
             return E_RANGE
         slot = self._locate(i, pos)
         if slot < 0:
@@ -681,17 +674,25 @@ class KVCache:
         i = self._idx(h)
         if i < 0:
             return i
-        if (layer.__class__ is not int or layer < 0 or layer >= self.n_layers or dst_off.__class__ is not int
-                or dst_off < 0 or dst_off > _HMAX or dst is None or dst is self.arena
-                or dst.__class__ is bytes or dst.__class__ is str):
-            return E_RANGE
-        if dst_off & 3 or dst_off + self.layer_row > len(dst):
+        if self.bad_dst(layer, dst, dst_off):
             return E_RANGE
         hw = self._hdr(i, slot)
         if hw < 0:
             return hw
         self._read(i, slot, layer, dst, dst_off >> 2)
         return OK
+
+    # True when (layer, dst, dst_off) cannot take one layer row: layer not a layer, dst_off
+    # not a multiple of 4 in range, dst too short, None, the arena itself (that would
+    # write another sequence's rows), or an immutable bytes or str (viper would write into
+    # it on MicroPython: a literal in the code). Every int compared as an object before
+    # any arithmetic (a big int would allocate); O(1), no allocation
+    def bad_dst(self, layer, dst, dst_off):
+        if (layer.__class__ is not int or layer < 0 or layer >= self.n_layers or dst_off.__class__ is not int
+                or dst_off < 0 or dst_off > _HMAX or dst is None or dst is self.arena
+                or dst.__class__ is bytes or dst.__class__ is str):
+            return True
+        return (dst_off & 3) != 0 or dst_off + self.layer_row > len(dst)
 
     # read's copy for slot index i (arguments checked); no allocation
     def _read(self, i, slot, layer, dst, dw):

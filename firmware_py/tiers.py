@@ -840,13 +840,9 @@ class Tiers:
         s = self.fmap[i * self.mb + k]
         if s < 0:
             return E_EMPTY
-        if (layer.__class__ is not int or layer < 0 or layer >= self.n_layers or dst_off.__class__ is not int
-                or dst_off < 0 or dst_off > INT_MAX or dst is None or dst is self.arena
-                or dst.__class__ is bytes or dst.__class__ is str):
+        if self.cache.bad_dst(layer, dst, dst_off):  # the cache's own rule (its arena is this pool's)
             return E_RANGE
         n = self.layer_row
-        if dst_off & 3 or dst_off + n > len(dst):
-            return E_RANGE
         rv = self.fs.read_at(s, self.rows_off + (layer * t + slot - k * t) * self.store_row, self.rowbuf, n)
         if rv < 0:
             self._flash_error()

@@ -8,7 +8,6 @@
 # (a board boots once; see kvprobe.py), searched from the prediction outwards: the
 # largest B that boots is the same wherever the search starts. The prediction
 # (max_tokens) must be <= what fits; the slack says how tight it is.
-import json
 import os
 import re
 import tempfile
@@ -17,6 +16,7 @@ from firmware_py import llama2c
 from host import boards, budget, mp32, paths
 from host import interp as interp_mod
 from host.errors import UserError
+from host.bench import emit
 
 CASES = (  # (board, KV dtype, weights: fp32 checkpoint or its q8row int8 conversion)
     ("esp32s3_n8r8", "fp32", "fp32"), ("esp32s3_n8r8", "int8", "fp32"), ("esp32s3_n8r8", "int8", "int8"),
@@ -175,12 +175,7 @@ def measure():
 def run(as_json=False):
     # ./kv bench budget [--json]: print the figures (one JSON object with --json); returns them
     r = measure()
-    if as_json:
-        print(json.dumps(r, sort_keys=True))
-        return r
-    for line in render(r):
-        print(line)
-    return r
+    return emit(r, as_json, render)
 
 
 # --- the benchmark's section of docs/benchmarks.md (host/benchdoc.py calls these) ------

@@ -8,7 +8,6 @@
 # own decode loop (decode.Session with a DecodeTraffic on a VirtualClock, weights and KV
 # on the PSRAM tier, no compute charged): the emulated memory time per token must equal
 # the prediction, token by token.
-import json
 import tempfile
 
 from firmware_py import bandwidth as bwm
@@ -17,6 +16,7 @@ from firmware_py.clock import VirtualClock
 from firmware_py.sched import Kernel
 from host import boards
 from host.bench import budget as budget_bench
+from host.bench import emit
 
 BOARDS = ("esp32s3_n8r8", "esp32s3_n4r2")  # octal PSRAM (measured figures), quad PSRAM (estimates)
 PUBLISHED = {"esp32-llm (DaveBben), ESP32-S3 with 2 MB PSRAM": 19.13,
@@ -107,12 +107,7 @@ def measure():
 def run(as_json=False):
     # ./kv bench costmodel [--json]: print the figures (one JSON object with --json); returns them
     r = measure()
-    if as_json:
-        print(json.dumps(r, sort_keys=True))
-        return r
-    for line in render(r):
-        print(line)
-    return r
+    return emit(r, as_json, render)
 
 
 # --- the benchmark's section of docs/benchmarks.md (host/benchdoc.py calls these) ------

@@ -11,7 +11,6 @@
 # rows sent as soon as they are written), where only K and V of one layer are adjacent.
 # Every byte is checked at the end against what was written. Then flash sector erases per
 # 1,000 tokens with and without write-back batching, from the flash tier's model.
-import json
 import os
 
 from firmware_py import bandwidth as bwm
@@ -20,6 +19,7 @@ from firmware_py.clock import VirtualClock
 from firmware_py.sched import Kernel, T_FAULTS
 from host import boards, paths
 from host.errors import UserError
+from host.bench import emit
 
 BOARD = paths.DEFAULT_BOARD
 FALLBACK = (5, 4, 8, 512)  # stories260K: n_layers, n_kv_heads, head_dim, seq_len
@@ -203,12 +203,7 @@ def flash_figures():
 def run(as_json=False):
     # ./kv bench dma [--json]: print the figures (one JSON object with --json); returns them
     r = measure()
-    if as_json:
-        print(json.dumps(r, sort_keys=True))
-        return r
-    for line in render(r):
-        print(line)
-    return r
+    return emit(r, as_json, render)
 
 
 # --- the benchmark's section of docs/benchmarks.md (host/benchdoc.py calls these) ------

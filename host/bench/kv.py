@@ -20,6 +20,7 @@ from firmware_py import kv, pool, status
 from host import boards, paths
 from host import interp as interp_mod
 from host.errors import UserError
+from host.bench import emit
 
 CHURN_SEED = 4  # fixed: the churn is deterministic
 CHURN_SEQUENCES = 1500  # sequences started per churn run
@@ -323,12 +324,7 @@ def run(as_json=False):
             r["ours_over_flat_row_at_%d_%s" % (at, interp)] = round(d["ours_ns_at_%d" % at] / d["flat_row_ns_at_%d" % at], 3)
         r["concat_over_ours_at_512_%s" % interp] = round(d["concat_ns_at_512"] / d["ours_ns_at_512"], 1)
         r["ours_flatness_512_over_64_%s" % interp] = round(d["ours_ns_at_512"] / d["ours_ns_at_64"], 3)
-    if as_json:
-        print(json.dumps(r, sort_keys=True))
-        return r
-    for line in render(r):
-        print(line)
-    return r
+    return emit(r, as_json, render)
 
 
 # --- the benchmark's section of docs/benchmarks.md (host/benchdoc.py calls these) ------

@@ -9,7 +9,6 @@
 # "Aware": the decode moves its traffic in pieces with a yield between them, Wi-Fi is
 # paced by its budget in the tracker's window. Also: the decode alone (the floor), and a
 # sweep of the aware options (which part buys what). docs/tiers.md explains the mechanism.
-import json
 import os
 
 from firmware_py import bandwidth as bwm
@@ -19,6 +18,7 @@ from firmware_py.sched import Kernel, T_FAULTS
 from firmware_py.sched.stats import S_MAX_SLICE
 from host import boards, paths
 from host.errors import UserError
+from host.bench import emit
 
 BOARD = "esp32s3_n8r8"
 TOKENS = 512  # forwards decoded (1 prompt token, BOS, + 511 new): the model's whole context
@@ -237,12 +237,7 @@ def measure(tokens=TOKENS, model_dir=None, sweep=True):
 def run(as_json=False):
     # ./kv bench tiers [--json]: print the figures (one JSON object with --json); returns them
     r = measure()
-    if as_json:
-        print(json.dumps(r, sort_keys=True))
-        return r
-    for line in render(r):
-        print(line)
-    return r
+    return emit(r, as_json, render)
 
 
 # --- the benchmark's section of docs/benchmarks.md (host/benchdoc.py calls these) ------

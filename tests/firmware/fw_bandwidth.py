@@ -3,7 +3,7 @@
 # under a VirtualClock kernel and wakes it at exactly the start of the bucket where the
 # window has room; counters carry on the 32-bit build; the cost model's integer figures.
 from array import array
-from fwtest import check, eq, raises, no_alloc, done
+from fwtest import check, eq, raises, no_alloc, done, two_tier_profile, COST_JSON as COST
 from firmware_py import board, bandwidth as bwm, compat
 from firmware_py.bandwidth import KV_READ, KV_WRITE, WEIGHTS, IO, K_READ, K_WRITE, K_DMA, K_LINE
 from firmware_py.clock import VirtualClock
@@ -11,19 +11,7 @@ from firmware_py.sched import Kernel
 from firmware_py.status import OK, E_RANGE, E_FULL, CARRY_N, INT_MAX, MAX_WAIT_US
 
 # a two-tier board with the measured ESP32-S3 figures (docs/tiers.md)
-PROFILE = ('{"name":"t","title":"t","kind":"mcu","cpu":{"arch":"a","cores":2,"mhz":240},'
-           '"micropython_heap_bytes":300000,"mpy_arch":"xtensawin","firmware_reserved_bytes":0,'
-           '"memory":[{"name":"sram","kind":"sram","bytes":524288,"bandwidth_bytes_per_s":362000000,'
-           '"latency_ns":4,"dma":true,"source":"s","cost":%s},'
-           '{"name":"psram","kind":"psram","bytes":8388608,"bandwidth_bytes_per_s":38600000,'
-           '"latency_ns":330,"dma":true,"source":"s","cost":%s}],'
-           '"thermal":{"throttle_c":85},"source":"s"}')
-COST = ('{"read_bytes_per_s":{"value":%d,"source":"m"},"write_bytes_per_s":{"value":%d,"source":"m"},'
-        '"copy_bytes_per_s":{"value":%d,"source":"m"},"dma_bytes_per_s":{"value":%d,"source":"m"},'
-        '"line_bytes":{"value":%d,"source":"m"},"line_ns":{"value":%d,"source":"fit"},'
-        '"line_stream_bytes_per_s":{"value":%d,"source":"fit"}}')
-PROFILE = PROFILE % (COST % (362000000, 362000000, 362000000, 362000000, 4, 4, 362000000),
-                     COST % (38600000, 56700000, 22300000, 51000000, 32, 330, 147000000))
+PROFILE = two_tier_profile()
 b = board.loads(PROFILE)
 eq(b.tier("psram").cost.values()["write_bytes_per_s"], 56700000, "cost block parsed")
 e = raises(board.BoardError, board.loads, PROFILE.replace('"line_bytes":{"value":32', '"line_bytes":{"value":33'), "c.json")

@@ -8,7 +8,7 @@
 # sent, the same on every interpreter (tests/test_telemetry.py compares them).
 from array import array
 
-from fwtest import check, eq, no_alloc, done
+from fwtest import check, eq, no_alloc, done, two_tier_profile
 from firmware_py import kv, pool, telemetry as tm
 from firmware_py.clock import VirtualClock
 from firmware_py.sched import Kernel, S_RUN_S, T_IDLE_S
@@ -267,19 +267,7 @@ eq(tm.BW_FIELDS,
 if dmam is not None:
     eq(tm.DMA_FIELDS,
        (dmam.ST_STALLS, dmam.ST_MAX_DEPTH, dmam.ST_DEPTH, dmam.ST_FULL, dmam.NST), "DMA stats fields")
-PROFILE = ('{"name":"t","title":"t","kind":"mcu","cpu":{"arch":"a","cores":2,"mhz":240},'
-           '"micropython_heap_bytes":300000,"mpy_arch":"xtensawin","firmware_reserved_bytes":0,'
-           '"memory":[{"name":"sram","kind":"sram","bytes":524288,"bandwidth_bytes_per_s":362000000,'
-           '"latency_ns":4,"dma":true,"source":"s","cost":%s},'
-           '{"name":"psram","kind":"psram","bytes":8388608,"bandwidth_bytes_per_s":38600000,'
-           '"latency_ns":330,"dma":true,"source":"s","cost":%s}],'
-           '"thermal":{"throttle_c":85},"source":"s"}')
-COST = ('{"read_bytes_per_s":{"value":%d,"source":"m"},"write_bytes_per_s":{"value":%d,"source":"m"},'
-        '"copy_bytes_per_s":{"value":%d,"source":"m"},"dma_bytes_per_s":{"value":%d,"source":"m"},'
-        '"line_bytes":{"value":%d,"source":"m"},"line_ns":{"value":%d,"source":"fit"},'
-        '"line_stream_bytes_per_s":{"value":%d,"source":"fit"}}')
-PROFILE = PROFILE % (COST % (362000000, 362000000, 362000000, 362000000, 4, 4, 362000000),
-                     COST % (38600000, 56700000, 22300000, 51000000, 32, 330, 147000000))
+PROFILE = two_tier_profile()
 brd = board.loads(PROFILE)
 clk3 = VirtualClock()
 k3 = Kernel(clk3, max_tasks=6, verbose=False)

@@ -74,3 +74,25 @@ def xorshift(seed):
         return x % n
 
     return rng
+
+
+# a tier's cost block (JSON text, %d for read, write, copy, DMA B/s, line bytes, line ns,
+# line stream B/s), every source a placeholder
+COST_JSON = ('{"read_bytes_per_s":{"value":%d,"source":"m"},"write_bytes_per_s":{"value":%d,"source":"m"},'
+             '"copy_bytes_per_s":{"value":%d,"source":"m"},"dma_bytes_per_s":{"value":%d,"source":"m"},'
+             '"line_bytes":{"value":%d,"source":"m"},"line_ns":{"value":%d,"source":"fit"},'
+             '"line_stream_bytes_per_s":{"value":%d,"source":"fit"}}')
+
+
+# a two-tier board profile (JSON text: SRAM and octal PSRAM with the measured ESP32-S3
+# figures of docs/tiers.md) for the tracker's and telemetry's tests
+def two_tier_profile():
+    tier = ('{"name":"%s","kind":"%s","bytes":%d,"bandwidth_bytes_per_s":%d,"latency_ns":%d,"dma":true,'
+            '"source":"s","cost":%s}')
+    sram = tier % ("sram", "sram", 524288, 362000000, 4,
+                   COST_JSON % (362000000, 362000000, 362000000, 362000000, 4, 4, 362000000))
+    psram = tier % ("psram", "psram", 8388608, 38600000, 330,
+                    COST_JSON % (38600000, 56700000, 22300000, 51000000, 32, 330, 147000000))
+    return ('{"name":"t","title":"t","kind":"mcu","cpu":{"arch":"a","cores":2,"mhz":240},'
+            '"micropython_heap_bytes":300000,"mpy_arch":"xtensawin","firmware_reserved_bytes":0,'
+            '"memory":[%s,%s],"thermal":{"throttle_c":85},"source":"s"}' % (sram, psram))
