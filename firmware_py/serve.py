@@ -263,13 +263,24 @@ class Server:
         return self.k.run(for_us)
 
 
-def _board_name():
-    try:
-        from firmware_py import board  # noqa: PLC0415
+# this board's profile (board.json beside main.py), read once: a Board, or None when
+# there is none or it does not load
+def _profile():
+    if not _PROFILE:
+        try:
+            from firmware_py import board  # noqa: PLC0415 - only when serving
+            _PROFILE.append(board.load(decode.PROFILE))
+        except (OSError, ValueError, ImportError):
+            _PROFILE.append(None)
+    return _PROFILE[0]
 
-        return board.load(decode.PROFILE).name
-    except (OSError, ValueError, ImportError):
-        return "unknown"
+
+_PROFILE = []  # _profile()'s one reading
+
+
+def _board_name():
+    brd = _profile()
+    return brd.name if brd is not None else "unknown"
 
 
 # fn(reader) feeding the bytes waiting on stdin to reader.byte, or None where stdin
@@ -328,11 +339,7 @@ def _keep_ctrl_c():
 # when there is one, else the defaults; BoardTemp where the port has the sensor, else
 # ModelTemp on the kernel's clock
 def _guard(k):
-    try:
-        from firmware_py import board  # noqa: PLC0415 - only when serving
-        brd = board.load(decode.PROFILE)
-    except (OSError, ValueError, ImportError):  # no readable profile here: the defaults (85 C throttle, 65 C shrink)
-        brd = None
+    brd = _profile()  # None: no readable profile here, the defaults (85 C throttle, 65 C shrink)
     if brd is not None:
         try:
             return thermal.for_board(k, brd)
