@@ -156,10 +156,8 @@ class FlashStore:
     # E_STATE (the file refused: OSError or a short write; the bytes at off are undefined,
     # the sectors not counted). The touched sectors are counted at end(); no allocation
     def write(self, s, off, src, src_off, n):
-        bb = self.block_bytes
-        if (s.__class__ is not int or off.__class__ is not int or src_off.__class__ is not int
-                or n.__class__ is not int or s < 0 or s >= self.n_slots or off < 0 or off > bb or n < 1
-                or n > bb - off or src_off < 0 or src is None or src_off > len(src) or n > len(src) - src_off):
+        if (self._bad_span(s, off, n) or src_off.__class__ is not int or src_off < 0 or src is None
+                or src_off > len(src) or n > len(src) - src_off):
             return E_RANGE
         pos = s * self.slot_bytes + off
         f = self.f
@@ -253,11 +251,16 @@ class FlashStore:
     # its first n); OK, E_RANGE (s, off or n not an int or out of the slot, dst None or
     # shorter than n), E_STATE (as read_block); no allocation
     def read_at(self, s, off, dst, n):
-        bb = self.block_bytes
-        if (s.__class__ is not int or off.__class__ is not int or n.__class__ is not int or s < 0
-                or s >= self.n_slots or off < 0 or off > bb or n < 1 or n > bb - off or dst is None or len(dst) < n):
+        if self._bad_span(s, off, n) or dst is None or len(dst) < n:
             return E_RANGE
         return self._read(s * self.slot_bytes + off, dst, n)
+
+    # True when s, off or n is not an int, or n bytes at byte off are not inside a slot s
+    # (write's and read_at's checks); no allocation
+    def _bad_span(self, s, off, n):
+        bb = self.block_bytes
+        return (s.__class__ is not int or off.__class__ is not int or n.__class__ is not int or s < 0
+                or s >= self.n_slots or off < 0 or off > bb or n < 1 or n > bb - off)
 
     def _read(self, pos, dst, n):
         f = self.f

@@ -770,6 +770,16 @@ class KVCache:
     # arena byte offset of the (layer, slot) row of h, for attention kernels to read
     # (the block may be shared: never write through it). E_STALE, E_RANGE, E_EMPTY; O(1)
     def row_offset(self, h, slot, layer):
+        i = self._row_idx(h, slot, layer)
+        if i < 0:
+            return i
+        t = self.t
+        b = self.table[i * self.max_blocks + slot // t]
+        return b * self.block_bytes + (self.rows_word << 2) + (layer * t + slot % t) * self.store_row
+
+    # slot index of h when (slot, layer) names a filled row of it, else E_STALE, E_RANGE
+    # or E_EMPTY (row_offset's and residual_word's checks); O(1), no allocation
+    def _row_idx(self, h, slot, layer):
         i = self._idx(h)
         if i < 0:
             return i
@@ -778,9 +788,7 @@ class KVCache:
         hw = self._hdr(i, slot)
         if hw < 0:
             return hw
-        t = self.t
-        b = self.table[i * self.max_blocks + slot // t]
-        return b * self.block_bytes + (self.rows_word << 2) + (layer * t + slot % t) * self.store_row
+        return i
 
     # int4 (KIVI): table index of h's block whose newest keys are in the residual (the
     # current block), or E_EMPTY when none (nothing taken since open, fork or a fold);
@@ -797,14 +805,9 @@ class KVCache:
     # is in the block: the parameters at kvlayout's kp_off, the nibbles at kq_off of its
     # stored row). E_STALE, E_RANGE; O(1)
     def residual_word(self, h, slot, layer):
-        i = self._idx(h)
+        i = self._row_idx(h, slot, layer)
         if i < 0:
             return i
-        if layer.__class__ is not int or layer < 0 or layer >= self.n_layers:
-            return E_RANGE
-        hw = self._hdr(i, slot)
-        if hw < 0:
-            return hw
         t = self.t
         if not self.kivi or self.meta[_CFG + i * _NF + _F_CUR] != slot // t + 1 or not self.flags[i * t + slot % t]:
             return E_EMPTY

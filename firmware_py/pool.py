@@ -312,22 +312,7 @@ class Pool:
         tr[o + T_HEAD] = nb
         if o == 0:
             self.head = nb
-        self.next[b] = _TAKEN
-        self.ref[b] = 1
-        self.owner[b] = region
-        self.region_used[region] += 1
-        v = self.allocs + 1
-        if v >= CARRY_N:
-            self.allocs_g += 1
-            v = 0
-        self.allocs = v
-        used = self.blocks_used + 1
-        self.blocks_used = used
-        self.blocks_free -= 1
-        if used > self.high_water:
-            self.high_water = used
-        if self.blocks_free < self.min_free:
-            self.min_free = self.blocks_free
+        self._take(b, region)
         tu = tr[o + T_USED] + 1
         tr[o + T_USED] = tu
         tf = tr[o + T_FREE] - 1
@@ -345,6 +330,12 @@ class Pool:
             self.count_failed()
             return E_NO_BLOCK
         self.head = self.next[b]
+        self._take(b, region)
+        return b
+
+    # the bookkeeping of a block b just unlinked from its free list and given to region
+    # (both alloc paths); allocation-free
+    def _take(self, b, region):
         self.next[b] = _TAKEN
         self.ref[b] = 1
         self.owner[b] = region
@@ -361,7 +352,6 @@ class Pool:
             self.high_water = used
         if self.blocks_free < self.min_free:
             self.min_free = self.blocks_free
-        return b
 
     # tier range of block b (0 .. n_tiers - 1), or E_RANGE for no such block; O(n_tiers)
     def tier_of(self, b):
