@@ -902,27 +902,41 @@ class Telemetry:
         p = self.pay
         p[n0] = rid
         o = put_varint(p, n0 + 2, a)
-        if b >= 0:
-            o = put_varint(p, o, b)
-            if c >= 0:
-                o = put_varint(p, o, c)
-                if d >= 0:
-                    o = put_varint(p, o, d)
-                    if e >= 0:
-                        o = put_varint(p, o, e)
-                        if f >= 0:
-                            o = put_varint(p, o, f)
-                            if g >= 0:
-                                o = put_varint(p, o, g)
-                                if h >= 0:
-                                    o = put_varint(p, o, h)
-                                    if i >= 0:
-                                        o = put_varint(p, o, i)
-                                        if j >= 0:
-                                            o = put_varint(p, o, j)
+        if b < 0:
+            return self._end_rec(n0, o, limit)
+        o = put_varint(p, o, b)
+        if c < 0:
+            return self._end_rec(n0, o, limit)
+        o = put_varint(p, o, c)
+        if d < 0:
+            return self._end_rec(n0, o, limit)
+        o = put_varint(p, o, d)
+        if e < 0:
+            return self._end_rec(n0, o, limit)
+        o = put_varint(p, o, e)
+        if f < 0:
+            return self._end_rec(n0, o, limit)
+        o = put_varint(p, o, f)
+        if g < 0:
+            return self._end_rec(n0, o, limit)
+        o = put_varint(p, o, g)
+        if h < 0:
+            return self._end_rec(n0, o, limit)
+        o = put_varint(p, o, h)
+        if i < 0:
+            return self._end_rec(n0, o, limit)
+        o = put_varint(p, o, i)
+        if j < 0:
+            return self._end_rec(n0, o, limit)
+        o = put_varint(p, o, j)
+        return self._end_rec(n0, o, limit)
+
+    # end the record begun at n0 whose values end at o: kept (its length byte set, True)
+    # unless it passes `limit` payload bytes (False, nothing added); no allocation
+    def _end_rec(self, n0, o, limit):
         if o > limit:
             return False
-        p[n0 + 1] = o - n0 - 2
+        self.pay[n0 + 1] = o - n0 - 2
         self.n = o
         return True
 
