@@ -26,6 +26,7 @@ import math
 import os
 import sys
 
+from host.console import _rows
 from host.errors import UserError
 
 PID = 1  # the board's process in the trace
@@ -242,14 +243,6 @@ def _delta(value, prev):
     return dv
 
 
-def _rows(f, name):
-    rows = f.get(name + "s")
-    if rows is not None:
-        return rows
-    r = f.get(name)
-    return [r] if isinstance(r, dict) else []
-
-
 def build(frames):
     # (trace dict, series dict) from the frames
     tf = _timed(frames)
@@ -379,6 +372,15 @@ def plots(series, fit, out_dir):
     import matplotlib.pyplot as plt
 
     written = []
+
+    def finish(fig, ax, name, xlabel, ylabel, title):
+        # label the axes, write the figure to out_dir/name and close it
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        written.append(_save(fig, out_dir, name))
+        plt.close(fig)
+
     fig, ax = plt.subplots(figsize=(7, 4.5))
     if fit:
         xs = [x for x, _ in fit["pts"]]
@@ -395,11 +397,7 @@ def plots(series, fit, out_dir):
         ax.legend()
     else:
         ax.text(0.5, 0.5, "no KV rows before eviction in this log", ha="center", transform=ax.transAxes)
-    ax.set_xlabel("tokens cached")
-    ax.set_ylabel("bytes")
-    ax.set_title("KV bytes against tokens")
-    written.append(_save(fig, out_dir, "kv_bytes.png"))
-    plt.close(fig)
+    finish(fig, ax, "kv_bytes.png", "tokens cached", "bytes", "KV bytes against tokens")
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     if series["pool"]:
@@ -412,12 +410,8 @@ def plots(series, fit, out_dir):
                  label="KV tokens cached")
         ax2.set_ylabel("tokens")
         ax2.legend(loc="lower right")
-    ax.set_xlabel("board time (s)")
-    ax.set_ylabel("blocks")
-    ax.set_title("pool occupancy")
     ax.legend(loc="upper left")
-    written.append(_save(fig, out_dir, "pool.png"))
-    plt.close(fig)
+    finish(fig, ax, "pool.png", "board time (s)", "blocks", "pool occupancy")
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name, pts in sorted(series["tier"].items()):
@@ -426,11 +420,7 @@ def plots(series, fit, out_dir):
         ax.legend()
     else:
         ax.text(0.5, 0.5, "no bandwidth rows in this log (no tracker on the board)", ha="center", transform=ax.transAxes)
-    ax.set_xlabel("board time (s)")
-    ax.set_ylabel("MB/s")
-    ax.set_title("bandwidth per tier")
-    written.append(_save(fig, out_dir, "bandwidth.png"))
-    plt.close(fig)
+    finish(fig, ax, "bandwidth.png", "board time (s)", "MB/s", "bandwidth per tier")
     return written
 
 

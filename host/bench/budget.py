@@ -101,15 +101,16 @@ def search(interp, heapsize, board, model, tok, dtype, start):
         return good, r
     start = max(start, 1)
     tried = {}
-    good, r = ok(start)
-    tried[start] = (good, r)
+
+    def test(b):
+        # ok(b), recorded in tried; whether it fit
+        tried[b] = ok(b)
+        return tried[b][0]
     step = 1
-    if good:
+    if test(start):
         lo, hi = start, None
         while hi is None:
-            g, r = ok(lo + step)
-            tried[lo + step] = (g, r)
-            if g:
+            if test(lo + step):
                 lo += step
                 step *= 2
             else:
@@ -118,18 +119,14 @@ def search(interp, heapsize, board, model, tok, dtype, start):
         hi, lo = start, None
         while lo is None:
             b = max(hi - step, 0)
-            g, r = ok(b)
-            tried[b] = (g, r)
-            if g:
+            if test(b):
                 lo = b
             else:
                 hi = b
                 step *= 2
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        g, r = ok(mid)
-        tried[mid] = (g, r)
-        if g:
+        if test(mid):
             lo = mid
         else:
             hi = mid

@@ -14,6 +14,7 @@ import sys
 
 from firmware_py import kv, llama2c, tokenizer
 from host import generate, paths, quality
+from host.bench import emit
 from host.errors import UserError
 
 PROMPTS = ("Once upon a time", "Lily and Tom", "The little dog", "One day, a boy named Tim", "Sara wanted to")
@@ -90,12 +91,7 @@ def run(as_json=False, model="", tokenizer_path="", prompts=None, context=0, onl
         log("model %s, %d prompt%s, context %d, %d settings" % (desc, len(prompts), "" if len(prompts) == 1 else "s", ctx, n))
     result = quality.measure(w, ids, ctx, only, log)
     f = figures(result, desc, mp, tp, prompts, [len(i) for i in ids], w.cfg, command)
-    if as_json:
-        print(json.dumps(f, sort_keys=True))
-    else:
-        for line in render(f):
-            print(line)
-    return f
+    return emit(f, as_json, render)
 
 
 # --- the benchmark's section of docs/benchmarks.md (host/benchdoc.py calls these) ------
