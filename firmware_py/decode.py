@@ -146,6 +146,11 @@ class Session:
         self.layer_us = 0  # virtual µs charged per layer (VirtualClock runs; 0 on a real clock)
         self.on_token = None  # callable(session) after every new token, or None
         self.traffic = None  # bandwidth.DecodeTraffic charged per layer (traffic_for), or None: none
+        # the compute charged to the clock (VirtualClock runs), or None: an object with
+        # layer_us(n_kv) (µs of one layer's compute with n_kv cached tokens, the new one
+        # included) and final_us() (the final norm, classifier and sampling), both ints;
+        # host/emulate.py sets it from the board's CPU cost model (firmware_py/cpucost.py)
+        self.cpu = None
         # bandwidth-aware option (with a traffic): > 0 moves each layer's traffic (and the
         # final's) in pieces of at most this many bytes, admitted per piece when the
         # traffic admits, each priced and charged to the clock on its own, with a yield
@@ -183,12 +188,17 @@ class Session:
         feed = ids[0]  # the token going in at pos: the prompt's, then the last one picked
         pos = 0
         tr = self.traffic
+        cpu = self.cpu
         cache = self.cache
         t_tok = self.t_start  # when the token being made began (the thermal guard's pause is a share of its time)
         while self.n_new < n:
             for _ in m.forward(h, feed, pos):
                 if self.layer_us:
                     kernel.charge(self.layer_us)
+                if cpu is not None:  # the layer's compute at this KV length (cached() includes the new row)
+                    us = cpu.layer_us(cache.cached(h))
+                    if us > 0:
+                        kernel.charge(us)
                 if tr is not None and self.piece_bytes > 0:
                     c = cache.cached(h)  # the new token's row included
                     for i in range(3):
@@ -242,6 +252,10 @@ class Session:
             if st < 0:
                 self.stop = "full" if st == E_FULL else "no_block" if st == E_NO_BLOCK else "status %d" % st
                 break
+            if cpu is not None:  # the final norm, the classifier and the sampler
+                us = cpu.final_us()
+                if us > 0:
+                    kernel.charge(us)
             if tr is not None and self.piece_bytes > 0:
                 left = tr.final_w
                 while left > 0:
