@@ -1,0 +1,111 @@
+# The application config (firmware_py/appcfg.py): load() validates the JSON (one-line
+# AppConfigError naming the key), fills the priorities; make_env + spawn build the audio,
+# Wi-Fi and a user's own module task on a VirtualClock beside a CPU load, they run, their
+# stats carry "released" and "deadline_misses"; the periods of the spawned tasks run with
+# the heap locked (nothing appcfg adds allocates per period).
+from fwtest import check, eq, raises, no_alloc, done
+from firmware_py import appcfg, board, bandwidth as bwm
+from firmware_py.clock import VirtualClock
+from firmware_py.sched import Kernel, T_FAULTS
+
+brd = board.load("boards/esp32s3_n8r8.json")
+
+TEXT = """{"name": "t", "title": "test config",
+ "decode": {"policy": "window", "window": 64, "tokens": 16, "kv_dtype": "int8"},
+ "tasks": [
+  {"kind": "audio", "name": "mic", "rate_hz": 16000, "period_us": 16000, "slots": 4},
+  {"kind": "wifi", "name": "up", "packets": 8, "period_us": 50000, "paced": true, "budget_permille": 50},
+  {"kind": "module", "name": "blink", "module": "appcfg_user", "factory": "blinker",
+   "args": {"period_us": 10000, "cpu_us": 200, "nbytes": 256}}]}"""
+
+cfg = appcfg.load(TEXT)
+eq(cfg["decode"]["priority"], appcfg.DECODE_PRIORITY, "decode priority default")
+eq(cfg["dma"]["priority"], appcfg.DMA_PRIORITY, "dma priority default")
+eq([t["priority"] for t in cfg["tasks"]], [7, 4, 3], "task priority defaults by kind")
+eq(cfg["decode"]["window"], 64, "decode keys kept")
+eq(appcfg.load(cfg), cfg, "a loaded config loads to itself")
+
+# --- mistakes: one line, naming the key ---
+BAD = [
+    ("[1]", "top level"),
+    ("{", "JSON"),
+    ('{"tasks": 3}', "tasks"),
+    ('{"bogus": 1}', "bogus"),
+    ('{"decode": {"policy": "lru"}}', "policy"),
+    ('{"decode": {"kv_dtype": "int3"}}', "kv_dtype"),
+    ('{"decode": {"tokens": 0}}', "tokens"),
+    ('{"decode": {"tokens": 1.5}}', "tokens"),
+    ('{"decode": {"window": true}}', "window"),
+    ('{"decode": {"prefix": "x"}}', "prefix"),
+    ('{"tasks": [{"kind": "radio", "name": "r"}]}', "kind"),
+    ('{"tasks": [{"kind": "audio"}]}', "name"),
+    ('{"tasks": [{"kind": "audio", "name": "decode"}]}', "taken"),
+    ('{"tasks": [{"kind": "audio", "name": "a b"}]}', "name"),
+    ('{"tasks": [{"kind": "audio", "name": "a", "rate": 1}]}', "rate"),
+    ('{"tasks": [{"kind": "audio", "name": "a", "priority": 9}]}', "priority"),
+    ('{"tasks": [{"kind": "wifi", "name": "w", "paced": 1}]}', "paced"),
+    ('{"tasks": [{"kind": "module", "name": "m", "module": "x"}]}', "factory"),
+    ('{"tasks": [{"kind": "audio", "name": "a"}, {"kind": "wifi", "name": "a"}]}', "taken"),
+]
+for text, word in BAD:
+    e = raises(appcfg.AppConfigError, appcfg.load, text)
+    m = str(e)
+    check("\n" not in m and word in m, "%s: %s" % (text, m))
+
+
+def boot(c):
+    k = Kernel(VirtualClock(), max_tasks=appcfg.max_tasks(c), verbose=True)
+    bw = bwm.Bandwidth(brd, kernel=k, user_categories=appcfg.categories(c))
+    env = appcfg.make_env(k, bw, c, brd)
+    return k, bw, env
+
+
+# mistakes found when building: a workload's own check, a tier, a module
+for text, word in [
+    ('{"tasks": [{"kind": "audio", "name": "a", "period_us": 15500}]}', "multiple of 32"),
+    ('{"tasks": [{"kind": "audio", "name": "a", "dst": "flash9"}]}', "flash9"),
+    ('{"tasks": [{"kind": "module", "name": "m", "module": "appcfg_user", "factory": "nope"}]}', "nope"),
+    ('{"tasks": [{"kind": "module", "name": "m", "module": "no_such_mod", "factory": "f"}]}', "no_such_mod"),
+]:
+    c = appcfg.load(text)
+    k, bw, env = boot(c)
+    e = raises(appcfg.AppConfigError, appcfg.spawn, k, c, env)
+    check("\n" not in str(e) and word in str(e), "%s: %s" % (text, e))
+
+# --- spawn and run ---
+k, bw, env = boot(cfg)
+eq(env["sram"], bw.tier_id("sram"), "env sram id")
+eq(env["psram"], bw.tier_id("psram"), "env psram id")
+loads = appcfg.spawn(k, cfg, env)
+eq([w.name for w in loads], ["mic", "up", "blink"], "workloads in config order, named")
+eq([w.kind for w in loads], ["audio", "wifi", "module"], "their kinds")
+eq(bw.budget[env["psram"] * bw.n_cat_max + bw.category_id("up")], bw.cap[env["psram"]] * 50 // 1000,
+   "budget_permille set on the payload tier")
+
+
+def load_task(k):
+    # a CPU load that yields every 2 ms (as a decode would between layers)
+    while True:
+        k.charge(2000)
+        yield
+
+
+k.spawn("load", 1, load_task(k))
+k.run(200000)
+st = appcfg.stats(loads)
+check(st["mic"]["released"] >= 11 and st["mic"]["deadline_misses"] == 0, "audio ran on time: %r" % st["mic"])
+check(st["up"]["released"] >= 3, "wifi bursts: %r" % st["up"])
+check(st["blink"]["released"] >= 19 and st["blink"]["bytes"] > 0, "the module task ran: %r" % st["blink"])
+eq(k.totals[T_FAULTS], 0, "no task faulted")
+
+
+def go():
+    k.run(200000)
+
+
+r0 = st["mic"]["released"]
+no_alloc("the spawned tasks' periods (audio, paced Wi-Fi, a module task), the DMA engine, a CPU load", go)
+check(appcfg.stats(loads)["mic"]["released"] > r0 + 10, "audio periods under the lock")
+eq(k.totals[T_FAULTS], 0, "no task faulted under the lock")
+
+done()
