@@ -27,8 +27,16 @@
 # group only when the tracker says the category's window has room for it
 # (Bandwidth.wait_us: nothing is booked, the DMA engine charges the bytes when it moves
 # them, once) and after the previous group has landed (so the window holds its bytes).
+#
+# SensorRead: a periodic sensor read (period, bytes into SRAM over a bus, by the CPU or the
+# DMA queue, CPU µs of compute, a deadline). WakeWord: a wake-word detector, a CPU task per
+# audio frame with a deadline, optionally reading each frame from an AudioCapture's ring.
+#   s = SensorRead(k, bw, sram_tier, cat, period_us=10000, read_bytes=64, cpu_us=200)
+#   w = WakeWord(k, audio=a)                                  # 2 ms per 16 ms frame (estimate)
+# Every workload's stats() has "released" (periods released) and "deadline_misses".
 from array import array
 
+from firmware_py.bandwidth import K_READ, K_WRITE
 from firmware_py.compat import const, ticks_add, ticks_diff
 from firmware_py.status import CARRY_N, E_FULL, INT_MAX, OK
 
@@ -162,6 +170,7 @@ class AudioCapture:
         self.seq = 0
         self.release = 0  # ticks of the current period's release
         self.running = False  # task() started
+        self.last_landed = -1  # the newest period whose samples landed in the ring (-1: none yet): WakeWord reads it
 
     # the byte the I2S wrote at i of period n (a checkable pattern); no allocation
     @staticmethod
@@ -234,6 +243,7 @@ class AudioCapture:
             else:
                 _add(st, A_BYTES, nb)
                 self.landed[n % self.slots] = n
+                self.last_landed = n
                 if lat > self.deadline_us:
                     _inc(st, A_MISSES)
             if lat > st[A_WORST_US]:
@@ -247,7 +257,8 @@ class AudioCapture:
         p = st[A_PERIODS]
         m = p - st[A_LOST]  # periods whose move was attempted
         lat = st[A_LAT_S] * _US_PER_S + st[A_LAT_US]
-        return {"periods": p, "misses": st[A_MISSES], "lost": st[A_LOST], "refused": st[A_REFUSED],
+        return {"released": p, "deadline_misses": st[A_MISSES],
+                "periods": p, "misses": st[A_MISSES], "lost": st[A_LOST], "refused": st[A_REFUSED],
                 "worst_latency_us": st[A_WORST_US], "mean_latency_us": round(lat / m, 1) if m else 0.0, "worst_start_us": st[A_START_WORST_US],
                 "bytes": st[A_BYTES_G] * CARRY_N + st[A_BYTES], "deadline_us": self.deadline_us,
                 "period_us": self.period_us, "period_bytes": self.nb}
@@ -357,8 +368,287 @@ class WifiBurst:
     # the stats as a dict (allocates: reporting only)
     def stats(self):
         st = self.st
-        return {"bursts": st[W_BURSTS], "packets": st[W_PACKETS], "bytes": st[W_BYTES_G] * CARRY_N + st[W_BYTES],
+        return {"released": st[W_BURSTS], "deadline_misses": st[W_LATE],
+                "bursts": st[W_BURSTS], "packets": st[W_PACKETS], "bytes": st[W_BYTES_G] * CARRY_N + st[W_BYTES],
                 "throttled_waits": st[W_WAITS], "throttled_wait_us": st[W_WAIT_S] * _US_PER_S + st[W_WAIT_US],
                 "worst_burst_us": st[W_WORST_US], "late_bursts": st[W_LATE], "refused": st[W_REFUSED],
                 "packet_bytes": self.pb, "packets_per_burst": self.packets, "period_us": self.period_us,
                 "paced": self.paced, "group": self.group if self.paced else self.packets}
+
+
+# --- periodic CPU tasks: SensorRead and WakeWord -------------------------------------------
+#
+# Both release every period_us (the first at offset_us after the task starts, or one period
+# when offset_us is 0), do their work, and must be done within deadline_us of the release
+# (default: one period). Latency = done - release; a period done later than its deadline is
+# a deadline miss. A task so late that one or more further releases have passed when it gets
+# the CPU (another task held it) skips them: each skipped release counts as released and
+# missed (P_SKIPPED too), and the task serves the newest release, as a periodic timer whose
+# callback overran does. Per period: no allocation (tests/firmware/fw_workloads2.py).
+
+# SensorRead.st / WakeWord.st fields (the same layout for both)
+P_RELEASED = const(0)  # periods released (served or skipped)
+P_MISSES = const(1)  # periods done past their deadline, skipped, or whose read was refused
+P_SKIPPED = const(2)  # releases skipped: a later one had passed when the task got the CPU (misses too)
+P_WORST_US = const(3)  # worst latency: release -> done
+P_LAT_US = const(4)  # total latency of the periods served, µs part
+P_LAT_S = const(5)  # ... whole seconds
+P_START_WORST_US = const(6)  # worst release -> the task ran
+P_BYTES = const(7)  # bytes read, part below CARRY_N
+P_BYTES_G = const(8)  # ... times CARRY_N
+P_REFUSED = const(9)  # reads the tracker or the DMA queue refused (status < 0: nothing moved)
+P_LAST_US = const(10)  # latency of the last period served
+P_CPU_US = const(11)  # CPU µs charged (compute and CPU copies), µs part
+P_CPU_S = const(12)  # ... whole seconds
+P_STALE = const(13)  # WakeWord: periods with no new audio frame (the audio had not landed one since)
+NP = const(14)
+PERIODIC_FIELDS = ("released", "misses", "skipped", "worst_us", "lat_us", "lat_s", "start_worst_us", "bytes",
+                   "bytes_g", "refused", "last_us", "cpu_us", "cpu_s", "stale")
+
+# The wake-word detector's default compute per 16 ms frame: Espressif's ESP-SR benchmark
+# lists "Quantised WakeNet9 @ 2 channel" on the ESP32-S3 at 4 ms average running time per
+# 32 ms frame (esp-sr docs/benchmark, WakeNet resource occupancy); half of that per 16 ms
+# frame. An estimate: a different network (microWakeWord, a DS-CNN) or one channel differs.
+WAKEWORD_CPU_US = const(2000)
+WAKEWORD_SOURCE = ("estimate: ESP-SR benchmark, Quantised WakeNet9 @ 2 channel on ESP32-S3, 4 ms per 32 ms frame, "
+                   "scaled to 2 ms per 16 ms frame")
+
+
+# the start of a period: the task resumed at now for the release rel; skipped releases
+# (every one at or before now - period) are counted; returns the release to serve. No allocation
+def _catch_up(st, rel, period, now):
+    late = ticks_diff(now, rel)
+    if late > st[P_START_WORST_US]:
+        st[P_START_WORST_US] = late
+    while late >= period:
+        _inc(st, P_RELEASED)
+        _inc(st, P_MISSES)
+        _inc(st, P_SKIPPED)
+        rel = ticks_add(rel, period)
+        late -= period
+    _inc(st, P_RELEASED)
+    return rel
+
+
+# the end of a served period released at rel: latency, worst, misses; no allocation
+def _finish(st, rel, now, deadline, ok):
+    lat = ticks_diff(now, rel)
+    st[P_LAST_US] = lat
+    if lat > st[P_WORST_US]:
+        st[P_WORST_US] = lat
+    _add_us(st, P_LAT_US, lat)
+    if not ok or lat > deadline:
+        _inc(st, P_MISSES)
+
+
+# the common part of the two stats dicts (allocates: reporting only)
+def _periodic_stats(self):
+    st = self.st
+    served = st[P_RELEASED] - st[P_SKIPPED]
+    lat = st[P_LAT_S] * _US_PER_S + st[P_LAT_US]
+    return {"released": st[P_RELEASED], "deadline_misses": st[P_MISSES], "skipped": st[P_SKIPPED],
+            "refused": st[P_REFUSED], "worst_latency_us": st[P_WORST_US],
+            "mean_latency_us": round(lat / served, 1) if served > 0 else 0.0, "worst_start_us": st[P_START_WORST_US],
+            "bytes": st[P_BYTES_G] * CARRY_N + st[P_BYTES], "cpu_us": st[P_CPU_S] * _US_PER_S + st[P_CPU_US],
+            "deadline_us": self.deadline_us, "period_us": self.period_us}
+
+
+class SensorRead:
+    # A periodic sensor read (an IMU, an environment sensor over I2C/SPI): every period_us
+    # it reads read_bytes from the peripheral into a buffer in internal SRAM, then spends
+    # cpu_us of compute (filtering, packing: kernel.charge), and must be done within
+    # deadline_us of the release (default one period).
+    # k: the Kernel; bw: the bandwidth tracker; sram_tier: the tracker's tier number of
+    # internal SRAM; cat: the reading's category (e.g. bw.add_category("sensor"), or
+    # bandwidth.IO). bus_bytes_per_s: the peripheral bus's payload rate (e.g. 50,000 B/s
+    # for I2C at 400 kHz): the transfer takes read_bytes / rate, during which the task
+    # sleeps (interrupt-driven: the CPU is free); 0: no bus time. q: the DMA queue, or None:
+    # with q the bytes go from the peripheral's FIFO (a buffer on the SRAM tier) into the
+    # SRAM buffer by a GDMA descriptor (charged by the engine: read and written on SRAM),
+    # without q the CPU copies them (charged here as an SRAM write of read_bytes, its
+    # priced µs charged to the clock as CPU time)
+    def __init__(self, k, bw, sram_tier, cat, period_us=10000, read_bytes=64, cpu_us=200, deadline_us=0,
+                 offset_us=0, bus_bytes_per_s=0, q=None):
+        _pos_int("period_us", period_us, 100, 100000000)
+        _pos_int("read_bytes", read_bytes, 1, 4064)
+        _pos_int("cpu_us", cpu_us, 0, 10000000)
+        _pos_int("deadline_us", deadline_us, 0, 100000000)
+        _pos_int("offset_us", offset_us, 0, 100000000)
+        _pos_int("bus_bytes_per_s", bus_bytes_per_s, 0, 1000000000)
+        if bw is None:
+            raise WorkloadError("sensor: needs the bandwidth tracker (bw)")
+        if bw.piece(sram_tier, cat) < 0:
+            raise WorkloadError("sensor: tier %r or category %r is not one of the tracker's" % (sram_tier, cat))
+        self.k = k
+        self.bw = bw
+        self.q = q
+        self.tier = sram_tier
+        self.cat = cat
+        self.period_us = period_us
+        self.nb = read_bytes
+        self.cpu_us = cpu_us
+        self.deadline_us = deadline_us or period_us
+        self.offset_us = offset_us or period_us
+        self.bus_bytes_per_s = bus_bytes_per_s
+        self.bus_us = (read_bytes * _US_PER_S + bus_bytes_per_s - 1) // bus_bytes_per_s if bus_bytes_per_s else 0
+        self.buf = bytearray(read_bytes)  # the reading in internal SRAM
+        self.fifo = bytearray(read_bytes)  # the peripheral's FIFO (what the sensor returned)
+        if q is not None:
+            self.src = q.add_buffer(self.fifo, sram_tier)
+            self.dst = q.add_buffer(self.buf, sram_tier)
+        self.st = array("i", bytes(4 * NP))  # stats, P_*
+        self.seq = 0  # periods served, mod 2**16 (the FIFO's pattern)
+
+    # the byte the sensor returns at i of reading n (a checkable pattern); no allocation
+    @staticmethod
+    def sample(n, i):
+        return ((n & 0xFF) * 29 + i * 11 + 5) & 0xFF
+
+    # the task's generator. Per period: no allocation
+    def task(self):
+        k = self.k
+        st = self.st
+        nb = self.nb
+        fifo = self.fifo
+        rel = ticks_add(k.now(), self.offset_us)
+        while True:
+            yield k.sleep_until(rel)
+            rel = _catch_up(st, rel, self.period_us, k.now())
+            n = self.seq & 0xFF
+            i = 0
+            while i < nb:  # what the sensor put in its FIFO
+                fifo[i] = (n * 29 + i * 11 + 5) & 0xFF
+                i += 1
+            if self.bus_us:
+                yield k.sleep_us(self.bus_us)  # the bus transfer (the CPU is free)
+            ok = True
+            if self.q is not None:
+                c = yield self.q.submit(self.src, 0, self.dst, 0, nb, self.cat)
+                rv = (yield self.q.wait(c)) if c >= 0 else c
+                ok = rv == OK
+            else:
+                us = self.bw.move(self.tier, K_WRITE, self.cat, nb)  # the CPU writes SRAM
+                if us < 0:
+                    ok = False
+                else:
+                    i = 0
+                    buf = self.buf
+                    while i < nb:
+                        buf[i] = fifo[i]
+                        i += 1
+                    if us > 0:
+                        k.charge(us)
+                        _add_us(st, P_CPU_US, us)
+            if ok:
+                _add(st, P_BYTES, nb)
+            else:
+                _inc(st, P_REFUSED)
+            if self.cpu_us:
+                k.charge(self.cpu_us)
+                _add_us(st, P_CPU_US, self.cpu_us)
+            _finish(st, rel, k.now(), self.deadline_us, ok)
+            self.seq = (self.seq + 1) & 0xFFFF
+            rel = ticks_add(rel, self.period_us)
+
+    # the stats as a dict (allocates: reporting only)
+    def stats(self):
+        d = _periodic_stats(self)
+        d["read_bytes"] = self.nb
+        d["cpu_us_per_period"] = self.cpu_us
+        d["bus_us"] = self.bus_us
+        d["dma"] = self.q is not None
+        return d
+
+
+class WakeWord:
+    # A wake-word detector: every audio frame (period_us, 16 ms at 16 kHz by default) it
+    # runs cpu_us of a small keyword-spotting network (default WAKEWORD_CPU_US, an estimate:
+    # see WAKEWORD_SOURCE) and must be done within deadline_us of the frame's release
+    # (default one frame). audio: an AudioCapture, or None. With one, the detector consumes
+    # the audio's newest frame that has landed in its PSRAM ring: the CPU reads it (its
+    # bytes charged on the ring's tier in the audio's category, a kv-free read, and the
+    # priced µs charged as CPU time), and the period, when not given, is the audio's; a
+    # period in which no new frame has landed since the last one is stale (counted, no
+    # compute: nothing to detect in). offset_us: the first release after the task starts
+    # (default: one period and a quarter, when the audio's first frame has landed)
+    def __init__(self, k, period_us=0, cpu_us=WAKEWORD_CPU_US, deadline_us=0, offset_us=0, audio=None):
+        _pos_int("period_us", period_us, 0, 100000000)
+        _pos_int("cpu_us", cpu_us, 0, 10000000)
+        _pos_int("deadline_us", deadline_us, 0, 100000000)
+        _pos_int("offset_us", offset_us, 0, 100000000)
+        if audio is not None and not isinstance(audio, AudioCapture):
+            raise WorkloadError("wakeword: audio must be an AudioCapture, got %r" % (audio,))
+        if not period_us:
+            period_us = audio.period_us if audio is not None else 16000
+        if period_us < 100:
+            raise WorkloadError("wakeword: period_us must be at least 100, got %d" % period_us)
+        self.k = k
+        self.audio = audio
+        self.period_us = period_us
+        self.cpu_us = cpu_us
+        self.deadline_us = deadline_us or period_us
+        self.offset_us = offset_us or period_us + period_us // 4
+        self.bw = None
+        self.tier = -1
+        self.cat = -1
+        self.nb = 0
+        if audio is not None:
+            self.bw = audio.q.bw
+            if self.bw is None:
+                raise WorkloadError("wakeword: the audio's DMA queue has no bandwidth tracker to charge the frame reads to")
+            self.tier = audio.q.buf_tier[audio.dst]
+            self.cat = audio.cat
+            self.nb = audio.nb
+        self.st = array("i", bytes(4 * NP))  # stats, P_*
+        self.consumed = -1  # the audio period read last (-1: none)
+        self.acc = 0  # a sum over the frames' bytes (the read is real: the host can check it)
+
+    # the task's generator. Per period: no allocation
+    def task(self):
+        k = self.k
+        st = self.st
+        a = self.audio
+        rel = ticks_add(k.now(), self.offset_us)
+        while True:
+            yield k.sleep_until(rel)
+            rel = _catch_up(st, rel, self.period_us, k.now())
+            ok = True
+            run = True
+            if a is not None:
+                n = a.last_landed
+                if n < 0 or n == self.consumed:
+                    _inc(st, P_STALE)
+                    run = False
+                else:
+                    us = self.bw.move(self.tier, K_READ, self.cat, self.nb)  # the CPU reads the ring
+                    if us < 0:
+                        ok = False
+                        _inc(st, P_REFUSED)
+                    else:
+                        ring = a.ring
+                        o = (n % a.slots) * self.nb
+                        e = o + self.nb
+                        s = 0
+                        while o < e:
+                            s += ring[o]
+                            o += 1
+                        self.acc = (self.acc + s) & 0xFFFFFF
+                        self.consumed = n
+                        _add(st, P_BYTES, self.nb)
+                        if us > 0:
+                            k.charge(us)
+                            _add_us(st, P_CPU_US, us)
+            if run and ok and self.cpu_us:
+                k.charge(self.cpu_us)
+                _add_us(st, P_CPU_US, self.cpu_us)
+            _finish(st, rel, k.now(), self.deadline_us, ok)
+            rel = ticks_add(rel, self.period_us)
+
+    # the stats as a dict (allocates: reporting only)
+    def stats(self):
+        d = _periodic_stats(self)
+        d["stale"] = self.st[P_STALE]
+        d["frame_bytes"] = self.nb
+        d["cpu_us_per_frame"] = self.cpu_us
+        d["cpu_source"] = WAKEWORD_SOURCE
+        return d
