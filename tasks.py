@@ -312,3 +312,43 @@ def demo(c, board="esp32s3_n8r8"):
     from host import demo as demo_mod
 
     demo_mod.run(board)
+
+
+@task(help={
+    "grid": "a grid file (JSON object with the keys below, lists or single values); options given here override it",
+    "boards": "board profiles, comma-separated (boards/NAME.json)",
+    "models": "models, comma-separated (stories260K, a llama2.c checkpoint path, ...)",
+    "policies": "KV policies: full, window, sinks, h2o",
+    "windows": "windows for window/sinks/h2o (policy full runs once, without one)",
+    "kv_dtypes": "KV element types: fp32, fp16, int8, int4, int4tok",
+    "scenarios": "scenarios (scenarios/NAME.json or a path; none: decode alone)",
+    "costs": "CPU cost kinds: c, dsp, asm, viper, bytecode",
+    "tokens": "tokens per emulation (a comma list sweeps it too)",
+    "seed": "seed(s)",
+    "target_ms_per_token": "latency target: at most this many ms per token",
+    "target_kv_bytes": "memory target: at most this many KV bytes",
+    "workers": "worker processes on this machine (default: the CPU count)",
+    "scheduler": "a Dask scheduler address (tcp://HOST:PORT): run the points on that cluster",
+    "cache": "result cache folder (default .kvrtos-cache/sweep)",
+    "out": "output folder (default sweeps/<timestamp>)",
+    "json": "print the summary as one JSON object",
+})
+@one_line_errors
+def sweep(c, grid=None, boards=None, models=None, policies=None, windows=None, kv_dtypes=None, scenarios=None,
+          costs=None, tokens=None, seed=None, target_ms_per_token=None, target_kv_bytes=None, workers=None,
+          scheduler=None, cache=None, out=None, json=False):
+    """A grid of emulations (boards x models x policies x windows x KV types x scenarios x costs): cached, on a process pool or a Dask cluster; writes results.csv/.md/.png."""
+    import shlex
+
+    from host import sweep as sweep_mod
+
+    given = dict(boards=boards, models=models, policies=policies, windows=windows, kv_dtypes=kv_dtypes,
+                 scenarios=scenarios, costs=costs, tokens=tokens, seed=seed, target_ms_per_token=target_ms_per_token,
+                 target_kv_bytes=target_kv_bytes, workers=workers, scheduler=scheduler, cache=cache, out=out)
+    for k, v in given.items():
+        if v == "":
+            raise UserError("--%s needs a value (./kv sweep --help)" % k.replace("_", "-"), 2)
+    if grid == "":
+        raise UserError("--grid needs a grid file (./kv sweep --help)", 2)
+    settings = sweep_mod.merge(paths_user(grid) if grid else None, **given)
+    sweep_mod.main(settings, as_json=json, command="./kv " + shlex.join(sys.argv[1:]))

@@ -1,0 +1,805 @@
+# `./kv sweep`: a grid of emulations (host/emulate.py) -- boards x models x policies x
+# windows x KV element types x scenarios x cost kinds x token counts x seeds -- run on a
+# process pool on this machine or on a Dask distributed cluster (--scheduler tcp://...),
+# each point's report cached under a hash of everything it depends on (the normalized
+# spec, the bytes of its input files, the emulator's code) so a rerun or an interrupted
+# sweep only runs what is missing. Output: results.csv, results.md (which settings meet
+# the latency and memory target on which board, best first), results.png and
+# summary.json in --out (docs/sweep.md).
+import csv
+import hashlib
+import io
+import itertools
+import json
+import os
+import sys
+import tempfile
+import time
+
+from host import paths
+from host.errors import UserError
+
+# the grid's axes: (grid-file key / CLI option without dashes, emulate spec key, parser)
+AXES = (
+    ("boards", "board", "str"),
+    ("models", "model", "str"),
+    ("policies", "policy", "str"),
+    ("windows", "window", "int"),
+    ("kv_dtypes", "kv_dtype", "str"),
+    ("scenarios", "scenario", "scenario"),
+    ("costs", "cost", "str"),
+    ("tokens", "tokens", "int"),
+    ("seed", "seed", "int"),
+)
+AXIS_SPEC = {a: s for a, s, _ in AXES}
+# other grid-file keys: the targets, how to run, and fixed spec keys for every point
+OPTION_KEYS = ("target_ms_per_token", "target_kv_bytes", "workers", "scheduler", "cache", "out", "spec")
+GRID_KEYS = tuple(a for a, _, _ in AXES) + OPTION_KEYS
+NO_WINDOW_POLICIES = ("full",)  # a window means nothing to these: one point, not one per window
+METRICS = ("tokens", "tok_s", "ms_per_token", "ttft_ms", "kv_bytes", "pool_high_water", "deadline_misses")
+COLUMNS = ("board", "model", "policy", "window", "kv_dtype", "scenario", "cost", "tokens_requested", "seed") + \
+    ("status",) + METRICS + ("meets_target", "why_not", "key")
+CACHE_VERSION = 1  # the cached entry's layout; part of every key
+SCHEDULER_TIMEOUT_S = 10  # connecting to --scheduler: then one line, not a hang
+CODE_FILES = ("host/emulate.py",)  # with every firmware_py/**/*.py: a change there invalidates the cache
+
+
+def default_cache():
+    return os.path.join(paths.ROOT, ".kvrtos-cache", "sweep")
+
+
+def default_out():
+    return os.path.join(paths.ROOT, "sweeps", time.strftime("%Y%m%d-%H%M%S"))
+
+
+# ---------------------------------------------------------------------------- the grid
+
+
+def _split(value):
+    # a CLI comma list, a grid file's list, or one value -> list of stripped strings/values
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",")]
+    return [value]
+
+
+def _parse_axis(axis, kind, raw):
+    # the values of one axis; one-line UserError for an empty item or a bad number
+    vals = _split(raw)
+    if vals is None:
+        return None
+    if not vals:
+        raise UserError("--%s needs at least one value" % axis.replace("_", "-"), 2)
+    out = []
+    for v in vals:
+        if isinstance(v, str) and v == "":
+            raise UserError("--%s has an empty item in %r" % (axis.replace("_", "-"), raw), 2)
+        if kind == "int":
+            if isinstance(v, bool) or not (isinstance(v, int) or (isinstance(v, str) and v.lstrip("-").isdigit())):
+                raise UserError("--%s wants whole numbers, got %r" % (axis.replace("_", "-"), v), 2)
+            v = int(v)
+        elif kind == "scenario":
+            if v is None or (isinstance(v, str) and v.lower() == "none"):
+                v = None  # decode alone
+            elif not isinstance(v, str):
+                raise UserError("--scenarios wants names or paths, got %r" % (v,), 2)
+        elif not isinstance(v, str):
+            raise UserError("--%s wants names, got %r" % (axis.replace("_", "-"), v), 2)
+        if v not in out:
+            out.append(v)
+    return out
+
+
+def _number(name, v, lo=0.0):
+    if v is None or v == "":
+        return None
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        raise UserError("--%s wants a number, got %r" % (name.replace("_", "-"), v), 2)
+    if not x > lo or x != x or x == float("inf"):
+        raise UserError("--%s must be above %g, got %r" % (name.replace("_", "-"), lo, v), 2)
+    return int(x) if x == int(x) else x
+
+
+def load_grid_file(path):
+    # the grid file: a JSON object with the keys of GRID_KEYS (lists or single values)
+    p = paths.user_path(path)
+    try:
+        with open(p, "rb") as f:
+            data = json.loads(f.read().decode("utf-8"))
+    except FileNotFoundError:
+        raise UserError("no grid file %s" % path, 2)
+    except IsADirectoryError:
+        raise UserError("grid file %s is a folder" % path, 2)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise UserError("grid file %s is not JSON: %s" % (path, str(e).splitlines()[0]), 2)
+    if not isinstance(data, dict):
+        raise UserError("grid file %s must hold a JSON object (keys: %s)" % (path, ", ".join(GRID_KEYS)), 2)
+    bad = sorted(k for k in data if k not in GRID_KEYS and not k.startswith("_"))
+    if bad:
+        raise UserError("grid file %s: unknown key %s (known: %s; keys starting with _ are comments)"
+                        % (path, ", ".join(bad), ", ".join(GRID_KEYS)), 2)
+    for k in ("cache", "out"):
+        if isinstance(data.get(k), str):  # relative to the grid file
+            data[k] = os.path.normpath(os.path.join(os.path.dirname(p), data[k]))
+    return {k: v for k, v in data.items() if not k.startswith("_")}
+
+
+def merge(grid=None, **cli):
+    # the grid file's settings with the command line's on top (None: not given)
+    out = dict(load_grid_file(grid)) if grid else {}
+    for k, v in cli.items():
+        if k not in GRID_KEYS:
+            raise TypeError("unknown sweep option %s" % k)
+        if v is not None:
+            out[k] = v
+    return out
+
+
+def _emulate():
+    try:
+        from host import emulate
+    except ImportError as e:  # the emulator is part of the project; say what is missing
+        raise UserError("the emulator (host/emulate.py) cannot be imported: %s" % e, 1)
+    return emulate
+
+
+def _label(v):
+    return "-" if v is None else str(v)
+
+
+def expand(settings):
+    # the grid's points: ([point], {reason: skipped count}). A point: {"axes": {spec key:
+    # value as given}, "spec": the spec given to emulate, "norm": emulate.normalize(spec)}.
+    # Each axis value is first checked on its own against the defaults: a bad one (an
+    # unknown board, a missing model) is a one-line UserError naming the option; a
+    # combination the emulator refuses (normalize: e.g. a window too small for its
+    # sinks) and the second and later copies of one point (a window for policy full) are
+    # skipped and counted, not a failure.
+    emulate = _emulate()
+    fixed = settings.get("spec") or {}
+    if not isinstance(fixed, dict):
+        raise UserError("the grid's \"spec\" must be an object of emulate spec keys (%s)" % ", ".join(sorted(emulate.DEFAULTS)), 2)
+    for k in fixed:
+        if k not in emulate.DEFAULTS:
+            raise UserError("the grid's \"spec\" has an unknown key %r (emulate spec keys: %s)" % (k, ", ".join(sorted(emulate.DEFAULTS))), 2)
+    axes = []
+    for axis, key, kind in AXES:
+        vals = _parse_axis(axis, kind, settings.get(axis))
+        if vals is None:
+            continue
+        for v in vals:  # each value alone, against the defaults
+            one = dict(fixed)
+            one[key] = v
+            if key == "window" and one.get("policy", emulate.DEFAULTS.get("policy")) in NO_WINDOW_POLICIES:
+                one["policy"] = "window"
+            try:
+                emulate.normalize(one)
+            except UserError as e:
+                raise UserError("--%s %s: %s" % (axis.replace("_", "-"), _label(v), e), 2)
+        axes.append((key, vals))
+    keys = [k for k, _ in axes]
+    points, skipped, seen = [], {}, set()
+    for combo in itertools.product(*[vals for _, vals in axes]):
+        given = dict(zip(keys, combo, strict=True))
+        spec = dict(fixed)
+        spec.update(given)
+        reason = None
+        policy = spec.get("policy", emulate.DEFAULTS.get("policy"))
+        if policy in NO_WINDOW_POLICIES and spec.get("window") is not None:
+            spec.pop("window")
+            given["window"] = None
+            reason = "a window for policy %s (it runs once, without one)" % policy
+        try:
+            norm = emulate.normalize(spec)
+        except UserError as e:
+            why = str(e).splitlines()[0]
+            skipped[why] = skipped.get(why, 0) + 1
+            continue
+        canon = canonical(norm)
+        if canon in seen:
+            why = reason or "the same point as another combination"
+            skipped[why] = skipped.get(why, 0) + 1
+            continue
+        seen.add(canon)
+        points.append({"axes": given, "spec": spec, "norm": norm})
+    return points, dict(sorted(skipped.items()))
+
+
+# ---------------------------------------------------------------------------- hashing
+
+
+def canonical(obj):
+    # the one byte form of a spec for hashing: sorted keys, no spaces, UTF-8
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+_FILES = {}
+
+
+def file_sha256(path, _memo=_FILES):
+    # SHA-256 of a file's bytes (memoized per process by path, size and mtime)
+    st = os.stat(path)
+    k = (path, st.st_size, st.st_mtime_ns)
+    if k not in _memo:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+        _memo[k] = h.hexdigest()
+    return _memo[k]
+
+
+_CODE = {}
+
+
+def code_sha256(root=None):
+    # SHA-256 over the emulator's sources: every firmware_py/**/*.py and host/emulate.py
+    # (path and bytes, sorted), computed once per process
+    root = root or paths.ROOT
+    if root in _CODE:
+        return _CODE[root]
+    files = []
+    for d, dirs, names in os.walk(os.path.join(root, "firmware_py")):
+        dirs[:] = sorted(x for x in dirs if x != "__pycache__")
+        files += [os.path.join(d, n) for n in names if n.endswith(".py")]
+    files += [os.path.join(root, f) for f in CODE_FILES if os.path.isfile(os.path.join(root, f))]
+    h = hashlib.sha256()
+    for f in sorted(files):
+        h.update(os.path.relpath(f, root).replace(os.sep, "/").encode() + b"\0")
+        with open(f, "rb") as fh:
+            h.update(hashlib.sha256(fh.read()).digest())
+    _CODE[root] = h.hexdigest()
+    return _CODE[root]
+
+
+def input_files(norm):
+    # the files a normalized spec reads: every value that is an existing file path, and
+    # the board profile (a name there is boards/NAME.json)
+    from host import boards
+
+    out = set()
+
+    def walk(v):
+        if isinstance(v, str):
+            if os.path.isabs(v) and os.path.isfile(v):
+                out.add(v)
+        elif isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                walk(x)
+
+    walk(norm)
+    b = norm.get("board")
+    if isinstance(b, str) and not os.path.isfile(b):
+        try:
+            out.add(boards.path_of(b))
+        except UserError:
+            pass
+    return sorted(out)
+
+
+def point_key(norm, code=None):
+    # the cache key: SHA-256 of the canonical normalized spec, each input file's SHA-256
+    # and the code hash
+    h = hashlib.sha256()
+    h.update(b"kvrtos-sweep %d\n" % CACHE_VERSION)
+    h.update(hashlib.sha256(canonical(norm)).digest())
+    for f in input_files(norm):
+        h.update(f.encode("utf-8") + b"\0" + file_sha256(f).encode())
+    h.update((code or code_sha256()).encode())
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------- the cache
+
+
+class Cache:
+    # one JSON file per point, DIR/ab/abcdef....json, written atomically (temp + rename)
+    def __init__(self, root):
+        self.root = root
+
+    def path(self, key):
+        return os.path.join(self.root, key[:2], key + ".json")
+
+    def get(self, key):
+        try:
+            with open(self.path(key), "rb") as f:
+                entry = json.loads(f.read().decode("utf-8"))
+        except (OSError, ValueError, UnicodeDecodeError):
+            return None  # absent, or unreadable: run it again
+        if not isinstance(entry, dict) or entry.get("key") != key or entry.get("status") not in ("ok", "failed"):
+            return None
+        return entry
+
+    def put(self, key, entry):
+        d = os.path.dirname(self.path(key))
+        os.makedirs(d, exist_ok=True)
+        _ignore_folder(self.root)
+        data = json.dumps(dict(entry, key=key), sort_keys=True).encode("utf-8")
+        fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".json")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path(key))
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+
+    def keys(self):
+        out = []
+        if os.path.isdir(self.root):
+            for d in sorted(os.listdir(self.root)):
+                sub = os.path.join(self.root, d)
+                if len(d) == 2 and os.path.isdir(sub):
+                    out += sorted(n[:-5] for n in os.listdir(sub) if n.endswith(".json") and not n.startswith("."))
+        return out
+
+
+def _ignore_folder(path):
+    # the default cache and out folders sit in the repository: each top folder we make
+    # there carries a .gitignore of "*" (as .pytest_cache does), so git never sees them
+    for top in (os.path.join(paths.ROOT, ".kvrtos-cache"), os.path.join(paths.ROOT, "sweeps")):
+        if os.path.abspath(path).startswith(top + os.sep) and os.path.isdir(top):
+            gi = os.path.join(top, ".gitignore")
+            if not os.path.exists(gi):
+                with open(gi, "w") as f:
+                    f.write("# made by ./kv sweep: nothing here is committed\n*\n")
+
+
+# ---------------------------------------------------------------------------- running
+
+
+def emulate_point(spec):
+    # run one point (in a worker process, here or on a Dask worker): {"status": "ok",
+    # "report"} or {"status": "failed", "error": one line} for the emulator's UserError;
+    # another exception is {"status": "error"} (a bug: reported, never cached). "code" is
+    # this worker's code hash: a worker running other sources than the client is refused.
+    try:
+        emulate = _emulate()
+        report = emulate.run(spec)
+        out = {"status": "ok", "report": report}
+    except UserError as e:
+        out = {"status": "failed", "error": (str(e).splitlines() or ["failed"])[0]}
+    except Exception as e:  # noqa: BLE001 - one point's bug must not stop the sweep
+        out = {"status": "error", "error": "%s: %s" % (type(e).__name__, (str(e).splitlines() or [""])[0])}
+    out["code"] = code_sha256()
+    return out
+
+
+def _check_scheduler(address):
+    if not isinstance(address, str) or "://" not in address or not address.split("://", 1)[1]:
+        raise UserError("--scheduler wants a Dask scheduler address like tcp://HOST:8786, got %r" % (address,), 2)
+    scheme = address.split("://", 1)[0]
+    if scheme not in ("tcp", "tls", "inproc", "ws", "wss", "ucx"):
+        raise UserError("--scheduler: unknown protocol %r in %s (tcp://HOST:PORT)" % (scheme, address), 2)
+
+
+def _pool_results(specs, workers):
+    # (index, result) as each point finishes, on a process pool of `workers`
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    ex = ProcessPoolExecutor(max_workers=workers)
+    try:
+        futs = {ex.submit(emulate_point, s): i for i, s in specs}
+        for fut in as_completed(futs):
+            try:
+                res = fut.result()
+            except Exception as e:  # a worker that died (killed, out of memory)
+                res = {"status": "error", "error": "worker died: %s" % (str(e).splitlines() or [type(e).__name__])[0]}
+            yield futs[fut], res
+    finally:
+        ex.shutdown(wait=True, cancel_futures=True)
+
+
+def _dask_results(specs, address, keys):
+    # (index, result) as each point finishes, on the Dask cluster at `address`
+    import logging
+
+    _check_scheduler(address)
+    try:
+        from distributed import Client, as_completed
+    except ImportError as e:
+        raise UserError("--scheduler needs dask[distributed] (%s); run ./kv once to install it" % e, 2)
+    quiet = [logging.getLogger(n) for n in ("distributed", "distributed.client", "distributed.comm", "tornado")]
+    levels = [lg.level for lg in quiet]
+    for lg in quiet:
+        lg.setLevel(logging.CRITICAL)
+    try:
+        try:
+            client = Client(address, timeout="%ds" % SCHEDULER_TIMEOUT_S, set_as_default=False)
+        except (OSError, TimeoutError, ValueError) as e:
+            raise UserError("cannot reach the Dask scheduler at %s within %d s: %s"
+                            % (address, SCHEDULER_TIMEOUT_S, (str(e).splitlines() or [type(e).__name__])[0]), 1)
+        try:
+            futs = {}
+            for i, s in specs:
+                futs[client.submit(emulate_point, s, key="kvrtos-sweep-%s" % keys[i], pure=False)] = i
+            for fut in as_completed(list(futs)):
+                try:
+                    res = fut.result()
+                except Exception as e:  # noqa: BLE001 - the worker's exception, or a lost worker
+                    res = {"status": "error", "error": "%s: %s" % (type(e).__name__, (str(e).splitlines() or [""])[0])}
+                yield futs[fut], res
+        finally:
+            client.close(timeout=SCHEDULER_TIMEOUT_S)
+    finally:
+        for lg, lv in zip(quiet, levels, strict=True):
+            lg.setLevel(lv)
+
+
+class Progress:
+    # points done / cached / failed: a rich bar on a terminal's stderr, plain lines
+    # (about every 10 %, and the last) otherwise
+    def __init__(self, total, stream=None, live=None):
+        self.total, self.ran, self.cached, self.failed = total, 0, 0, 0
+        self.stream = stream or sys.stderr
+        self.live = self.stream.isatty() if live is None else live
+        self._bar = self._task = None
+        self._next = 0
+
+    def __enter__(self):
+        if self.live and self.total:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn
+
+            self._bar = RichProgress(TextColumn("sweep"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
+                                     TimeElapsedColumn(), console=Console(file=self.stream), transient=False)
+            self._bar.start()
+            self._task = self._bar.add_task(self._text(), total=self.total)
+        return self
+
+    def _text(self):
+        return "cached %d, ran %d, failed %d" % (self.cached, self.ran, self.failed)
+
+    def done(self, cached=False, failed=False):
+        if cached:
+            self.cached += 1
+        else:
+            self.ran += 1
+        if failed:
+            self.failed += 1
+        n = self.cached + self.ran
+        if self._bar is not None:
+            self._bar.update(self._task, completed=n, description=self._text())
+        elif n >= self._next or n == self.total:
+            print("sweep: %d/%d points (%s)" % (n, self.total, self._text()), file=self.stream, flush=True)
+            self._next = n + max(1, self.total // 10)
+
+    def __exit__(self, *exc):
+        if self._bar is not None:
+            self._bar.stop()
+        return False
+
+
+def run(settings, progress=None, on_result=None):
+    # the sweep: {"rows": [row per point, in grid order], "summary": {...}}. settings: the
+    # merged grid (merge()); progress: None (Progress on stderr), False (silent) or a
+    # Progress; on_result(index, row) after each point is stored (a raise there stops
+    # the sweep: what finished stays cached).
+    points, skipped = expand(settings)
+    if not points:
+        raise UserError("the grid has no point to run (%s)" % (
+            "; ".join("%d skipped: %s" % (n, r) for r, n in skipped.items()) or "no axis values"), 2)
+    targets = {"ms_per_token": _number("target_ms_per_token", settings.get("target_ms_per_token")),
+               "kv_bytes": _number("target_kv_bytes", settings.get("target_kv_bytes"))}
+    workers = settings.get("workers")
+    scheduler = settings.get("scheduler") or None
+    if scheduler is not None:
+        _check_scheduler(scheduler)
+    if workers in (None, ""):
+        workers = os.cpu_count() or 1
+    try:
+        workers = int(workers)
+    except (TypeError, ValueError):
+        raise UserError("--workers wants a whole number, got %r" % (workers,), 2)
+    if workers < 1:
+        raise UserError("--workers must be 1 or more, got %d" % workers, 2)
+    cache = Cache(paths.user_path(settings.get("cache") or default_cache()))
+    code = code_sha256()
+    keys = [point_key(p["norm"], code) for p in points]
+    entries = [cache.get(k) for k in keys]
+    todo = [(i, points[i]["spec"]) for i, e in enumerate(entries) if e is None]
+    status = {"ran": 0, "cached": len(points) - len(todo), "failed": 0, "errors": []}
+    bar = Progress(len(points)) if progress is None else progress
+    if bar is False:
+        bar = Progress(len(points), stream=io.StringIO(), live=False)
+    with bar:
+        for i, e in enumerate(entries):
+            if e is not None:
+                bar.done(cached=True, failed=e["status"] == "failed")
+                if on_result:
+                    on_result(i, _row(points[i], keys[i], e, targets))
+        if todo:
+            results = _dask_results(todo, scheduler, keys) if scheduler else _pool_results(todo, min(workers, len(todo)))
+            try:
+                for i, res in results:
+                    if res.get("code") != code:
+                        res = {"status": "error", "error": "the worker runs other kvrtos sources than this checkout "
+                                                           "(code hash %s, here %s)" % (str(res.get("code"))[:12], code[:12])}
+                    entry = {"status": res["status"], "spec": points[i]["norm"]}
+                    if res["status"] == "ok":
+                        entry["report"] = res["report"]
+                    else:
+                        entry["error"] = res["error"]
+                    if res["status"] in ("ok", "failed"):
+                        cache.put(keys[i], entry)
+                    else:
+                        status["errors"].append(res["error"])
+                    entries[i] = entry
+                    status["ran"] += 1
+                    status["failed"] += res["status"] != "ok"
+                    bar.done(failed=res["status"] != "ok")
+                    if on_result:
+                        on_result(i, _row(points[i], keys[i], entry, targets))
+            finally:
+                close = getattr(results, "close", None)
+                if close:
+                    close()  # a generator stopped early shuts its pool / client down
+    rows = [_row(p, k, e, targets) for p, k, e in zip(points, keys, entries, strict=True)]
+    summary = {
+        "points": len(points), "ran": status["ran"], "cached": status["cached"],
+        "failed": sum(r["status"] != "ok" for r in rows),
+        "skipped": sum(skipped.values()), "skipped_reasons": skipped,
+        "meets_target": sum(bool(r["meets_target"]) for r in rows),
+        "targets": targets, "executor": ("dask " + scheduler) if scheduler else "process pool (%d workers)" % min(workers, max(1, len(todo))),
+        "cache": cache.root, "best": best_per_board(rows), "errors": status["errors"],
+    }
+    return {"rows": rows, "summary": summary}
+
+
+def _total_misses(v):
+    # the report's deadline misses as one integer (a number, or {"total": n, ...})
+    if isinstance(v, dict):
+        if "total" in v:
+            return v["total"]
+        return sum(x for x in v.values() if isinstance(x, int))
+    return v
+
+
+def _row(point, key, entry, targets):
+    # one table row: the point's settings (as normalized), its metrics and the verdict
+    norm = point["norm"]
+    row = {c: None for c in COLUMNS}
+    for c in ("board", "model", "policy", "window", "kv_dtype", "scenario", "cost", "seed"):
+        v = norm.get(c)
+        if c in ("model", "scenario", "board") and isinstance(v, str) and os.path.isabs(v):
+            v = _short(v)
+        row[c] = v
+    if norm.get("policy") in NO_WINDOW_POLICIES:
+        row["window"] = None
+    row["tokens_requested"] = norm.get("tokens")
+    row["status"] = entry["status"]
+    row["key"] = key[:16]
+    if entry["status"] == "ok":
+        rep = entry["report"]
+        for m in METRICS:
+            row[m] = _total_misses(rep.get(m)) if m == "deadline_misses" else rep.get(m)
+        why = []
+        if targets.get("ms_per_token") is not None and not (_num(row["ms_per_token"]) <= targets["ms_per_token"]):
+            why.append("ms/token %s > %s" % (row["ms_per_token"], targets["ms_per_token"]))
+        if targets.get("kv_bytes") is not None and not (_num(row["kv_bytes"]) <= targets["kv_bytes"]):
+            why.append("KV %s B > %s B" % (row["kv_bytes"], targets["kv_bytes"]))
+        if _num(row["deadline_misses"]) > 0:
+            why.append("%s deadline misses" % row["deadline_misses"])
+        if row["tokens"] is not None and row["tokens_requested"] is not None and row["tokens"] < row["tokens_requested"]:
+            why.append("%s of %s tokens" % (row["tokens"], row["tokens_requested"]))
+        row["meets_target"] = not why
+        row["why_not"] = "; ".join(why)
+    else:
+        row["meets_target"] = False
+        row["why_not"] = entry.get("error", "failed")
+    return row
+
+
+def _num(v):
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else float("inf")
+
+
+def _short(p):
+    # a path as the table shows it: relative to the repository when inside it, else its name
+    rel = os.path.relpath(p, paths.ROOT)
+    if not rel.startswith(".."):
+        return rel.replace(os.sep, "/")
+    rel = os.path.relpath(p, os.path.dirname(paths.ROOT))
+    return rel.replace(os.sep, "/") if not rel.startswith("..") else os.path.basename(p)
+
+
+def _rank(r):
+    # best first: meeting the target, then fewer ms per token, then fewer KV bytes
+    return (not r["meets_target"], r["status"] != "ok", _num(r["ms_per_token"]), _num(r["kv_bytes"]), r["key"])
+
+
+def best_per_board(rows):
+    # {board: the best row's settings and figures}, boards in first-seen order
+    out = {}
+    for r in sorted(rows, key=_rank):
+        if r["board"] not in out and r["status"] == "ok":
+            out[r["board"]] = {c: r[c] for c in COLUMNS if c not in ("key", "board")}
+    return out
+
+
+# ---------------------------------------------------------------------------- writers
+
+
+def _cell(v):
+    if v is None:
+        return ""
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return "%.6g" % v
+    return str(v)
+
+
+def write_csv(rows, path):
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(COLUMNS)
+        for r in rows:
+            w.writerow([_cell(r[c]) for c in COLUMNS])
+
+
+def markdown(rows, summary, command=None):
+    # results.md: the targets, per board how many settings meet them and the best, then
+    # every point best first, failed ones last with their reason
+    t = summary["targets"]
+    lines = ["# Sweep results", ""]
+    if command:
+        lines += ["Made by:", "", "```sh", command, "```", ""]
+    tgt = []
+    if t.get("ms_per_token") is not None:
+        tgt.append("at most %s ms per token" % t["ms_per_token"])
+    if t.get("kv_bytes") is not None:
+        tgt.append("at most %s KV bytes" % t["kv_bytes"])
+    tgt.append("no deadline miss of a co-running task, every requested token emitted")
+    lines += ["Target: " + ", ".join(tgt) + ". Figures are the emulator's (host/emulate.py: the board "
+              "profile's cost model on a virtual clock), estimates until the profile is calibrated on a board "
+              "(each report's cost figures name their sources).", ""]
+    skipped = ", ".join("%d: %s" % (n, r) for r, n in summary["skipped_reasons"].items())
+    lines += ["%d points: %d meet the target, %d failed; %d combinations skipped%s." % (
+        summary["points"], summary["meets_target"], summary["failed"], summary["skipped"],
+        " (" + skipped + ")" if skipped else ""), ""]
+    boards = []
+    for r in rows:
+        if r["board"] not in boards:
+            boards.append(r["board"])
+    lines += ["## Per board", "", "| board | points | meet the target | best setting | ms/token | tok/s | KV bytes |",
+              "| --- | ---: | ---: | --- | ---: | ---: | ---: |"]
+    for b in boards:
+        mine = [r for r in rows if r["board"] == b]
+        best = sorted(mine, key=_rank)[0]
+        setting = _setting(best) if best["status"] == "ok" else "(all failed)"
+        lines.append("| %s | %d | %d | %s%s | %s | %s | %s |" % (
+            b, len(mine), sum(bool(r["meets_target"]) for r in mine), setting,
+            "" if best["meets_target"] else " (misses: %s)" % best["why_not"],
+            _cell(best["ms_per_token"]), _cell(best["tok_s"]), _cell(best["kv_bytes"])))
+    cols = ("board", "model", "policy", "window", "kv_dtype", "scenario", "cost", "tokens", "ms_per_token", "tok_s",
+            "ttft_ms", "kv_bytes", "pool_high_water", "deadline_misses", "meets_target", "why_not")
+    lines += ["", "## Every point, best first", "", "| " + " | ".join(c.replace("_", " ") for c in cols) + " |",
+              "| " + " | ".join("---:" if c in METRICS else "---" for c in cols) + " |"]
+    for r in sorted(rows, key=_rank):
+        lines.append("| " + " | ".join(_cell(r[c]).replace("|", "\\|") for c in cols) + " |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+def _setting(r):
+    parts = [r["policy"] + ("(%s)" % r["window"] if r["window"] is not None else ""), r["kv_dtype"], r["cost"]]
+    if r["scenario"]:
+        parts.append(str(r["scenario"]))
+    if r["model"]:
+        parts.insert(0, os.path.basename(str(r["model"])))
+    return " ".join(str(p) for p in parts)
+
+
+def plot(rows, summary, path):
+    # results.png: ms per token against KV bytes, one panel per board, the targets as
+    # dashed lines; colour: KV element type, marker: cost kind, hollow: misses the target
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if r["status"] == "ok" and isinstance(r["ms_per_token"], (int, float))
+          and isinstance(r["kv_bytes"], (int, float))]
+    boards = []
+    for r in rows:
+        if r["board"] not in boards:
+            boards.append(r["board"])
+    n = len(boards)
+    ncol = min(n, 3)
+    nrow = -(-n // ncol)
+    fig, axs = plt.subplots(nrow, ncol, figsize=(4.6 * ncol, 3.8 * nrow), squeeze=False)
+    dtypes = sorted({r["kv_dtype"] for r in ok})
+    costs = sorted({r["cost"] for r in ok})
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    markers = "osD^v<>ph*"
+    t = summary["targets"]
+    for k, b in enumerate(boards):
+        ax = axs[k // ncol][k % ncol]
+        mine = [r for r in ok if r["board"] == b]
+        for r in mine:
+            c = colors[dtypes.index(r["kv_dtype"]) % len(colors)]
+            m = markers[costs.index(r["cost"]) % len(markers)]
+            ax.scatter([r["kv_bytes"]], [r["ms_per_token"]], marker=m, s=36,
+                       facecolors=c if r["meets_target"] else "none", edgecolors=c)
+        if t.get("ms_per_token") is not None:
+            ax.axhline(t["ms_per_token"], color="grey", linestyle="--", linewidth=1)
+        if t.get("kv_bytes") is not None:
+            ax.axvline(t["kv_bytes"], color="grey", linestyle=":", linewidth=1)
+        ys = [r["ms_per_token"] for r in mine]
+        if ys and min(ys) > 0 and max(ys) / min(ys) > 30:
+            ax.set_yscale("log")
+        ax.set_title(b, fontsize=10)
+        ax.set_xlabel("KV bytes")
+        ax.set_ylabel("ms per token (emulated)")
+        if not mine:
+            ax.text(0.5, 0.5, "no successful point", ha="center", transform=ax.transAxes)
+    for k in range(n, nrow * ncol):
+        axs[k // ncol][k % ncol].axis("off")
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], marker="o", linestyle="", color=colors[i % len(colors)], label="KV " + d)
+               for i, d in enumerate(dtypes)]
+    handles += [Line2D([], [], marker=markers[i % len(markers)], linestyle="", color="black", label="cost " + c)
+                for i, c in enumerate(costs)]
+    handles.append(Line2D([], [], marker="o", linestyle="", markerfacecolor="none", color="black", label="misses the target"))
+    if t.get("ms_per_token") is not None:
+        handles.append(Line2D([], [], color="grey", linestyle="--", label="target ms/token"))
+    if t.get("kv_bytes") is not None:
+        handles.append(Line2D([], [], color="grey", linestyle=":", label="target KV bytes"))
+    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 6), fontsize=8, frameon=False)
+    fig.suptitle("kv sweep: ms per token against KV bytes", fontsize=11)
+    fig.tight_layout(rect=(0, 0.04 + 0.03 * ((len(handles) - 1) // 6), 1, 0.95))
+    fig.savefig(path, dpi=90, metadata={"Software": None})  # no version stamp: same rows, same bytes
+    plt.close(fig)
+
+
+def write(result, out_dir, command=None):
+    # results.csv, results.md, results.png and summary.json into out_dir; their paths
+    os.makedirs(out_dir, exist_ok=True)
+    _ignore_folder(out_dir)
+    rows, summary = result["rows"], result["summary"]
+    files = {n: os.path.join(out_dir, n) for n in ("results.csv", "results.md", "results.png", "summary.json")}
+    write_csv(rows, files["results.csv"])
+    with open(files["results.md"], "w") as f:
+        f.write(markdown(rows, summary, command))
+    plot(rows, summary, files["results.png"])
+    doc = dict(summary, command=command, cache=None, rows=rows)  # no absolute paths in the committed files
+    with open(files["summary.json"], "w") as f:
+        json.dump(doc, f, indent=1, sort_keys=True)
+        f.write("\n")
+    return files
+
+
+def main(settings, as_json=False, command=None):
+    # `./kv sweep`: run, write, print where (and the summary with --json); exit 1 after
+    # writing when some point raised a bug (not a UserError)
+    out = paths.user_path(settings["out"]) if settings.get("out") else default_out()
+    result = run(settings)
+    files = write(result, out, command)
+    s = result["summary"]
+    if as_json:
+        print(json.dumps(dict(s, out=out, files=files), sort_keys=True))
+    else:
+        print("sweep: %d points (%d ran, %d cached, %d failed, %d skipped), %d meet the target"
+              % (s["points"], s["ran"], s["cached"], s["failed"], s["skipped"], s["meets_target"]))
+        for b, r in s["best"].items():
+            print("  %-16s best: %s  %s ms/token  %s KV B%s" % (b, _setting(r), _cell(r["ms_per_token"]), _cell(r["kv_bytes"]),
+                                                               "" if r["meets_target"] else "  (misses: %s)" % r["why_not"]))
+        print("wrote %s" % out)
+    if s["errors"]:
+        raise UserError("%d points raised an internal error (not cached; first: %s)" % (len(s["errors"]), s["errors"][0]), 1)
+    return result
