@@ -176,5 +176,26 @@ def main(argv=None):
         sys.exit(1)
 
 
+def kvrtos(argv=None):
+    # `kvrtos`, the command `pip install .` makes: the same tasks as ./kv, from the
+    # installed tasks module (invoke's Program given the collection, not a tasks.py
+    # looked for from the current folder). Paths the user types resolve against the
+    # folder it runs in (no KVRTOS_CALLER_CWD: it does not cd like ./kv does).
+    import os
+
+    from invoke import Collection
+
+    os.environ.pop("KVRTOS_CALLER_CWD", None)
+    import tasks
+
+    prog = KvProgram(name="kvrtos", binary="kvrtos", binary_names=["kvrtos"], version="0.1.0",
+                     namespace=Collection.from_module(tasks))
+    try:
+        prog.run(argv)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
+
+
 if __name__ == "__main__":
     main(sys.argv)

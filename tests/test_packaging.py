@@ -1,0 +1,104 @@
+# Packaging the way each ecosystem expects: the firmware modules installable on a board
+# with MicroPython's mip (package.json, installed here with the pinned mpremote's mip
+# into the virtual board's filesystem from the local checkout), and the host tools
+# installable with pip as a `kvrtos` command (a wheel built and installed into a
+# temporary folder, no network: the dependencies are .venv's own).
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from host import mip, paths
+from vboard_util import fs_path, start
+
+
+def test_package_json_lists_every_firmware_module_and_is_current():
+    with open(os.path.join(ROOT, "package.json")) as f:
+        text = f.read()
+    assert text == mip.text(), "package.json is out of date: run .venv/bin/python -m host.mip"
+    pkg = json.loads(text)
+    dests = [d for d, _ in pkg["urls"]]
+    assert "firmware_py/__init__.py" in dests and "firmware_py/sched/core.py" in dests
+    assert "firmware_py/app.py" in dests and "firmware_py/serve.py" in dests
+    assert not any(d.startswith("firmware_py/tools/") for d in dests)  # board-side probes: not the firmware
+    for dest, url in pkg["urls"]:
+        assert url == dest and not url.startswith(("http", "/")), url  # relative: a checkout or github:ORG/REPO
+        assert os.path.isfile(os.path.join(ROOT, url)), url
+    here = sorted(os.path.relpath(os.path.join(d, f), ROOT) for d, dirs, fs in os.walk(paths.FIRMWARE)
+                  if "tools" not in os.path.relpath(d, paths.FIRMWARE).split(os.sep) and "__pycache__" not in d
+                  for f in fs if f.endswith(".py"))
+    assert sorted(dests) == here
+
+
+@pytest.mark.vboard
+def test_mip_installs_the_firmware_from_a_local_package_json(tmp_path):
+    # mpremote's mip reads a local package.json and resolves its relative urls beside it
+    with start(tmp_path) as vb:
+        r = subprocess.run([paths.tool("mpremote"), "connect", vb.port, "mip", "install", "--target", "lib",
+                            os.path.join(ROOT, "package.json")], capture_output=True, text=True, timeout=180)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "Done" in r.stdout
+        with open(os.path.join(ROOT, "firmware_py", "sched", "core.py"), "rb") as f:
+            with open(fs_path(tmp_path, "lib/firmware_py/sched/core.py"), "rb") as g:
+                assert f.read() == g.read()
+        # the board imports the installed firmware (lib/ is on its sys.path) and runs a kernel
+        code = ("from firmware_py import VERSION, app\nfrom firmware_py.sched import Kernel\n"
+                "from firmware_py.clock import VirtualClock\nk = Kernel(VirtualClock())\n"
+                "def t():\n    yield k.sleep_us(100)\n    print('slept', k.clock.read())\n"
+                "k.spawn('t', 1, t())\nk.run()\nprint('kvrtos', VERSION, app.__file__)\n")
+        r = subprocess.run([paths.tool("mpremote"), "connect", vb.port, "exec", code], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "slept" in r.stdout and "kvrtos 0.1.0 lib/firmware_py/app" in r.stdout, r.stdout
+
+
+def _wheel_site(tmp_path):
+    # build the wheel from a copy of the sources (the checkout's own build/ and egg-info
+    # untouched) and install it, without its dependencies, into a folder of its own
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", "tasks.py"):
+        shutil.copy(os.path.join(ROOT, name), src / name)
+    for name in ("host", "firmware_py", "boards", "models"):
+        shutil.copytree(os.path.join(ROOT, name), src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    r = subprocess.run(pip + ["wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "dist"), str(src)],
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    (whl,) = os.listdir(tmp_path / "dist")
+    site = tmp_path / "site"
+    r = subprocess.run(pip + ["install", "--no-deps", "--target", str(site), str(tmp_path / "dist" / whl)],
+                       capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return site
+
+
+def test_pip_wheel_gives_a_kvrtos_command_with_the_tasks_of_kv(tmp_path):
+    site = _wheel_site(tmp_path)
+    exe = site / "bin" / "kvrtos"
+    assert exe.exists()
+    work = tmp_path / "elsewhere"  # not the checkout: everything comes from the installed wheel
+    work.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(site))
+    env.pop("KVRTOS_CALLER_CWD", None)
+    where = subprocess.run([sys.executable, "-c", "import host, tasks, firmware_py.sched; print(host.__file__, tasks.__file__)"],
+                           cwd=work, env=env, capture_output=True, text=True, timeout=60)
+    assert where.returncode == 0 and where.stdout.count(str(site)) == 2, where.stdout + where.stderr
+    r = subprocess.run([str(exe), "--list"], cwd=work, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    kv = subprocess.run([sys.executable, "-m", "host.cli", "--list"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    names = lambda out: sorted(ln.split()[0] for ln in out.splitlines() if ln.startswith("  ") and ln.split())  # noqa: E731
+    assert names(r.stdout) == names(kv.stdout) and "demo" in names(r.stdout) and "budget" in names(r.stdout)
+    r = subprocess.run([str(exe), "budget", "--json"], cwd=work, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    b = json.loads(r.stdout)
+    assert b["board"] == "esp32s3_n8r8" and b["fits"] and b["max_tokens"] > 0  # boards/ came with the wheel
+    # the installed tiny model too (./kv demo's default)
+    assert (site / "models" / "kvrtos-tiny" / "model.bin").exists()
+    # a mistake is one line and exit 2, as with ./kv
+    r = subprocess.run([str(exe), "budget", "--board", "no_such_board"], cwd=work, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
