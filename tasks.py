@@ -352,3 +352,14 @@ def sweep(c, grid=None, boards=None, models=None, policies=None, windows=None, k
         raise UserError("--grid needs a grid file (./kv sweep --help)", 2)
     settings = sweep_mod.merge(paths_user(grid) if grid else None, **given)
     sweep_mod.main(settings, as_json=json, command="./kv " + shlex.join(sys.argv[1:]))
+
+
+@task(help={"port": "the board's serial port (a virtual board's: ./kv vboard prints it)", "board": "the profile to start from (boards/NAME.json or a path; default esp32s3_n8r8)",
+            "out": "write the calibrated profile here (default: calibrated/BOARD.json where ./kv ran)",
+            "write": "replace boards/BOARD.json itself with the calibrated profile", "json": "print the measured figures as one JSON object"})
+@one_line_errors
+def calibrate(c, port=None, board="esp32s3_n8r8", out=None, write=False, json=False):
+    """Run probes on a board (heap, copy speed, task switch, viper matvec) and write them into its profile, each marked measured with its date."""
+    from host import calibrate as cal
+
+    cal.main(port=port and paths_user(port), board=board, out=out, write=write, as_json=json)

@@ -1,0 +1,395 @@
+# `kv calibrate --port P`: run the board-side probes (firmware_py/tools/probe.py) on a
+# board, real or virtual, and write what they measured into a copy of its profile, each
+# figure marked measured with the port and the UTC date, so the emulator, the budget
+# and the sweeps use the user's own board instead of the estimates.
+#
+# The probe is sent as a script over the raw REPL (host/flash.connect: mpremote's
+# transport, every read under a deadline); it imports the flashed firmware (the kernels
+# it times are the firmware's own), so a board without it is refused with the
+# `./kv flash` command to run. The board's last line is one JSON object; anything else
+# is refused in one line. What is written (docs/calibrate.md):
+#   micropython_heap_bytes     gc.mem_free() + gc.mem_alloc() after a collect
+#   memory[i].cost.*_bytes_per_s   copy rates of the tiers the probe's buffers landed in
+#                              (by address on an ESP32 / ESP32-S3 / RP2; on the virtual
+#                              board, the unix port's heap in host RAM stands for the
+#                              profile's heap tier); memmove (memoryview slice copy) rates,
+#                              the viper ptr32 loop's beside them in the source text
+#   cpu.cost.viper.{mac_i8_mcyc,row_mcyc,matvec_mcyc}      from kernels_q.matvec_v timings
+#   cpu.cost.bytecode.{mac_f32_mcyc,row_mcyc,matvec_mcyc}  from kernels.Plain.matvec timings
+#   calibration                everything measured (switch cost, largest block, the raw probe)
+# Where to: --out FILE; --write replaces boards/B.json itself; neither: calibrated/B.json
+# under the folder ./kv ran from. The profile written is validated as board.load does.
+import copy
+import datetime
+import json
+import os
+
+from firmware_py import board as fw_board
+from host import boards, flash, paths
+from host.errors import UserError
+
+PROBE = os.path.join(paths.FIRMWARE, "tools", "probe.py")
+PROBE_VERSION = 1  # probe.VERSION this host understands
+ANSWER_S = 30.0  # s the board may stay silent while the probe runs (it prints a line per stage)
+CONNECT_S = 10.0  # s to reach the raw REPL
+DEFAULT_DIR = "calibrated"  # default output folder, under where ./kv ran
+NEEDS = ("firmware_py/compat.mpy", "firmware_py/pool.mpy", "firmware_py/kernels.mpy", "firmware_py/kernels_q.mpy",
+         "firmware_py/sched/core.mpy", "firmware_py/clock.mpy")  # what the probe imports from the flashed firmware
+_MAIN = 'if __name__ == "__main__":\n    main(sys.argv[1:])\n'  # probe.py's last lines, replaced by the call
+
+# where a buffer lands, by address: (platform, substring of the machine name or "", [(lo, hi, tier kind)])
+# ESP32-S3 TRM 4.3 (internal SRAM on the data bus 0x3FC88000.., external memory through
+# the data cache 0x3C000000..0x3DFFFFFF); ESP32 TRM 1.3 (internal DRAM 0x3FFAE000..
+# 0x3FFFFFFF, external SRAM 0x3F800000..0x3FBFFFFF); RP2350 datasheet 2.2 (SRAM
+# 0x20000000.., QMI chip-select 1 XIP window 0x11000000.. cached / 0x15000000.. uncached)
+ADDRESS_MAPS = (
+    ("esp32", "ESP32S3", ((0x3FC88000, 0x3FD00000, "sram"), (0x3C000000, 0x3E000000, "psram"))),
+    ("esp32", "", ((0x3FFAE000, 0x40000000, "sram"), (0x3F800000, 0x3FC00000, "psram"))),
+    ("rp2", "", ((0x20000000, 0x20082000, "sram"), (0x11000000, 0x12000000, "psram"), (0x15000000, 0x16000000, "psram"))),
+)
+
+
+def today():
+    # the UTC date, YYYY-MM-DD
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+
+
+def probe_script(quick=False):
+    # the probe as one raw-REPL command: probe.py with its __main__ block replaced by main([...])
+    with open(PROBE) as f:
+        text = f.read()
+    if not text.endswith(_MAIN):
+        raise UserError("%s does not end with its __main__ block; the probe cannot be sent" % PROBE)
+    return text[: -len(_MAIN)] + "main(%r)\n" % (["quick"] if quick else [])
+
+
+def _connect(port):
+    # the raw REPL on port; the messages of flash.connect, with calibrate's own hint
+    try:
+        return flash.connect(port, CONNECT_S)
+    except UserError as e:
+        if "no prompt within" in str(e):
+            raise UserError("no MicroPython raw REPL on %s: no prompt within %g s (the board ignores Ctrl-C or runs no "
+                            "MicroPython): reset it and run this again" % (port, CONNECT_S)) from None
+        raise
+
+
+def run_probe(port, quick=False, out=None, answer_s=ANSWER_S):
+    # run the probe on the board at port; (result dict, its last line). out(line) gets
+    # each progress line the board prints
+    from mpremote.transport import TransportError
+
+    import serial
+
+    t = _connect(port)
+    lines = []
+    buf = [b""]
+
+    def consume(b):
+        buf[0] += b.replace(b"\x04", b"")
+        while b"\n" in buf[0]:
+            ln, buf[0] = buf[0].split(b"\n", 1)
+            text = ln.decode("utf-8", "replace").rstrip("\r")
+            lines.append(text)
+            if out and text.startswith("probe: "):
+                out(text)
+
+    try:
+        have = flash.device_hashes(t, list(NEEDS))
+        missing = [p for p, h in zip(NEEDS, have, strict=True) if h is None]
+        if missing:
+            raise UserError("the board on %s has no kvrtos firmware (no %s): the probe times the firmware's own kernels; "
+                            "run ./kv flash --port %s first" % (port, missing[0], port), 2)
+        t.serial.__dict__["timeout"] = answer_s  # the probe's stages may take longer than the handshake's deadline
+        _, err = t.exec_raw(probe_script(quick), timeout=None, data_consumer=consume)
+    except (TransportError, serial.SerialException, OSError) as e:
+        flash._close(t)
+        if isinstance(e, flash.BoardSilent) and os.path.exists(port):
+            raise UserError("the board on %s sent nothing for %g s while probing: reset it and run this again" % (port, answer_s)) from None
+        raise UserError("port %s vanished or stopped answering while probing [%s]" % (port, type(e).__name__)) from None
+    except BaseException:
+        flash._close(t)
+        raise
+    flash._close(t)
+    if buf[0]:
+        lines.append(buf[0].decode("utf-8", "replace").rstrip("\r"))
+    err = err.decode("utf-8", "replace").strip()
+    if err:
+        raise UserError("the probe failed on the board on %s: %s" % (port, err.splitlines()[-1]))
+    last = next((ln for ln in reversed(lines) if ln.strip()), "")
+    return parse(last), last
+
+
+def _is_int(v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def parse(line):
+    # the probe's JSON line as a checked dict; UserError (one line) when it is anything else
+    def bad(why):
+        shown = line if len(line) <= 80 else line[:77] + "..."
+        return UserError("the board's probe answer was not understood (%s): %r" % (why, shown))
+
+    try:
+        r = json.loads(line)
+    except ValueError:
+        raise bad("not JSON") from None
+    if not isinstance(r, dict) or r.get("probe") != PROBE_VERSION:
+        raise bad("not a probe line of version %d" % PROBE_VERSION)
+    try:
+        for k in ("platform", "machine", "version"):
+            if not isinstance(r[k], str):
+                raise bad("%s is not text" % k)
+        h = r["heap"]
+        for k in ("total", "free", "alloc", "largest"):
+            if not _is_int(h[k]) or h[k] < 0:
+                raise bad("heap.%s is not a whole number" % k)
+        for c in r["copy"]:
+            for k in ("src", "dst", "bytes", "viper_iters", "viper_us", "slice_iters", "slice_us"):
+                if not _is_int(c[k]) or c[k] < 0:
+                    raise bad("copy.%s is not a whole number" % k)
+            if not isinstance(c["case"], str):
+                raise bad("copy.case is not text")
+        sw = r["switch"]
+        if not (_is_int(sw["switches"]) and _is_int(sw["us"]) and sw["switches"] > 0 and sw["us"] >= 0):
+            raise bad("switch is not whole numbers")
+        for m in r["matvec"]:
+            for k in ("rows", "cols", "group", "viper_iters", "viper_us", "bytecode_iters", "bytecode_us"):
+                if not _is_int(m[k]):
+                    raise bad("matvec.%s is not a whole number" % k)
+    except (KeyError, TypeError):
+        raise bad("a field is missing") from None
+    return r
+
+
+def tier_kind(r, addr):
+    # the tier kind ("sram", "psram") a buffer at addr lands in on the probed board, "host"
+    # for the unix port (the virtual board: host RAM), None when the address says nothing
+    if r["platform"] in ("linux", "darwin") or r["machine"] == "cpython":
+        return "host"
+    for plat, mach, ranges in ADDRESS_MAPS:
+        if r["platform"] == plat and mach in r["machine"]:
+            for lo, hi, kind in ranges:
+                if lo <= addr < hi:
+                    return kind
+            return None
+    return None
+
+
+def heap_tier(prof):
+    # the profile's tier holding the MicroPython heap: PSRAM (or DRAM) when it has one, else SRAM
+    for kind in ("psram", "dram", "sram"):
+        for t in prof["memory"]:
+            if t["kind"] == kind:
+                return t
+    return prof["memory"][0]
+
+
+def _rate(c, how):
+    # bytes/s of one copy case by "slice" or "viper" (0 when the tick saw nothing)
+    us = c[how + "_us"]
+    return c["bytes"] * c[how + "_iters"] * 1000000 // us if us > 0 else 0
+
+
+def copy_figures(r, prof):
+    # {tier name: {field: (rate, case)}} for the cost fields the probe's copies attribute
+    # (largest case wins), and the note on where the buffers landed
+    tiers = {t["kind"]: t["name"] for t in reversed(prof["memory"])}  # first tier of each kind
+    virtual = tier_kind(r, 0) == "host"
+    ht = heap_tier(prof)["name"]
+    out = {}
+
+    def put(tier, field, c):
+        old = out.setdefault(tier, {}).get(field)
+        if old is None or c["bytes"] > old[1]["bytes"]:
+            out[tier][field] = (_rate(c, "slice"), c)
+
+    for c in r["copy"]:
+        if virtual:
+            field = {"large_small": "read_bytes_per_s", "small_large": "write_bytes_per_s"}.get(c["case"], "copy_bytes_per_s")
+            put(ht, field, c)
+            continue
+        s, d = tier_kind(r, c["src"]), tier_kind(r, c["dst"])
+        if s is None or d is None or s not in tiers or d not in tiers:
+            continue
+        if s == d:
+            put(tiers[s], "copy_bytes_per_s", c)
+            if s == "sram":  # SRAM's read and write figures are SRAM to SRAM (board.py)
+                put(tiers[s], "read_bytes_per_s", c)
+                put(tiers[s], "write_bytes_per_s", c)
+        elif d == "sram":
+            put(tiers[s], "read_bytes_per_s", c)
+        elif s == "sram":
+            put(tiers[d], "write_bytes_per_s", c)
+    if virtual:
+        note = "virtual board: the unix port's heap in host RAM stands for the profile's %s heap" % ht
+    else:
+        kinds = sorted({k for c in r["copy"] for k in (tier_kind(r, c["src"]), tier_kind(r, c["dst"])) if k})
+        note = "buffers landed in %s (by address)" % (", ".join(kinds) or "no tier the address map knows")
+    return out, note
+
+
+def _solve(t1, t2, t3):
+    # per-call, per-row and per-MAC ns from the three shapes' ns per call:
+    # 64x64 (t1), 172x64 (t2), 64x172 (t3): t = call + rows * row + rows * cols * mac
+    mac = max(0.0, (t3 - t1) / (64 * 172 - 64 * 64))
+    row = max(0.0, (t2 - t3) / (172 - 64))  # the MACs are the same: 172 x 64 both
+    call = max(0.0, t1 - 64 * row - 64 * 64 * mac)
+    return call, row, mac
+
+
+def matvec_figures(r):
+    # {"viper": (call_ns, row_ns, mac_ns), "bytecode": (...)} for the kinds the probe timed
+    by = {(m["rows"], m["cols"]): m for m in r["matvec"]}
+    shapes = ((64, 64), (172, 64), (64, 172))
+    if not all(s in by for s in shapes):
+        return {}
+    out = {}
+    if all(by[s]["viper_us"] > 0 and by[s]["viper_iters"] > 0 for s in shapes):
+        out["viper"] = _solve(*(by[s]["viper_us"] * 1000.0 / by[s]["viper_iters"] for s in shapes))
+    if all(by[s]["bytecode_us"] > 0 and by[s]["bytecode_iters"] > 0 for s in shapes):
+        out["bytecode"] = _solve(*(by[s]["bytecode_us"] * 1000.0 / by[s]["bytecode_iters"] for s in shapes))
+    return out
+
+
+def apply(prof, r, port, date=None):
+    # a new profile dict: prof with r's figures written in, and the list of what changed
+    # [(field path, value, source)]
+    date = date or today()
+    p = copy.deepcopy(prof)
+    by = "measured: by ./kv calibrate on %s %s" % (port, date)
+    virtual = tier_kind(r, 0) == "host"
+    where = "%s, %s" % (r["machine"], r["version"]) + (" (a virtual board)" if virtual else "")
+    changed = []
+    est = [e for e in p.get("estimates", [])]
+
+    def unestimate(name):
+        if name in est:
+            est.remove(name)
+
+    # the heap
+    h = r["heap"]
+    if p.get("kind") == "mcu" and h["total"] >= 1024:
+        p["micropython_heap_bytes"] = h["total"]
+        src = "%s: gc.mem_free() + gc.mem_alloc() after gc.collect() on %s (largest block %d B)" % (by, where, h["largest"])
+        p["source"] = p["source"] + "; micropython_heap_bytes " + src
+        unestimate("micropython_heap_bytes")
+        changed.append(("micropython_heap_bytes", h["total"], src))
+    # the tiers' copy rates
+    figs, note = copy_figures(r, p)
+    for i, t in enumerate(p["memory"]):
+        for field, (rate, c) in sorted(figs.get(t["name"], {}).items()):
+            if rate < 1:
+                continue
+            src = ("%s: %s copy of %d B by memoryview slice assignment (memmove), median of %d: %d B/s; the viper ptr32 loop "
+                   "(pool.copy32): %d B/s; %s; %s" % (by, c["case"].replace("_", " to "), c["bytes"], r["reps"], rate,
+                                                       _rate(c, "viper"), note, where))
+            if "cost" in t:
+                t["cost"][field] = {"value": rate, "source": src}
+                changed.append(("memory[%d].cost.%s" % (i, field), rate, src))
+            elif field == "read_bytes_per_s":
+                t["bandwidth_bytes_per_s"] = rate
+                t["source"] = t["source"] + "; bandwidth_bytes_per_s " + src
+                unestimate("memory[%d].bandwidth_bytes_per_s" % i)
+                changed.append(("memory[%d].bandwidth_bytes_per_s" % i, rate, src))
+    # the CPU cost figures of the viper and bytecode kinds
+    mhz = p["cpu"]["mhz"]
+    cost = p["cpu"].get("cost", {})
+    kernel = {"viper": "kernels_q.matvec_v (int8 weights, int32 activations)", "bytecode": "kernels.Plain.matvec (fp32)"}
+    mac_name = {"viper": "mac_i8_mcyc", "bytecode": "mac_f32_mcyc"}
+    for kind, (call, row, mac) in sorted(matvec_figures(r).items()):
+        if kind not in cost:
+            continue
+        fit = ("%s: %s at 64x64, 172x64 and 64x172 on %s, medians of %d; ns per call = call + rows x row + rows x cols x MAC "
+               "solved exactly from the three, x %d MHz (the profile's clock)" % (by, kernel[kind], where, r["reps"], mhz))
+        for name, ns in ((mac_name[kind], mac), ("row_mcyc", row), ("matvec_mcyc", call)):
+            v = int(round(ns * mhz))  # ns x MHz = millicycles
+            cost[kind][name] = {"value": v, "source": "%s: %.2f ns" % (fit, ns)}
+            changed.append(("cpu.cost.%s.%s" % (kind, name), v, cost[kind][name]["source"]))
+    if "estimates" in p or est:
+        p["estimates"] = est
+    sw = r["switch"]
+    p["calibration"] = {
+        "tool": "./kv calibrate", "port": port, "date": date, "machine": r["machine"], "version": r["version"],
+        "virtual": virtual, "tiers": note,
+        "switch_ns": sw["us"] * 1000 // sw["switches"],
+        "heap_largest_block_bytes": h["largest"],
+        "fields": [c[0] for c in changed],
+        "probe": r,
+    }
+    return p, changed
+
+
+def _read_profile(path):
+    # the profile's dict as stored (key order kept) and its validated Board
+    with open(path) as f:
+        text = f.read()
+    b = boards.load(path)
+    return json.loads(text), b
+
+
+def output_path(board_name, out=None, write=False):
+    # where the calibrated profile goes (see the top)
+    if out and write:
+        raise UserError("--out and --write are two different places: give one", 2)
+    if out == "":
+        raise UserError("--out needs a file name", 2)
+    if write:
+        return boards.path_of(board_name)
+    if out:
+        p = paths.user_path(out)
+        if os.path.isdir(p):
+            raise UserError("--out %s is a folder; give the profile's file name" % out, 2)
+        parent = os.path.dirname(p)
+        if not os.path.isdir(parent):
+            raise UserError("--out %s: folder %s does not exist" % (out, parent), 2)
+        return p
+    return paths.user_path(os.path.join(DEFAULT_DIR, os.path.basename(boards.path_of(board_name))))
+
+
+def write_profile(p, dest):
+    # validate p as board.load does, then write it (atomically) to dest
+    text = json.dumps(p, indent=2) + "\n"
+    try:
+        fw_board.loads(text, dest)
+    except fw_board.BoardError as e:
+        raise UserError("the calibrated profile would not load (%s): nothing written" % e)
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    tmp = dest + ".part"
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, dest)
+    except OSError as e:
+        raise UserError("cannot write %s: %s" % (dest, e.strerror or e)) from None
+
+
+def main(port, board=paths.DEFAULT_BOARD, out=None, write=False, as_json=False, quick=False, echo=print):
+    # ./kv calibrate: probe, write the profile, print what was measured; returns the report
+    if not port:
+        raise UserError("--port is required: the board's serial port (a virtual board's: ./kv vboard prints it)", 2)
+    src = boards.path_of(board)
+    prof, b = _read_profile(src)
+    if b.kind != "mcu":
+        raise UserError("board %s is a %s: calibrate probes MicroPython boards" % (b.name, b.kind), 2)
+    dest = output_path(board, out, write)
+    r, _ = run_probe(port, quick=quick, out=None if as_json else (lambda ln: echo("calibrate: " + ln)))
+    p, changed = apply(prof, r, port)
+    write_profile(p, dest)
+    report = {"board": b.name, "port": port, "date": p["calibration"]["date"], "profile": dest, "from": src,
+              "virtual": p["calibration"]["virtual"], "tiers": p["calibration"]["tiers"],
+              "switch_ns": p["calibration"]["switch_ns"], "heap_largest_block_bytes": r["heap"]["largest"],
+              "figures": {f: v for f, v, _ in changed}}
+    if as_json:
+        echo(json.dumps(report, sort_keys=True))
+        return report
+    for f, v, _ in changed:
+        echo("  %-40s %d" % (f, v))
+    echo("  %-40s %d ns (not a profile field: kept under calibration)" % ("task switch", report["switch_ns"]))
+    echo("calibrate: %d figures of %s measured on %s (%s), written to %s" % (len(changed), b.name, port, report["tiers"], _shown(dest)))
+    return report
+
+
+def _shown(p):
+    # a path as the user would type it (relative to the repository when inside it)
+    return os.path.relpath(p, paths.ROOT) if p.startswith(paths.ROOT + os.sep) else p
