@@ -14,7 +14,7 @@ from firmware_py.compat import const, ticks_diff
 from firmware_py import model as fw_model
 from firmware_py.model import Model
 from firmware_py.sample import Sampler
-from firmware_py.sched import Kernel  # imported before the pool takes the heap: compiling it later may not fit
+from firmware_py.sched import EventFlags, Kernel  # imported before the pool takes the heap: compiling it later may not fit
 from firmware_py.status import E_FULL, E_NO_BLOCK, E_RANGE, OK
 
 # What a decoding firmware keeps besides weights, activations and the KV pool: its
@@ -37,6 +37,7 @@ PROFILE = "board.json"  # the board profile `kv flash` writes beside main.py
 MODEL_FILE = "model.bin"  # where `kv flash --model` puts the checkpoint on the board
 TOKENIZER_FILE = "tokenizer.bin"  # ... and its tokenizer
 
+MAX_CHATS = const(64)  # sequences one Session may be sized for (seqs)
 SUMMARY = "generate: "  # the summary line starts with this
 STOP = "generate: stopped: "  # a clear stop (budget, context) starts with this
 
@@ -47,14 +48,18 @@ class DecodeError(ValueError):
 
 
 class Session:
-    # everything one generation needs, allocated at boot
+    # everything one generation needs, allocated at boot (seqs > 1: the pool and the cache
+    # for that many chats sharing one prompt prefix: see chat() and prefix_task())
+    pos0 = 0  # the position the task's ids start at (a Chat: after the shared prefix)
+
     def __init__(self, model_path, tok_path, kv_dtype="fp32", policy="full", window=0, backend="auto",
                  rope="absolute", heap=0, temperature=0.0, top_p=1.0, seed=0, sinks=kv.SINKS, reserve=0, blocks=0,
-                 word_bytes=0):
+                 word_bytes=0, seqs=1):
         # heap: the usable heap the pool is sized from (0: the board profile's, else this
         # interpreter's); reserve: the profile's firmware_reserved_bytes (0: the profile's
         # or none); blocks: a fixed pool size that bypasses the rule (measurements only);
-        # word_bytes: the word size the rule assumes (0: this interpreter's)
+        # word_bytes: the word size the rule assumes (0: this interpreter's); seqs: the
+        # sequences (chats) the pool and the cache are sized for (the budget rule's batch)
         try:
             self.weights = llama2c.load(model_path)  # llama2c.Weights (read-only)
         except OSError:
@@ -75,7 +80,10 @@ class Session:
         self.heap, fw = board_heap(heap, reserve)  # usable heap the pool is sized from (B), profile's reserve
         # the budget rule (budget_blocks: what host/budget.py computes in advance)
         q8 = compat.IS_MICROPYTHON and uses_q8(backend, self.weights.dtype == "int8", kv_dtype)
-        self.reserve, fit = budget_blocks(self.heap, cfg, self.weights.nbytes, lay, fw, policy == "h2o", 1,
+        if seqs.__class__ is not int or not 1 <= seqs <= MAX_CHATS:
+            raise DecodeError("seqs must be an int in 1..%d, got %r" % (MAX_CHATS, seqs))
+        self.seqs = seqs  # sequences the pool and the cache are sized for
+        self.reserve, fit = budget_blocks(self.heap, cfg, self.weights.nbytes, lay, fw, policy == "h2o", seqs,
                                           word_bytes or WORD_BYTES, q8)
         self.fit_blocks = fit  # KV blocks the rule gives this heap (the calculator's pool_blocks)
         if blocks:
@@ -83,16 +91,19 @@ class Session:
         if policy == "full":
             if window:
                 raise DecodeError("--window applies to the window, sinks and h2o policies, not full")
-            ctx = (cfg.seq_len + t - 1) // t  # more blocks than the context would never be used
-            n_blocks = fit if fit < ctx or blocks else ctx
-            cap = n_blocks * t if n_blocks * t < cfg.seq_len or blocks else cfg.seq_len
-            self.limit = "the KV budget (%d tokens in %d blocks of %d B)" % (cap, n_blocks, lay.block_bytes) \
-                if n_blocks * t < cfg.seq_len else "the model's context (seq_len %d)" % cfg.seq_len
+            ctx = (cfg.seq_len + t - 1) // t  # more blocks than the context would never be used (per sequence)
+            n_blocks = fit if fit < seqs * ctx or blocks else seqs * ctx
+            # blocks one sequence may hold: all of them with one sequence, else at most its context
+            per_seq = n_blocks if seqs == 1 or n_blocks < ctx else ctx
+            cap = per_seq * t if per_seq * t < cfg.seq_len or blocks else cfg.seq_len
+            self.limit = "the KV budget (%d tokens in %d blocks of %d B)" % (cap, per_seq, lay.block_bytes) \
+                if per_seq * t < cfg.seq_len else "the model's context (seq_len %d)" % cfg.seq_len
         else:
             low = kv.min_budget(policy, sinks)
             if window < low:
                 raise DecodeError("policy %s needs a window of at least %d token%s, got %d" % (policy, low, "" if low == 1 else "s", window))
-            n_blocks = (window + t - 1) // t
+            per_seq = (window + t - 1) // t
+            n_blocks = seqs * per_seq  # each chat may come to own its whole ring (copy-on-write)
             cap = window
             self.limit = ""
         if n_blocks < 1 or n_blocks > fit:
@@ -108,12 +119,13 @@ class Session:
         # failed with 500 KB free on the 64-bit port, its max_slots arrays too); freed
         # again right after the pool
         try:
-            hold = bytearray(_HOLD_BYTES + n_blocks * t * slot_bytes(cfg, q8))  # + the per-slot buffers
+            hold = bytearray(_HOLD_BYTES + seqs * per_seq * t * slot_bytes(cfg, q8))  # + the per-slot buffers
         except MemoryError:
             hold = None
         try:
             self.pool = pool.Pool(lay.block_bytes, n_blocks)  # the KV arena: n_blocks blocks
-            self.cache = kv.KVCache(self.pool, lay, max_seqs=1, h2o=policy == "h2o")  # kv.KVCache
+            # one sequence per chat; each table holds at most per_seq blocks (seqs 1: all)
+            self.cache = kv.KVCache(self.pool, lay, max_seqs=seqs, max_blocks_per_seq=per_seq, h2o=policy == "h2o")
         except (pool.PoolError, MemoryError) as e:
             raise DecodeError("the KV pool of %d blocks of %d B does not fit (%s: %s)" % (n_blocks, lay.block_bytes, type(e).__name__, e))
         del hold  # the held piece is free again, in one piece, for the run state
@@ -126,7 +138,7 @@ class Session:
         try:
             # the run state's arrays (~20 KB each at most) before the tokenizer's many
             # small objects, which would leave the heap in pieces too small for them
-            self.model = Model(self.weights, self.cache, backend, rope)  # the forward pass
+            self.model = Model(self.weights, self.cache, backend, rope)  # the forward pass (chat 0's too)
             self.sampler = Sampler(cfg.vocab_size, temperature, top_p, seed)  # next-token choice
             self.tok = tokenizer.load(tok_path, cfg.vocab_size)  # tokenizer.Tokenizer
         except tokenizer.TokenizerError as e:
@@ -163,6 +175,15 @@ class Session:
         self.thermal = None  # thermal.Guard: after each new token the task sleeps guard.pause_us(its time), or None
         self.thermal_pauses = 0  # tokens after which the guard made the task sleep
         self.thermal_pause_us = 0  # µs slept for the guard in all (saturates at 2**30 - 1)
+        # chats (seqs > 1, or one chat on seqs 1): see chat() and prefix_task()
+        self.backend = backend  # each chat's Model is made with these
+        self.rope = rope
+        self.opts = (temperature, top_p, seed)  # a chat's sampler defaults
+        self.chats = []  # Chat objects, in the order chat() made them
+        self.ready = None  # sched.EventFlags set (bit 1) when the prefix is in and the chats forked
+        self.prefix_done = False  # the prefix task has ended (the chats may go on)
+        self.n_shared = 0  # prefix tokens cached once and shared by every chat
+        self.shared_blocks = 0  # pool blocks the prefix filled (shared by every chat)
 
     # prompt ids for text (BOS first); a full-policy prompt longer than the budget is refused
     def encode(self, text):
@@ -173,20 +194,100 @@ class Session:
             raise DecodeError("the prompt is %d tokens, more than %s: %s" % (len(ids), self.limit, fix))
         return ids
 
+    # --- chats sharing this Session's pool, cache, weights and tokenizer --------------------
+    #   s = Session(model, tok, seqs=2)                      # pool and cache for two chats
+    #   a = s.chat(" Tom asked", seed=1); b = s.chat(" Sue said", seed=2)
+    #   p = k.spawn("prefix", 2, s.prefix_task(k, s.encode("Once upon a time")))
+    #   k.spawn("chat0", 1, a.task(k, 32, out)); k.spawn("chat1", 1, b.task(k, 32, out))
+    # The prefix is fed once into the first chat's sequence; every other chat forks it
+    # (kv fork: the prefix's blocks shared, reference counted, copied on a chat's first
+    # write into one), then each feeds its own text and samples its own tokens with its own
+    # Model run state and Sampler, interleaved by the kernel between layers.
+
+    # a new chat (boot: its Model and Sampler are allocated here) whose own text follows the
+    # shared prefix (tokenized without BOS; "" for none); temperature / top_p / seed: its
+    # sampler's (None: the Session's). DecodeError past seqs chats or once the prefix task
+    # was made
+    def chat(self, text="", temperature=None, top_p=None, seed=None):
+        if len(self.chats) >= self.seqs:
+            raise DecodeError("the Session was sized for %d chat%s (seqs=%d): boot it with more" % (self.seqs, "" if self.seqs == 1 else "s", self.seqs))
+        if self.ready is not None:
+            raise DecodeError("chats must be made before prefix_task()")
+        c = Chat(self, len(self.chats), text, self.opts[0] if temperature is None else temperature,
+                 self.opts[1] if top_p is None else top_p, self.opts[2] if seed is None else seed)
+        self.chats.append(c)
+        return c
+
+    # the prefix task (a generator for sched.Kernel; spawn it before or beside the chats,
+    # at a priority at least theirs): feeds ids (self.encode(prefix): BOS first) but the
+    # last into the first chat's sequence, forks that sequence for every other chat, then
+    # lets the chats go on; each chat feeds the prefix's last token and its own text
+    # itself (so a chat with no text of its own still has logits to sample from). out:
+    # callable(bytes) for the prefix's text, or None. DecodeError (at the call) without
+    # chats, or a chat whose prompt would pass a full policy's budget
+    def prefix_task(self, kernel, ids, out=None):
+        if not self.chats:
+            raise DecodeError("no chats: make them with chat() before prefix_task()")
+        if self.ready is not None:
+            raise DecodeError("prefix_task() was already made")
+        if not ids:
+            raise DecodeError("the prefix must hold at least BOS (use encode())")
+        for c in self.chats:
+            n = len(ids) + len(c.own)
+            if self.policy == "full" and n > self.cap:
+                raise DecodeError("chat %d's prompt is %d tokens (prefix %d + its own %d), more than %s"
+                                  % (c.index, n, len(ids), len(c.own), self.limit))
+            c.ids = ids[-1:] + c.own
+            c.pos0 = len(ids) - 1
+        self.ready = EventFlags(kernel)
+        return self._prefix(kernel, ids, out if out is not None else _discard)
+
+    def _prefix(self, kernel, ids, out):
+        if len(ids) > 1:
+            yield from self.task(kernel, ids[:-1], 1, out, True)
+        else:
+            self.t_start = self.t_end = kernel.now()
+        self.n_shared = self.cache.length(self.h) if not self.stop else 0
+        self.shared_blocks = self.pool.blocks_used
+        for c in self.chats:
+            if self.stop:  # the prefix itself did not fit: every chat stops with its reason
+                c.stop = self.stop
+            elif c.index == 0:
+                c.h = self.h
+            else:
+                h = self.cache.fork(self.h)
+                if h < 0:
+                    c.stop = "fork %d" % h
+                else:
+                    c.h = h
+        self.prefix_done = True
+        self.ready.set(1)
+
+    # what the chats share and what they used (allocates: reporting only)
+    def chats_report(self):
+        p = self.pool
+        return {"chats": len(self.chats), "shared_tokens": self.n_shared, "shared_blocks": self.shared_blocks,
+                "prefix_us": compat.ticks_diff(self.t_end, self.t_start) if self.prefix_done else 0,
+                "pool_blocks": p.n_blocks, "pool_high_water": p.high_water,
+                "pool_high_water_bytes": p.high_water * p.block_bytes, "blocks_used": p.blocks_used,
+                "stop": self.stop}
+
     # the decode task (a generator for sched.Kernel): prefill ids, then up to n new
-    # tokens, writing each piece with out(bytes) as it comes; yields between layers
-    def task(self, kernel, ids, n, out):
+    # tokens, writing each piece with out(bytes) as it comes; yields between layers.
+    # prefill: only feed ids (no token picked: the shared prefix of chats)
+    def task(self, kernel, ids, n, out, prefill=False):
         m = self.model
         h = self.h
         sampler = self.sampler
         tok = self.tok
-        self.n_prompt = len(ids)
+        pos0 = self.pos0
+        self.n_prompt = pos0 + len(ids)
         self.tokens = compat.new_array("i", n)  # allocated once: nothing grows per token
         self.n_new = 0
         self.t_start = kernel.now()
-        out(tok.decode(ids))
+        out(tok.decode(ids) if not pos0 else tok.decode(ids[1:], ids[0]))  # a chat: ids[0] is the prefix's, printed there
         feed = ids[0]  # the token going in at pos: the prompt's, then the last one picked
-        pos = 0
+        pos = pos0
         tr = self.traffic
         cpu = self.cpu
         cache = self.cache
@@ -291,9 +392,11 @@ class Session:
                 if tr.charge_time and us > 0:
                     kernel.charge(us)
             pos += 1
-            if pos < len(ids):
-                feed = ids[pos]
+            if pos - pos0 < len(ids):
+                feed = ids[pos - pos0]
                 continue
+            if prefill:
+                break
             nxt = sampler.pick(m.logits, m.logit_frac_bits)
             if not self.n_new:
                 self.t_first = kernel.now()
@@ -385,6 +488,85 @@ class Session:
         if self.stop:
             return "%sthe cache refused a token (%s) after %d tokens" % (STOP, self.stop, self.cache.length(self.h))
         return ""
+
+
+def _discard(b):
+    pass
+
+
+class Chat(Session):
+    # one chat of a Session booted for seqs chats: the Session's weights, tokenizer, pool and
+    # cache, its own sequence (the first chat: the one the prefix went into; the others:
+    # forks of it), Model run state and Sampler; Session.chat() makes it. After its task it
+    # reports what a Session does: n_prompt (prefix + its own), n_new, tokens, t_start
+    # (when its task or the prefix task started, the earlier: the shared prefill is part
+    # of its time to first token), t_first, t_end,
+    # stop, summary(), stop_line()
+    def __init__(self, s, index, text, temperature, top_p, seed):
+        self.session = s  # the Session it shares
+        self.index = index  # its number (0: the prefix went into its sequence)
+        self.name = "chat%d" % index
+        for a in ("weights", "cfg", "layout", "policy", "limit", "cap", "pool", "cache", "region", "tok", "heap",
+                  "reserve", "fit_blocks", "seqs"):
+            setattr(self, a, getattr(s, a))
+        self.text = text
+        try:
+            self.own = s.tok.encode(text, False, False) if text else []  # its own prompt ids (no BOS)
+            self.model = s.model if index == 0 else Model(s.weights, s.cache, s.backend, s.rope)
+            self.sampler = Sampler(s.cfg.vocab_size, temperature, top_p, seed)
+        except ValueError as e:
+            raise DecodeError(str(e))
+        except MemoryError:
+            raise DecodeError("the heap ran out making chat %d's run state: boot the Session with seqs=%d" % (index, index + 1))
+        self.ids = None  # what its task feeds (the prefix's last token + its own), set by prefix_task()
+        self.h = -1  # its sequence handle, set when the prefix is in
+        self.tokens = None
+        self.n_new = 0
+        self.n_prompt = 0
+        self.stop = ""
+        self.t_start = self.t_first = self.t_end = 0
+        self.t_ready = 0  # ticks when the prefix was in and it went on
+        # None / 0: the Session's at the task's start (host/emulate.py sets those once)
+        self.layer_us = 0
+        self.on_token = None
+        self.traffic = None
+        self.cpu = None
+        self.piece_bytes = 0
+        self.thermal = None
+        self.pieces = 0
+        self._ns = 0
+        self.carried_us = 0
+        self.thermal_pauses = 0
+        self.thermal_pause_us = 0
+
+    # the chat's task (a generator for sched.Kernel): waits for the prefix, then feeds its
+    # ids and makes up to n new tokens, writing each piece with out(bytes)
+    # (DecodeError at the call when the Session's prefix_task() was not made yet)
+    def task(self, kernel, n, out=None, prefill=False):
+        if self.session.ready is None:
+            raise DecodeError("%s: make the Session's prefix_task() first" % self.name)
+        return self._chat(kernel, n, out if out is not None else _discard)
+
+    def _chat(self, kernel, n, out):
+        s = self.session
+        t0 = kernel.now()
+        if not s.prefix_done:
+            yield s.ready.wait(1)
+        self.t_ready = kernel.now()
+        for a in ("layer_us", "on_token", "traffic", "cpu", "piece_bytes", "thermal"):
+            if not getattr(self, a):
+                setattr(self, a, getattr(s, a))
+        if self.h < 0:  # the prefix did not fit, or the fork was refused
+            self.tokens = compat.new_array("i", n)
+            self.n_prompt = self.pos0 + len(self.ids)
+            self.t_start = self.t_first = self.t_end = t0
+            return
+        yield from Session.task(self, kernel, self.ids, n, out)
+        # the request came with the prefix: its time to first token counts from the earlier start
+        self.t_start = s.t_start if compat.ticks_diff(t0, s.t_start) > 0 else t0
+
+    def chats_report(self):
+        return self.session.chats_report()
 
 
 # (weights bytes read per layer, weights bytes read after the layers) by one decode
