@@ -54,10 +54,15 @@ PARAMS = {
     "wifi": {"packet_bytes": (int, 32, 4064), "packets": (int, 1, 65536), "period_us": (int, 100, 100000000),
              "offset_us": (int, 0, 100000000), "tx_bufs": (int, 1, 1024), "paced": (bool, None, None),
              "group": (int, 1, 65536), "src": (str, None, None), "dst": (str, None, None)},
-    # SensorRead / WakeWord (firmware_py/workloads.py): their keyword arguments are passed
-    # through as given (the constructor validates them); see docs/emulator.md
-    "sensor": None,
-    "wakeword": None,
+    # SensorRead: every period_us read read_bytes into SRAM (by the CPU, or by the DMA
+    # queue with "dma": true; bus_bytes_per_s > 0: the bus transfer's time first), then cpu_us
+    "sensor": {"period_us": (int, 100, 100000000), "read_bytes": (int, 1, 4064), "cpu_us": (int, 0, 10000000),
+               "deadline_us": (int, 0, 100000000), "offset_us": (int, 0, 100000000),
+               "bus_bytes_per_s": (int, 0, 1000000000), "dma": (bool, None, None), "tier": (str, None, None)},
+    # WakeWord: cpu_us of keyword spotting per frame; "audio": the name of an audio task
+    # listed before it, whose newest frame each period reads from PSRAM (its period then)
+    "wakeword": {"period_us": (int, 100, 100000000), "cpu_us": (int, 0, 10000000), "deadline_us": (int, 0, 100000000),
+                 "offset_us": (int, 0, 100000000), "audio": (str, None, None)},
     "module": {"module": (str, None, None), "factory": (str, None, None), "args": (dict, None, None)},
 }
 PRIORITY = {"audio": 7, "wakeword": 5, "sensor": 5, "wifi": 4, "module": 3}  # default priorities
@@ -188,18 +193,13 @@ def _task(i, t, names):
     if nm in names:
         _err("%s: the name is taken (by another task or a built-in one)" % where)
     names.append(nm)
-    spec = PARAMS[kind]
-    if spec is None:
-        for key in COMMON:
-            if key in t:
-                _check(where, {key: t[key]}, COMMON)
-        for key in t:
-            if key not in COMMON and t[key].__class__ not in (int, bool, str):
-                _err("%s: %s must be an integer, true/false or a string, got %r" % (where, key, t[key]))
-    else:
-        full = dict(COMMON)
-        full.update(spec)
-        _check(where, t, full)
+    full = dict(COMMON)
+    full.update(PARAMS[kind])
+    _check(where, t, full)
+    if kind == "wakeword" and "audio" in t and t["audio"] not in names:
+        _err("%s: audio %r is not an audio task listed before it" % (where, t["audio"]))
+    if kind in ("module", "wakeword") and "budget_permille" in t:
+        _err("%s: budget_permille applies to tasks that move bytes in their own category (audio, wifi, sensor)" % where)
     if kind == "module" and ("module" not in t or "factory" not in t):
         _err("%s: a module task names its module and factory" % where)
     out = dict(t)
@@ -274,13 +274,19 @@ def spawn(kernel, cfg, env):
     bw = env["bw"]
     q = env["dma"]
     out = []
+    by_name = {}
     for t in cfg["tasks"]:
         kind = t["kind"]
         nm = t["name"]
         try:
             if kind == "module":
                 obj = _module(kernel, env, t)
-                tier = env["psram"]
+            elif kind == "wakeword":
+                kw = _kw(t, ("audio",))
+                a = by_name.get(t.get("audio", ""))
+                if "audio" in t and (a is None or getattr(a, "kind", "") != "audio"):
+                    _err("task %r: audio %r is not an audio task listed before it" % (nm, t["audio"]))
+                obj = workloads.WakeWord(kernel, audio=a, **kw)
             else:
                 cat = bw.add_category(nm)
                 if kind == "audio":
@@ -291,8 +297,10 @@ def spawn(kernel, cfg, env):
                     tier = src = _tier(env, t, "src", "psram")
                     dst = _tier(env, t, "dst", "sram")
                     obj = workloads.WifiBurst(kernel, q, src, dst, cat, bw=bw, **_kw(t, ("src", "dst")))
-                else:
-                    obj, tier = _fw_workload(kernel, env, t, cat)
+                else:  # sensor
+                    tier = _tier(env, t, "tier", "sram")
+                    kw = _kw(t, ("tier", "dma"))
+                    obj = workloads.SensorRead(kernel, bw, tier, cat, q=q if t.get("dma") else None, **kw)
                 if "budget_permille" in t:
                     bw.set_budget(tier, cat, t["budget_permille"])
         except AppConfigError:
@@ -314,20 +322,8 @@ def spawn(kernel, cfg, env):
         except ValueError as e:
             _err("task %r: %s" % (nm, e))
         out.append(obj)
+        by_name[nm] = obj
     return out
-
-
-# SensorRead / WakeWord (firmware_py/workloads.py, by "fw"); (object, payload tier)
-def _fw_workload(kernel, env, t, cat):
-    cls_name = "SensorRead" if t["kind"] == "sensor" else "WakeWord"
-    cls = getattr(workloads, cls_name, None)
-    if cls is None:
-        _err("task %r: this firmware has no workloads.%s" % (t["name"], cls_name))
-    kw = _kw(t, ("src", "dst"))
-    f = getattr(cls, "from_env", None)
-    if f is not None:  # the class builds itself from the environment (its tiers, queue, tracker)
-        return f(kernel, env, cat, **kw)
-    return cls(kernel, env, cat, **kw), env["sram"]
 
 
 def _module(kernel, env, t):

@@ -15,13 +15,16 @@ TEXT = """{"name": "t", "title": "test config",
  "tasks": [
   {"kind": "audio", "name": "mic", "rate_hz": 16000, "period_us": 16000, "slots": 4},
   {"kind": "wifi", "name": "up", "packets": 8, "period_us": 50000, "paced": true, "budget_permille": 50},
+  {"kind": "wakeword", "name": "kws", "audio": "mic", "cpu_us": 1500},
+  {"kind": "sensor", "name": "imu", "period_us": 10000, "read_bytes": 64, "cpu_us": 150},
+  {"kind": "sensor", "name": "adc", "period_us": 20000, "read_bytes": 128, "cpu_us": 50, "dma": true},
   {"kind": "module", "name": "blink", "module": "appcfg_user", "factory": "blinker",
    "args": {"period_us": 10000, "cpu_us": 200, "nbytes": 256}}]}"""
 
 cfg = appcfg.load(TEXT)
 eq(cfg["decode"]["priority"], appcfg.DECODE_PRIORITY, "decode priority default")
 eq(cfg["dma"]["priority"], appcfg.DMA_PRIORITY, "dma priority default")
-eq([t["priority"] for t in cfg["tasks"]], [7, 4, 3], "task priority defaults by kind")
+eq([t["priority"] for t in cfg["tasks"]], [7, 4, 5, 5, 5, 3], "task priority defaults by kind")
 eq(cfg["decode"]["window"], 64, "decode keys kept")
 eq(appcfg.load(cfg), cfg, "a loaded config loads to itself")
 
@@ -46,6 +49,10 @@ BAD = [
     ('{"tasks": [{"kind": "wifi", "name": "w", "paced": 1}]}', "paced"),
     ('{"tasks": [{"kind": "module", "name": "m", "module": "x"}]}', "factory"),
     ('{"tasks": [{"kind": "audio", "name": "a"}, {"kind": "wifi", "name": "a"}]}', "taken"),
+    ('{"tasks": [{"kind": "wakeword", "name": "k", "audio": "mic"}]}', "mic"),
+    ('{"tasks": [{"kind": "wakeword", "name": "k", "budget_permille": 5}]}', "budget_permille"),
+    ('{"tasks": [{"kind": "sensor", "name": "s", "read_bytes": 5000}]}', "read_bytes"),
+    ('{"tasks": [{"kind": "sensor", "name": "s", "dma": "yes"}]}', "dma"),
 ]
 for text, word in BAD:
     e = raises(appcfg.AppConfigError, appcfg.load, text)
@@ -77,8 +84,8 @@ k, bw, env = boot(cfg)
 eq(env["sram"], bw.tier_id("sram"), "env sram id")
 eq(env["psram"], bw.tier_id("psram"), "env psram id")
 loads = appcfg.spawn(k, cfg, env)
-eq([w.name for w in loads], ["mic", "up", "blink"], "workloads in config order, named")
-eq([w.kind for w in loads], ["audio", "wifi", "module"], "their kinds")
+eq([w.name for w in loads], ["mic", "up", "kws", "imu", "adc", "blink"], "workloads in config order, named")
+eq([w.kind for w in loads], ["audio", "wifi", "wakeword", "sensor", "sensor", "module"], "their kinds")
 eq(bw.budget[env["psram"] * bw.n_cat_max + bw.category_id("up")], bw.cap[env["psram"]] * 50 // 1000,
    "budget_permille set on the payload tier")
 
@@ -95,6 +102,9 @@ k.run(200000)
 st = appcfg.stats(loads)
 check(st["mic"]["released"] >= 11 and st["mic"]["deadline_misses"] == 0, "audio ran on time: %r" % st["mic"])
 check(st["up"]["released"] >= 3, "wifi bursts: %r" % st["up"])
+check(st["kws"]["released"] >= 10 and st["kws"]["deadline_misses"] == 0, "wake word on time: %r" % st["kws"])
+check(st["imu"]["released"] >= 19 and st["imu"]["bytes"] >= 19 * 64, "sensor reads: %r" % st["imu"])
+check(st["adc"]["released"] >= 9 and st["adc"]["dma"], "sensor by DMA: %r" % st["adc"])
 check(st["blink"]["released"] >= 19 and st["blink"]["bytes"] > 0, "the module task ran: %r" % st["blink"])
 eq(k.totals[T_FAULTS], 0, "no task faulted")
 
