@@ -12,7 +12,7 @@
 #   {"name": "voice-assistant", "title": "...", "comment": "...",
 #    "decode": {"model": "model.bin", "tokenizer": "tokenizer.bin", "policy": "full",
 #               "window": 0, "sinks": 4, "kv_dtype": "fp32", "tokens": 64, "prompt": "",
-#               "seed": 0, "temperature": 0.0, "top_p": 1.0, "priority": 1, "piece_bytes": 0,
+#               "seed": 0, "temperature": 0.0, "top_p": 1.0, "priority": 1, "piece_bytes": 0, "kv_blocks": 0,
 #               "prefix": "...", "chats": [{"name": "a", "prompt": "...", "tokens": 32}]},
 #    "dma": {"priority": 6, "slots": 32, "max_burst": 16384},
 #    "tasks": [{"kind": "audio", "name": "mic", "priority": 7, "rate_hz": 16000, ...},
@@ -35,7 +35,7 @@ DECODE_KEYS = {
     "window": (int, 0, 1 << 20), "sinks": (int, 0, 64), "kv_dtype": (str, None, None),
     "tokens": (int, 1, 1 << 20), "prompt": (str, None, None), "seed": (int, 0, 0x3FFFFFFF),
     "temperature": (float, 0.0, 10.0), "top_p": (float, 0.0, 1.0), "priority": (int, 0, 7),
-    "piece_bytes": (int, 0, 1 << 24), "prefix": (str, None, None), "chats": (list, None, None),
+    "piece_bytes": (int, 0, 1 << 24), "kv_blocks": (int, 0, 1 << 20), "prefix": (str, None, None), "chats": (list, None, None),
     "comment": (str, None, None),
 }
 CHAT_KEYS = {"name": (str, None, None), "prompt": (str, None, None), "tokens": (int, 1, 1 << 20),

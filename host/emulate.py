@@ -1,0 +1,718 @@
+# `./kv emulate`: the firmware's own modules on CPython with a VirtualClock and a board's
+# cost model -> a report that answers "will this run on my board?" (docs/emulator.md).
+#
+#   rep = emulate.run({"board": "esp32s3_n8r8", "scenario": "voice-assistant", "tokens": 32},
+#                     out_dir="out")      # report.json, telemetry.jsonl, trace.json, PNGs
+#
+# One run: the board profile (host/boards.py) -> VirtualClock + Kernel -> the bandwidth
+# tracker (every tier, carry_ns) and the DMA queue with its engine (firmware_py/appcfg.
+# make_env) -> decode.Session sized by the board's heap (the budget rule), its memory
+# traffic charged on the tier the weights and the KV live in (decode.traffic_for) and its
+# compute from the board's CPU cost model (firmware_py/cpucost.py, by kind) -> the thermal
+# guard (thermal.for_board over a ModelTemp on the virtual clock) -> the scenario's tasks
+# (appcfg.spawn) -> the telemetry task writing frames into a buffer, decoded by the
+# console's StreamDecoder into telemetry.jsonl, from which host/trace.py makes trace.json
+# and the plots, as `./kv monitor --jsonl` + `./kv trace` do for a board.
+#
+# Deterministic: everything runs on the virtual clock, the report holds no wall-clock
+# time and no absolute path; the same spec gives the same bytes.
+import hashlib
+import json
+import os
+import sys
+
+from firmware_py import appcfg, decode, llama2c
+from firmware_py import bandwidth as bwm
+from firmware_py import telemetry as tm
+from firmware_py import thermal as thm
+from firmware_py.clock import VirtualClock
+from firmware_py.compat import ticks_diff
+from firmware_py.sched import Kernel, T_FAULTS
+from firmware_py.sched.stats import S_MAX_LAT, S_MAX_SLICE, S_MISSES, S_RUN_S, S_RUN_US
+from firmware_py.status import CARRY_N
+from host import boards, paths
+from host.errors import UserError
+
+SCENARIOS = os.path.join(paths.ROOT, "scenarios")
+COST_KINDS = ("c", "dsp", "asm", "viper", "bytecode")  # firmware_py/cpucost.KINDS
+REPORT_VERSION = 1
+
+# every spec key with its default ("" model: stories260K from ../shared/models when
+# present, else the committed models/kvrtos-tiny; "" cost: viper when the board has
+# figures for it, else "none": memory time only)
+DEFAULTS = {
+    "board": "esp32s3_n8r8",
+    "model": "",
+    "tokenizer": "",
+    "policy": "full",
+    "window": 0,
+    "sinks": 4,
+    "kv_dtype": "fp32",
+    "tokens": 64,
+    "prompt": "",
+    "scenario": "",
+    "seed": 0,
+    "temperature": 0.0,
+    "top_p": 1.0,
+    "cost": "",
+    "piece_bytes": 0,
+    "kv_blocks": 0,
+    "weights_tier": "auto",
+    "link_bps": tm.DEFAULT_LINK_BPS,
+    "rate_hz": tm.DEFAULT_RATE_HZ,
+    "ambient_c": thm.AMBIENT_C,
+    "max_ms": 500000,
+}
+_INT_KEYS = {"window": (0, 1 << 20), "sinks": (0, 64), "tokens": (1, 1 << 20), "seed": (0, 0x3FFFFFFF),
+             "piece_bytes": (0, 1 << 24), "kv_blocks": (0, 1 << 20), "link_bps": (100, 1000000), "rate_hz": (1, 1000), "ambient_c": (-40, 120),
+             "max_ms": (1, 530000)}  # virtual ticks wrap at 2**30 us: durations stay below half of it
+_FLOAT_KEYS = {"temperature": (0.0, 10.0), "top_p": (0.0, 1.0)}
+_STR_KEYS = ("board", "model", "tokenizer", "policy", "kv_dtype", "prompt", "scenario", "cost", "weights_tier")
+DECODE_SPEC_KEYS = ("model", "tokenizer", "policy", "window", "sinks", "kv_dtype", "tokens", "prompt", "seed",
+                    "temperature", "top_p", "piece_bytes", "kv_blocks")  # what a scenario's "decode" section may set
+EMULATE_SPEC_KEYS = ("board", "cost", "weights_tier", "link_bps", "rate_hz", "ambient_c", "max_ms")  # its "emulate" section
+
+
+def _bad(msg):
+    raise UserError(msg, 2)
+
+
+def scenario_names():
+    # the scenarios in scenarios/, sorted
+    if not os.path.isdir(SCENARIOS):
+        return []
+    return sorted(f[:-5] for f in os.listdir(SCENARIOS) if f.endswith(".json"))
+
+
+def scenario_path(name):
+    # scenarios/NAME.json for a name; a path (has a "/" or ends in .json) as the user typed it
+    if "/" in name or os.sep in name or name.endswith(".json"):
+        p = paths.user_path(name)
+        if not os.path.isfile(p):
+            _bad("no scenario file %s (known scenarios: %s)" % (name, ", ".join(scenario_names())))
+        return p
+    p = os.path.join(SCENARIOS, name + ".json")
+    if not os.path.isfile(p):
+        _bad("unknown scenario %r (known: %s)" % (name, ", ".join(scenario_names())))
+    return p
+
+
+def load_scenario(name):
+    # (path, validated config) of a scenario name or path; UserError of one line
+    p = scenario_path(name)
+    try:
+        with open(p, "rb") as f:
+            text = f.read()
+    except OSError as e:
+        _bad("scenario %s cannot be read: %s" % (name, e.strerror or e))
+    try:
+        cfg = appcfg.load(text)
+    except appcfg.AppConfigError as e:
+        _bad("scenario %s: %s" % (os.path.basename(p), e))
+    for key in cfg["emulate"]:
+        if key not in EMULATE_SPEC_KEYS:
+            _bad("scenario %s: emulate: unknown key %r (known: %s)" % (os.path.basename(p), key, ", ".join(EMULATE_SPEC_KEYS)))
+    return p, cfg
+
+
+def _default_model():
+    shared = paths.shared_models()
+    if shared and os.path.isfile(os.path.join(shared, "stories260K.bin")):
+        return "stories260K"
+    return ""
+
+
+def _display(p):
+    # a path without the machine's folders: relative to the repo, or to ../shared/models
+    shared = paths.shared_models()
+    for base, label in ((paths.ROOT, ""), (shared, "shared/models/")):
+        if base and os.path.abspath(p).startswith(os.path.abspath(base) + os.sep):
+            return label + os.path.relpath(os.path.abspath(p), os.path.abspath(base))
+    return os.path.basename(p)
+
+
+def _sha(p):
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+# the validated spec: defaults filled (the scenario's decode/emulate sections over the
+# defaults, the spec's own keys over those), files resolved to absolute paths, the cost
+# kind settled; UserError (one line, exit 2) on bad input. Same inputs, same dict
+def normalize(spec):
+    if not isinstance(spec, dict):
+        _bad("an emulation spec is a dict, got %r" % (spec,))
+    for key in spec:
+        if key not in DEFAULTS:
+            _bad("unknown spec key %r (known: %s)" % (key, ", ".join(sorted(DEFAULTS))))
+    out = dict(DEFAULTS)
+    given = {k: v for k, v in spec.items() if v is not None}
+    sc = given.get("scenario", "")
+    if not isinstance(sc, str):
+        _bad("scenario must be a name or a path, got %r" % (sc,))
+    cfg = None
+    if sc:
+        path, cfg = load_scenario(sc)
+        for key in DECODE_SPEC_KEYS:
+            if key in cfg["decode"]:
+                out[key] = cfg["decode"][key]
+        for key, v in cfg["emulate"].items():
+            out[key] = v
+        out["scenario"] = path
+    for key, v in given.items():
+        if key != "scenario":
+            out[key] = v
+    if out["policy"] == "full" and "window" not in given and "policy" in given:
+        out["window"] = 0  # the scenario's window was for its own policy: full keeps none
+    for key in _STR_KEYS:
+        if not isinstance(out[key], str):
+            _bad("%s must be a string, got %r" % (key, out[key]))
+    for key, (lo, hi) in _INT_KEYS.items():
+        v = out[key]
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            _bad("%s must be a whole number in %d..%d, got %r" % (key, lo, hi, v))
+    for key, (lo, hi) in _FLOAT_KEYS.items():
+        v = out[key]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
+            _bad("%s must be a number in %g..%g, got %r" % (key, lo, hi, v))
+        out[key] = float(v)
+    if out["policy"] not in appcfg.POLICIES:
+        _bad("policy must be one of %s, got %r" % (", ".join(appcfg.POLICIES), out["policy"]))
+    if out["kv_dtype"] not in appcfg.KV_DTYPES:
+        _bad("kv_dtype must be one of %s, got %r" % (", ".join(appcfg.KV_DTYPES), out["kv_dtype"]))
+    if out["policy"] == "full":
+        if out["window"]:
+            _bad("--window applies to the window, sinks and h2o policies, not full")
+    brd = boards.load(out["board"])
+    out["board"] = brd.name if not ("/" in out["board"] or out["board"].endswith(".json")) else boards.path_of(out["board"])
+    model = out["model"] or _default_model()
+    from host import generate  # noqa: PLC0415 - the one resolver of model names and paths
+
+    mp, tp = generate.resolve(model, out["tokenizer"])
+    out["model"], out["tokenizer"] = os.path.abspath(mp), os.path.abspath(tp)
+    cost = out["cost"]
+    have = getattr(brd, "cpu_cost", None) or {}
+    if cost == "":
+        cost = "viper" if "viper" in have else "none"
+    elif cost != "none" and cost not in COST_KINDS:
+        _bad("cost must be one of %s or none, got %r" % (", ".join(COST_KINDS), cost))
+    elif cost != "none" and cost not in have:
+        _bad("board %s has no %s cost figures (it has: %s)" % (brd.name, cost, ", ".join(sorted(have)) or "none"))
+    out["cost"] = cost
+    wt = out["weights_tier"]
+    if wt != "auto" and wt not in [t.name for t in brd.tiers]:
+        _bad("weights_tier: board %s has no tier %r (has %s)" % (brd.name, wt, ", ".join(t.name for t in brd.tiers)))
+    return out
+
+
+def _ram_tier(brd):
+    # the tier a decode's heap lives in: external RAM (psram / dram) when the board has it, else sram
+    for kind in ("psram", "dram", "sram"):
+        for t in brd.tiers:
+            if t.kind == kind:
+                return t
+    return brd.tiers[0]
+
+
+def _heap(brd):
+    # usable heap the firmware's pool is sized from: the profile's MicroPython heap (an
+    # MCU), or the RAM less the OS's share (a SoC profile), at most 256 MB
+    if brd.kind == "mcu" and brd.mpy_heap:
+        return brd.mpy_heap, brd.firmware_bytes
+    ram = _ram_tier(brd)
+    return min(ram.bytes - brd.firmware_bytes, 1 << 28), 0
+
+
+def _placement(brd, n, cfg, lay):
+    # (weights tier, kv tier, heap, reserve, why): the weights in the heap's RAM tier when
+    # they fit beside a KV block, else memory-mapped from flash (the heap then does not hold them)
+    heap, reserve = _heap(brd)
+    ram = _ram_tier(brd)
+    wbytes = lay.memory_bytes()
+    wt = n["weights_tier"]
+    flash = [t for t in brd.tiers if t.kind == "flash"]
+    if wt == "auto":
+        r, blocks = decode.budget_blocks(heap, cfg, wbytes, _kv_layout(cfg, n), reserve, n["policy"] == "h2o", 1, 4)
+        if blocks >= 1 or not flash:
+            wt = ram.name
+            why = "in the heap (%s)" % ram.name
+        else:
+            wt = flash[0].name
+            why = "memory-mapped from %s: they do not fit the heap beside a KV block" % wt
+    else:
+        why = "as the spec says (weights_tier %s)" % wt
+    t = brd.tier(wt)
+    if t.kind == "flash":
+        if wbytes > t.bytes:
+            _bad("the weights (%d B) do not fit %s's %s (%d B)" % (wbytes, brd.name, wt, t.bytes))
+        heap += wbytes  # memory-mapped: the budget rule's weights are not on the heap
+    return wt, ram.name, heap, reserve, why
+
+
+def _kv_layout(cfg, n):
+    from firmware_py import kv  # noqa: PLC0415
+
+    try:
+        return kv.Layout(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, n["kv_dtype"])
+    except kv.KVError as e:
+        _bad(str(e))
+
+
+def _cost_model(brd, kind, s):
+    if kind == "none":
+        return None, {"kind": "none", "note": "memory time only: no CPU cost figures used (compute not charged)"}
+    try:
+        from firmware_py import cpucost  # noqa: PLC0415 - by "cost"; absent: memory time only
+    except ImportError:
+        return None, {"kind": kind, "note": "memory time only: firmware_py/cpucost.py is not in this tree"}
+    try:
+        m = cpucost.for_session(brd, kind, s)
+    except cpucost.CostError as e:
+        _bad(str(e))
+    return m, {"kind": kind, "figures": m.figures()}
+
+
+def _memory_figures(brd):
+    # the tiers' cost figures and their sources (docs/tiers.md)
+    out = {}
+    for t in brd.tiers:
+        d = {"bytes": t.bytes, "bandwidth_bytes_per_s": t.bandwidth, "latency_ns": t.latency_ns, "dma": t.dma,
+             "source": t.source}
+        if t.cost is not None:
+            d["cost"] = dict(t.cost.values())
+        out[t.name] = d
+    return out
+
+
+class _Sink:
+    # the telemetry link: frames written into a bytearray (write(buf, n) as a stream's)
+    def __init__(self):
+        self.buf = bytearray()
+
+    def write(self, b, n):
+        self.buf += bytes(b[:n])
+        return n
+
+
+# run one emulation; returns the report dict (deterministic). out_dir: write report.json,
+# telemetry.jsonl, trace.json and the PNG plots there. progress: None or fn(done, total)
+# called after every token
+def run(spec, out_dir=None, progress=None):
+    n = normalize(spec)
+    if out_dir is not None:
+        _prepare(out_dir)
+    brd = boards.load(n["board"])
+    cfg_app = _app_config(n)
+    try:
+        mcfg, mlay = llama2c.plan(n["model"])
+    except (llama2c.CheckpointError, OSError) as e:
+        _bad("%s: %s" % (_display(n["model"]), e))
+    w_tier, kv_tier, heap, reserve, why = _placement(brd, n, mcfg, mlay)
+    clk = VirtualClock()
+    k = Kernel(clk, max_tasks=appcfg.max_tasks(cfg_app) + 2, verbose=False)
+    bw = bwm.Bandwidth(brd, kernel=k, carry_ns=True, user_categories=appcfg.categories(cfg_app))
+    try:
+        s = decode.Session(n["model"], n["tokenizer"], kv_dtype=n["kv_dtype"], policy=n["policy"], window=n["window"],
+                           backend="auto", heap=heap, reserve=reserve, temperature=n["temperature"], top_p=n["top_p"],
+                           seed=n["seed"], sinks=n["sinks"], word_bytes=4, blocks=n["kv_blocks"])
+        ids = s.encode(n["prompt"])
+    except decode.DecodeError as e:
+        _bad("%s on %s: %s" % (os.path.basename(n["model"]), brd.name, e))
+    s.traffic = decode.traffic_for(s, bw, w_tier=w_tier, kv_tier=kv_tier)
+    s.piece_bytes = n["piece_bytes"]
+    cpu, cost = _cost_model(brd, n["cost"], s)
+    s.cpu = cpu
+    try:
+        env = appcfg.make_env(k, bw, cfg_app, brd)
+        loads = appcfg.spawn(k, cfg_app, env)
+    except appcfg.AppConfigError as e:
+        _bad("scenario %s: %s" % (os.path.basename(n["scenario"]) or "-", e))
+    src = thm.ModelTemp(clk, ambient_c=n["ambient_c"])
+    guard = thm.for_board(k, brd, source=src)
+    s.thermal = guard
+    sink = _Sink()
+    tel = tm.Telemetry(sink.write, kernel=k, link_bps=n["link_bps"], rate_hz=n["rate_hz"], pool=s.pool, cache=s.cache,
+                       bw=bw, dma=env["dma"], thermal=guard, heap=False,
+                       meta={"model": os.path.basename(n["model"]), "board": brd.name, "kv.policy": s.policy,
+                             "model.layers": s.cfg.n_layers, "model.seq_len": s.cfg.seq_len, "model.dim": s.cfg.dim,
+                             "emulator": "kv emulate"})
+    tel.watch_seq(s.h, s.cap)
+    k.spawn("telemetry", 2, tel.task(k))
+    k.spawn("thermal", 2, guard.task())
+    total = n["tokens"]
+    done = {"reason": tm.DONE_ERROR}
+
+    def on_token(sess):
+        tel.tokens += 1
+        if progress is not None:
+            progress(sess.n_new, total)
+
+    s.on_token = on_token
+
+    def decoder():
+        tel.requests += 1
+        tel.request = 1
+        tel.event(tm.EV_START, 1, len(ids), total)
+        try:
+            yield from s.task(k, ids, total, tel.text)
+            done["reason"] = tm.DONE_OK if not s.stop else (tm.DONE_FULL if s.stop == "full" else tm.DONE_ERROR)
+            if s.stop:
+                tel.event(tm.EV_REFUSED, -1, 1, 1)
+        finally:
+            tel.event(tm.EV_DONE, 1, s.n_new, done["reason"])
+        yield k.sleep_us(2 * tel.period_us + 1000)  # the last frames go out
+        k.stop()
+
+    t_dec = k.spawn("decode", cfg_app["decode"]["priority"], decoder())
+    k.run(n["max_ms"] * 1000)
+    if t_dec.exc is not None:
+        raise UserError("emulate: the decode task failed: %s: %s" % (type(t_dec.exc).__name__, t_dec.exc), 1)
+    rep = _report(n, brd, k, bw, s, env, loads, guard, tel, sink, t_dec, cost, w_tier, kv_tier, why, len(ids), done)
+    frames_jsonl = _frames(sink.buf, rep)
+    if out_dir is not None:
+        _write(out_dir, rep, frames_jsonl)
+    return rep
+
+
+def _app_config(n):
+    # the scenario's config (appcfg), or an empty one: the decode alone
+    if n["scenario"]:
+        return load_scenario(n["scenario"])[1]
+    return appcfg.load({})
+
+
+def _run_us(t):
+    return t.st[S_RUN_S] * 1000000 + t.st[S_RUN_US]
+
+
+def _report(n, brd, k, bw, s, env, loads, guard, tel, sink, t_dec, cost, w_tier, kv_tier, why, n_prompt, done):
+    el = ticks_diff(k.now(), 0)  # the run's length: it started at 0
+    tr = s.traffic
+    q = env["dma"]
+    made = s.n_new
+    first_to_end = ticks_diff(s.t_end, s.t_first)
+    tok_s = round((made - 1) * 1e6 / first_to_end, 3) if made > 1 and first_to_end > 0 else 0.0
+    ms_tok = round(first_to_end / (made - 1) / 1000, 4) if made > 1 else round(ticks_diff(s.t_end, s.t_start) / 1000, 4)
+    lay = s.layout
+    cached = s.cache.cached(s.h)
+    bwr = bw.report()
+    tiers = {}
+    for name, d in bwr.items():
+        a = d["all"]
+        cats = {c: {"bytes": r["bytes"], "waits": r["waits"], "wait_us": r["wait_us"], "refused": r["refused"],
+                    "peak_permille": r["peak_permille"], "budget": r["budget"]}
+                for c, r in d.items() if c != "all" and (r["bytes"] or r["refused"] or r["waits"])}
+        tiers[name] = {"bytes": a["bytes"], "busy_us": a["busy_us"],
+                       "utilization": round(a["busy_us"] / el, 4) if el else 0.0,
+                       "bytes_per_s": round(a["bytes"] * 1e6 / el, 1) if el else 0.0,
+                       "bytes_permille_of_bandwidth": round(a["bytes"] * 1000 / (bw.bw[bw.tier_id(name)] * el / 1e6), 2) if el else 0.0,
+                       "peak_permille": a["peak_permille"], "stalls": a["stalls"], "stall_us": a["stall_us"],
+                       "waits": a["waits"], "refused": a["refused"], "categories": cats}
+    tasks = {}
+    total_run = 0
+    for t in k.tasks:
+        if t is None:
+            continue
+        ru = _run_us(t)
+        total_run += ru
+        tasks[t.name] = {"priority": t.st[10], "run_us": ru, "cpu_share": round(ru / el, 4) if el else 0.0,
+                         "max_slice_us": t.st[S_MAX_SLICE], "max_wake_latency_us": t.st[S_MAX_LAT],
+                         "kernel_misses": t.st[S_MISSES]}
+    wl = appcfg.stats(loads)
+    misses = {name: st["deadline_misses"] for name, st in wl.items()}
+    for name, d in tasks.items():
+        d["deadline_misses"] = misses.get(name, d["kernel_misses"])
+    stop = s.stop_line()
+    dec, dec_counts = _decode_frames(sink.buf)
+    ev_counts = {}
+    ev_log = []
+    for f in dec:
+        for e in f.get("events", ()):
+            ev_counts[e["event"]] = ev_counts.get(e["event"], 0) + 1
+            if len(ev_log) < 200:
+                ev_log.append(e)
+    qs = q.stats()
+    rep = {
+        "version": REPORT_VERSION,
+        "spec": _spec_view(n),
+        "board": brd.name,
+        "model": {"file": _display(n["model"]), "sha256": _sha(n["model"]), "dim": s.cfg.dim, "layers": s.cfg.n_layers,
+                  "heads": s.cfg.n_heads, "kv_heads": s.cfg.n_kv_heads, "vocab": s.cfg.vocab_size,
+                  "seq_len": s.cfg.seq_len, "weights_dtype": s.weights.dtype, "weights_bytes": s.weights.nbytes},
+        "placement": {"weights": w_tier, "kv": kv_tier, "why": why, "heap_bytes": s.heap, "reserve_bytes": s.reserve},
+        "tokens": made,
+        "tokens_requested": n["tokens"],
+        "prompt_tokens": n_prompt,
+        "stop": stop,
+        "stop_reason": tm.DONE_REASONS[done["reason"]],
+        "tok_s": tok_s,
+        "ms_per_token": ms_tok,
+        "ttft_ms": round(ticks_diff(s.t_first, s.t_start) / 1000, 3) if made else 0.0,
+        "decode_ms": round(ticks_diff(s.t_end, s.t_start) / 1000, 3),
+        "elapsed_ms": round(el / 1000, 3),
+        "kv_bytes": cached * lay.kv_bytes_per_token,
+        "kv_cached_tokens": cached,
+        "kv_bytes_per_token": lay.kv_bytes_per_token,
+        "kv_cap_tokens": s.cap,
+        "pool_blocks": s.pool.n_blocks,
+        "pool_block_bytes": s.pool.block_bytes,
+        "pool_high_water": s.pool.high_water,
+        "pool_high_water_bytes": s.pool.high_water * s.pool.block_bytes,
+        "deadline_misses": sum(misses.values()),
+        "deadline_misses_by_task": misses,
+        "bandwidth": tiers,
+        "tasks": tasks,
+        "cpu_busy_share": round(total_run / el, 4) if el else 0.0,
+        "workloads": wl,
+        "dma": qs,
+        "decode_traffic": {"weights_bytes": tr.bytes_w_g * CARRY_N + tr.bytes_w, "kv_bytes": tr.bytes_kv_g * CARRY_N + tr.bytes_kv,
+                           "memory_us": tr.s * 1000000 + tr.us, "refused_pieces": tr.refused, "pieces": s.pieces,
+                           "carried_us": s.carried_us},
+        "events": {"counts": ev_counts, "evictions": max(s.cache.evictions(s.h), 0),
+                   "throttled_waits": sum(d["waits"] for d in tiers.values()),
+                   "refusals": sum(d["refused"] for d in tiers.values()) + qs["refused"] + (1 if s.stop else 0),
+                   "thermal_events": guard.events, "thermal_pauses": s.thermal_pauses,
+                   "thermal_pause_us": s.thermal_pause_us, "log": ev_log},
+        "thermal": guard.report(),
+        "cost": {"cpu": cost, "memory": _memory_figures(brd)},
+        "telemetry": dict(dec_counts, wire_bytes=len(sink.buf)),
+        "text": s.tok.decode(list(s.tokens[:made])).decode("utf-8", "replace") if made else "",
+    }
+    rep["invariants"] = _invariants(rep, bw, bwr, q, s, k, w_tier, kv_tier, loads)
+    return rep
+
+
+def _spec_view(n):
+    # the normalized spec without the machine's folders (the report stays the same on every checkout)
+    v = dict(n)
+    for key in ("model", "tokenizer", "scenario"):
+        if v[key]:
+            v[key] = _display(v[key])
+    if v["board"].endswith(".json"):
+        v["board"] = _display(v["board"])
+    return v
+
+
+def _invariants(rep, bw, bwr, q, s, k, w_tier, kv_tier, loads):
+    out = {}
+    dt = rep["decode_traffic"]
+    w_charged = bwr[w_tier]["weights"]["bytes"]
+    kv_charged = bwr[kv_tier]["kv_read"]["bytes"] + bwr[kv_tier]["kv_write"]["bytes"]
+    if w_tier == kv_tier:
+        pass
+    out["decode_bytes_charged"] = {"ok": dt["weights_bytes"] == w_charged and dt["kv_bytes"] == kv_charged,
+                                   "weights_moved": dt["weights_bytes"], "weights_charged": w_charged,
+                                   "kv_moved": dt["kv_bytes"], "kv_charged": kv_charged}
+    # the DMA engine charges every burst to its category on both tiers it touches, and its
+    # descriptors' bytes to "dma" on the descriptor tier
+    cats = [w.name for w in loads if getattr(w, "kind", "") in ("audio", "wifi")]
+    charged = sum(bwr[t][c]["bytes"] for t in bwr for c in cats if c in bwr[t])
+    qs = rep["dma"]
+    from firmware_py import dma as dma_mod  # noqa: PLC0415
+
+    desc = bwr[bw.names[q.desc_tier]]["dma"]["bytes"]
+    other = sum(bwr[t][c]["bytes"] for t in bwr for c in bwr[t] if c not in cats and c not in ("all", "weights", "kv_read", "kv_write", "dma", "io"))
+    out["dma_bytes_charged"] = {"ok": charged == 2 * qs["bytes"] - _other_dma(loads, bwr) and desc == qs["links"] * dma_mod.DESC_BYTES,
+                                "moved_x2": 2 * qs["bytes"], "charged": charged, "descriptor_bytes": desc,
+                                "descriptors_x12": qs["links"] * dma_mod.DESC_BYTES, "other_user_bytes": other}
+    made = rep["tokens"]
+    out["tokens"] = {"ok": made == rep["tokens_requested"] or bool(rep["stop"]), "emitted": made,
+                     "requested": rep["tokens_requested"], "stop": rep["stop"]}
+    worst = max((d["cpu_share"] for d in rep["tasks"].values()), default=0.0)
+    out["cpu_share"] = {"ok": worst <= 1.0 and rep["cpu_busy_share"] <= 1.0, "largest_task": worst,
+                        "all_tasks": rep["cpu_busy_share"]}
+    out["no_faults"] = {"ok": k.totals[T_FAULTS] == 0, "faults": k.totals[T_FAULTS]}
+    out["ok"] = all(v["ok"] for v in out.values())
+    return out
+
+
+def _other_dma(loads, bwr):
+    # bytes of module tasks' own categories moved by the DMA engine: not known here (0)
+    return 0
+
+
+def _decode_frames(buf):
+    # the console's decoder over the telemetry bytes: (frames, counts)
+    from host import console  # noqa: PLC0415
+
+    d = console.StreamDecoder()
+    items = d.feed(bytes(buf))
+    items += d.flush()
+    frames = [v for kind, v in items if kind == "frame"]
+    return frames, {"frames": d.good, "corrupt": d.corrupt, "dropped": d.dropped, "skipped": d.skipped,
+                    "text_bytes": d.text_bytes}
+
+
+def _frames(buf, rep):
+    # telemetry.jsonl lines: the console's log format, host_t = the board time (virtual)
+    from host import console  # noqa: PLC0415
+
+    frames, _ = _decode_frames(buf)
+    return [console.jsonl_line(f, host_time=f.get("ms", 0) / 1000.0) for f in frames]
+
+
+def _prepare(out_dir):
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        _bad("--out %s is not a folder" % out_dir)
+    if not os.path.isdir(out_dir):
+        parent = os.path.dirname(os.path.abspath(out_dir))
+        if not os.path.isdir(parent):
+            _bad("--out %s: folder %s does not exist" % (out_dir, parent))
+        try:
+            os.mkdir(out_dir)
+        except OSError as e:
+            _bad("--out %s cannot be made: %s" % (out_dir, e.strerror or e))
+
+
+def _write(out_dir, rep, lines):
+    from host import trace  # noqa: PLC0415 - the same code ./kv trace runs
+
+    files = {}
+    lp = os.path.join(out_dir, "telemetry.jsonl")
+    _put(lp, "".join(line + "\n" for line in lines))
+    files["telemetry"] = "telemetry.jsonl"
+    frames, _ = trace.read(lp)
+    tr, series = trace.build(frames)
+    _put(os.path.join(out_dir, "trace.json"), json.dumps(tr, sort_keys=True))
+    files["trace"] = "trace.json"
+    fit = trace.kv_fit(series)
+    files["plots"] = [os.path.basename(p) for p in trace.plots(series, fit, out_dir)]
+    rep["files"] = files
+    rep["kv_fit"] = {k: v for k, v in fit.items() if k != "pts"} if fit else None
+    _put(os.path.join(out_dir, "report.json"), json.dumps(rep, sort_keys=True, indent=1) + "\n")
+
+
+def _put(p, text):
+    try:
+        with open(p, "w") as f:
+            f.write(text)
+    except OSError as e:
+        _bad("%s cannot be written: %s" % (p, e.strerror or e))
+
+
+# --- the command ------------------------------------------------------------------------
+
+def _progress_fn(err):
+    # a progress callable for the command line: a rich bar when stderr is a terminal,
+    # else a line at every 10 % once the run has taken more than 3 s (wall time: only
+    # what is shown depends on it, never the report)
+    import time  # noqa: PLC0415
+
+    t0 = time.monotonic()
+    if err.isatty():
+        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn  # noqa: PLC0415
+
+        state = {}
+
+        def bar(done, total):
+            if "p" not in state:
+                if time.monotonic() - t0 < 1.0:
+                    return
+                p = Progress(TextColumn("emulate"), BarColumn(), TextColumn("{task.completed}/{task.total} tokens"),
+                             TimeRemainingColumn(), transient=True, console=None)
+                p.start()
+                state["p"] = p
+                state["t"] = p.add_task("emulate", total=total)
+            state["p"].update(state["t"], completed=done)
+            if done >= total:
+                state["p"].stop()
+
+        def close():
+            if "p" in state:
+                state["p"].stop()
+
+        bar.close = close
+        return bar
+    last = [0]
+
+    def lines(done, total):
+        step = done * 10 // total
+        if step > last[0] and time.monotonic() - t0 > 3.0:
+            last[0] = step
+            print("emulate: %d/%d tokens (%d %%)" % (done, total, step * 10), file=err, flush=True)
+
+    lines.close = lambda: None
+    return lines
+
+
+def summary(rep):
+    # the readable summary lines of a report
+    inv = rep["invariants"]
+    L = ["emulate: %s on %s, %s KV %s%s, cost %s%s" % (
+        rep["model"]["file"], rep["board"], rep["spec"]["policy"], rep["spec"]["kv_dtype"],
+        " window %d" % rep["spec"]["window"] if rep["spec"]["window"] else "", rep["spec"]["cost"],
+        ", scenario %s" % rep["spec"]["scenario"] if rep["spec"]["scenario"] else ""),
+        "  tokens      %d of %d (prompt %d)%s" % (rep["tokens"], rep["tokens_requested"], rep["prompt_tokens"],
+                                                   "; " + rep["stop"] if rep["stop"] else ""),
+        "  speed       %.2f tok/s, %.2f ms/token, time to first token %.1f ms" % (rep["tok_s"], rep["ms_per_token"], rep["ttft_ms"]),
+        "  memory      KV %s B (%d tokens cached), pool high-water %d/%d blocks = %s B; weights in %s, KV in %s" % (
+            "{:,}".format(rep["kv_bytes"]), rep["kv_cached_tokens"], rep["pool_high_water"], rep["pool_blocks"],
+            "{:,}".format(rep["pool_high_water_bytes"]), rep["placement"]["weights"], rep["placement"]["kv"])]
+    for name, d in sorted(rep["bandwidth"].items()):
+        if d["bytes"]:
+            L.append("  bandwidth   %-6s busy %.1f %%, %s B moved, peak window %d permille, waits %d" % (
+                name, 100 * d["utilization"], "{:,}".format(d["bytes"]), d["peak_permille"], d["waits"]))
+    for name, d in rep["tasks"].items():
+        L.append("  task        %-10s prio %d  cpu %5.1f %%  deadline misses %d  worst wake latency %d us" % (
+            name, d["priority"], 100 * d["cpu_share"], d["deadline_misses"], d["max_wake_latency_us"]))
+    ev = rep["events"]
+    L.append("  events      evictions %d, throttled waits %d, refusals %d, thermal changes %d; telemetry %s" % (
+        ev["evictions"], ev["throttled_waits"], ev["refusals"], ev["thermal_events"],
+        ", ".join("%s %d" % kv for kv in sorted(ev["counts"].items())) or "none"))
+    c = rep["cost"]["cpu"]
+    L.append("  cpu cost    %s" % (c.get("note") or "%s figures: %s" % (c["kind"], ", ".join(
+        "%s=%s (%s)" % (k, v["value"], v.get("kind", "")) for k, v in sorted(c["figures"].items())))))
+    L.append("  invariants  %s" % ("all hold" if inv["ok"] else "FAILED: " + ", ".join(k for k, v in inv.items() if k != "ok" and not v["ok"])))
+    if rep.get("files"):
+        L.append("  files       report.json, telemetry.jsonl, trace.json, %s" % ", ".join(rep["files"]["plots"]))
+    return L
+
+
+# ./kv emulate: the spec from the options (None: not given), the summary or the JSON
+def main(opts, out=None, as_json=False, err=None):
+    err = err or sys.stderr
+    prog = _progress_fn(err)
+    try:
+        rep = run(opts, out_dir=out, progress=prog)
+    finally:
+        prog.close()
+    if as_json:
+        print(json.dumps(rep, sort_keys=True))
+    else:
+        for line in summary(rep):
+            print(line)
+        if out:
+            print("  out         %s" % out)
+    if not rep["invariants"]["ok"]:
+        raise UserError("an invariant does not hold: %s" % ", ".join(
+            k for k, v in rep["invariants"].items() if k != "ok" and not v["ok"]), 1)
+    return rep
+
+
+# the spec from ./kv emulate's options (strings, None: not given): whole numbers and
+# numbers checked here (one line naming the flag), the rest by normalize()
+def spec_from_options(**opts):
+    spec = {}
+    for key, v in opts.items():
+        if v is None:
+            continue
+        flag = "--" + key.replace("_", "-")
+        if key in _INT_KEYS:
+            try:
+                v = int(v, 10)
+            except ValueError:
+                _bad("%s must be a whole number, got %r" % (flag, v))
+        elif key in _FLOAT_KEYS:
+            try:
+                v = float(v)
+            except ValueError:
+                _bad("%s must be a number, got %r" % (flag, v))
+            if v != v or v in (float("inf"), float("-inf")):
+                _bad("%s must be a finite number, got %r" % (flag, opts[key]))
+        elif key == "model" and v == "":
+            _bad("--model needs a value (a path, or stories260K)")
+        spec[key] = v
+    return spec
