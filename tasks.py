@@ -231,17 +231,21 @@ def vboard(c, board="esp32s3_n8r8", fs=None, stop=False):
 @task(help={"port": "serial port (default: ESP32-S3 by USB VID, else the virtual board)", "board": "board profile name", "src": "firmware source directory (a copy of firmware_py/)",
             "timeout": "seconds the board may stay silent in any exchange (default 10)",
             "model": "also copy this llama2.c checkpoint (kvrtos-tiny: models/kvrtos-tiny/model.bin; stories260K: ../shared/models) as model.bin, refused first when it cannot fit",
-            "tokenizer": "its tokenizer.bin (default: beside the model)"})
+            "tokenizer": "its tokenizer.bin (default: beside the model)",
+            "config": "an application config (JSON, docs/user-guide.md) put on the board as kvrtos.json, with the modules of its module tasks (m.py beside it); checked first: a bad one is one line, nothing flashed"})
 @one_line_errors
-def flash(c, port=None, board="esp32s3_n8r8", src=None, timeout="10", model=None, tokenizer=""):
-    """Compile firmware_py/ with mpy-cross and copy what changed to the board (mpremote), verify, soft-reset; --model puts a model there too."""
+def flash(c, port=None, board="esp32s3_n8r8", src=None, timeout="10", model=None, tokenizer="", config=None):
+    """Compile firmware_py/ with mpy-cross and copy what changed to the board (mpremote), verify, soft-reset; --model puts a model there too, --config an application config."""
     from host import flash as fl
     from host import paths
 
     if tokenizer and not model:
         raise UserError("--tokenizer needs --model (the tokenizer is flashed with its model)", 2)
+    if config == "":
+        raise UserError("--config needs a file (./kv flash --help)", 2)
     fl.flash(port=port and paths_user(port), board_name=board, src=paths_user(src) if src else paths.FIRMWARE,
-             answer_timeout=_seconds(timeout, "--timeout"), model=model, tokenizer=tokenizer)
+             answer_timeout=_seconds(timeout, "--timeout"), model=model, tokenizer=tokenizer,
+             config=paths_user(config) if config else None)
 
 
 @task(help={"bin": "MicroPython firmware image for the ESP32-S3 (.bin)", "port": "serial port", "board": "board profile name (its USB VID finds the port)",
@@ -296,6 +300,31 @@ def trace(c, log, out=None, json=False):
     trace_mod.main(paths_user(log), paths_user(out) if out else None, as_json=json)
 
 
+@task(help={"board": "board profile name or path (default esp32s3_n8r8)",
+            "model": "llama2.c checkpoint path, or stories260K (default: stories260K from ../shared/models when there, else models/kvrtos-tiny)",
+            "tokenizer": "tokenizer.bin (default: beside the model)", "policy": "full, window, sinks or h2o",
+            "window": "tokens kept by window/sinks/h2o", "kv_dtype": "fp32, fp16, int8, int4 or int4tok",
+            "tokens": "new tokens to generate (default 64)", "scenario": "a scenario name (scenarios/) or a config file path",
+            "seed": "sampling seed", "cost": "CPU cost kind: c, dsp, asm, viper, bytecode or none (default viper when the board has it)",
+            "prompt": "prompt text", "sinks": "attention sinks of sinks/h2o", "temperature": "0 = greedy",
+            "piece_bytes": "decode moves its traffic in pieces of this many bytes (0: a layer at a time)",
+            "weights_tier": "auto, or the tier the weights are read from (e.g. flash)",
+            "out": "folder for report.json, telemetry.jsonl, trace.json and the plots", "json": "print the report as one JSON object"})
+@one_line_errors
+def emulate(c, board=None, model=None, tokenizer=None, policy=None, window=None, kv_dtype=None, tokens=None, scenario=None,
+            seed=None, cost=None, prompt=None, sinks=None, temperature=None, piece_bytes=None, weights_tier=None, out=None,
+            json=False):
+    """Run the firmware on the host with a board's cost model: tok/s, latency, memory, bandwidth, deadlines (docs/emulator.md)."""
+    from host import emulate as emu
+
+    spec = emu.spec_from_options(board=board, model=model, tokenizer=tokenizer, policy=policy, window=window,
+                                 kv_dtype=kv_dtype, tokens=tokens, scenario=scenario, seed=seed, cost=cost, prompt=prompt,
+                                 sinks=sinks, temperature=temperature, piece_bytes=piece_bytes, weights_tier=weights_tier)
+    if out == "":
+        raise UserError("--out needs a folder", 2)
+    emu.main(spec, out=paths_user(out) if out else None, as_json=json)
+
+
 @task(help={"src": "MicroPython source tree (default: $KVRTOS_MICROPYTHON_SRC or ../shared/micropython-src)"})
 @one_line_errors
 def mp32(c, src=None):
@@ -305,13 +334,18 @@ def mp32(c, src=None):
     print(mp32_mod.build(paths_user(src) if src else None))
 
 
-@task(help={"board": "board profile name"})
+@task(help={"board": "board profile name (a microcontroller)",
+            "tokens": "new tokens to decode (a whole number >= 1, default 96)",
+            "out": "folder for the telemetry log, the trace, the plots and summary.json (default: a fresh out/demo-* folder)",
+            "plain": "plain status lines instead of the live dashboard (the default when stdout is not a terminal)"})
 @one_line_errors
-def demo(c, board="esp32s3_n8r8"):
-    """The main job: flash the virtual board with the firmware and kvrtos-tiny, then decode on its MicroPython, text as it comes."""
+def demo(c, board="esp32s3_n8r8", tokens="96", out=None, plain=False):
+    """The main job: flash the virtual board with the firmware, kvrtos-tiny and an audio task; decode beside it under the live dashboard; summary, trace and plots."""
     from host import demo as demo_mod
 
-    demo_mod.run(board)
+    if out == "":
+        raise UserError("--out needs a folder (./kv demo --help)", 2)
+    demo_mod.run(board, tokens=_whole(tokens, "--tokens", 1), out_dir=paths_user(out) if out else None, plain=plain)
 
 
 @task(help={
@@ -356,10 +390,11 @@ def sweep(c, grid=None, boards=None, models=None, policies=None, windows=None, k
 
 @task(help={"port": "the board's serial port (a virtual board's: ./kv vboard prints it)", "board": "the profile to start from (boards/NAME.json or a path; default esp32s3_n8r8)",
             "out": "write the calibrated profile here (default: calibrated/BOARD.json where ./kv ran)",
-            "write": "replace boards/BOARD.json itself with the calibrated profile", "json": "print the measured figures as one JSON object"})
+            "write": "replace boards/BOARD.json itself with the calibrated profile", "json": "print the measured figures as one JSON object",
+            "timeout": "seconds the board may stay silent while probing (default 30)"})
 @one_line_errors
-def calibrate(c, port=None, board="esp32s3_n8r8", out=None, write=False, json=False):
+def calibrate(c, port=None, board="esp32s3_n8r8", out=None, write=False, json=False, timeout="30"):
     """Run probes on a board (heap, copy speed, task switch, viper matvec) and write them into its profile, each marked measured with its date."""
     from host import calibrate as cal
 
-    cal.main(port=port and paths_user(port), board=board, out=out, write=write, as_json=json)
+    cal.main(port=port and paths_user(port), board=board, out=out, write=write, as_json=json, answer_s=_seconds(timeout, "--timeout"))
