@@ -63,14 +63,14 @@ def probe_script(quick=False):
     return text[: -len(_MAIN)] + "main(%r)\n" % (["quick"] if quick else [])
 
 
-def _connect(port):
+def _connect(port, seconds):
     # the raw REPL on port; the messages of flash.connect, with calibrate's own hint
     try:
-        return flash.connect(port, CONNECT_S)
+        return flash.connect(port, seconds)
     except UserError as e:
         if "no prompt within" in str(e):
             raise UserError("no MicroPython raw REPL on %s: no prompt within %g s (the board ignores Ctrl-C or runs no "
-                            "MicroPython): reset it and run this again" % (port, CONNECT_S)) from None
+                            "MicroPython): reset it and run this again" % (port, seconds)) from None
         raise
 
 
@@ -81,7 +81,8 @@ def run_probe(port, quick=False, out=None, answer_s=ANSWER_S):
 
     import serial
 
-    t = _connect(port)
+    t = _connect(port, min(CONNECT_S, answer_s))
+    t.serial.__dict__["timeout"] = answer_s  # the probe's stages may take longer than the handshake's deadline
     lines = []
     buf = [b""]
 
@@ -100,7 +101,6 @@ def run_probe(port, quick=False, out=None, answer_s=ANSWER_S):
         if missing:
             raise UserError("the board on %s has no kvrtos firmware (no %s): the probe times the firmware's own kernels; "
                             "run ./kv flash --port %s first" % (port, missing[0], port), 2)
-        t.serial.__dict__["timeout"] = answer_s  # the probe's stages may take longer than the handshake's deadline
         _, err = t.exec_raw(probe_script(quick), timeout=None, data_consumer=consume)
     except (TransportError, serial.SerialException, OSError) as e:
         flash._close(t)
@@ -364,7 +364,7 @@ def write_profile(p, dest):
         raise UserError("cannot write %s: %s" % (dest, e.strerror or e)) from None
 
 
-def main(port, board=paths.DEFAULT_BOARD, out=None, write=False, as_json=False, quick=False, echo=print):
+def main(port, board=paths.DEFAULT_BOARD, out=None, write=False, as_json=False, quick=False, echo=print, answer_s=ANSWER_S):
     # ./kv calibrate: probe, write the profile, print what was measured; returns the report
     if not port:
         raise UserError("--port is required: the board's serial port (a virtual board's: ./kv vboard prints it)", 2)
@@ -373,7 +373,7 @@ def main(port, board=paths.DEFAULT_BOARD, out=None, write=False, as_json=False, 
     if b.kind != "mcu":
         raise UserError("board %s is a %s: calibrate probes MicroPython boards" % (b.name, b.kind), 2)
     dest = output_path(board, out, write)
-    r, _ = run_probe(port, quick=quick, out=None if as_json else (lambda ln: echo("calibrate: " + ln)))
+    r, _ = run_probe(port, quick=quick, out=None if as_json else (lambda ln: echo("calibrate: " + ln)), answer_s=answer_s)
     p, changed = apply(prof, r, port)
     write_profile(p, dest)
     report = {"board": b.name, "port": port, "date": p["calibration"]["date"], "profile": dest, "from": src,
