@@ -1,6 +1,8 @@
 # Boot: the board profile flashed beside the firmware -> boot report (board, heap, the
-# model flashed beside it) -> generation runs over the raw REPL (decode.run) -> (later issues)
-# pool, KV cache, model and tasks -> kernel.run().
+# model flashed beside it, the application config kvrtos.json when there is one: its
+# decode settings and the tasks that run beside the decode) -> generation over the raw
+# REPL (decode.run) or serving with telemetry (firmware_py/serve.py: `./kv monitor
+# --start`, or main(serve=True)), which spawns the config's tasks beside the decode.
 import gc
 import sys
 
@@ -10,6 +12,7 @@ from firmware_py import board as board_mod
 PROFILE = "board.json"  # written next to main.py by `kv flash`
 REPORT_END = "kvrtos: boot report end"  # the host waits for this line
 MODEL_FILE = "model.bin"  # where `kv flash --model` puts a checkpoint (decode.MODEL_FILE)
+CONFIG_FILE = "kvrtos.json"  # where `kv flash --config` puts the application config (serve.CONFIG_FILE)
 
 
 def _port_sizes():
@@ -64,6 +67,7 @@ def boot_report(out=print):
         out("  flash        %s (profile: %d B)" % (_seen(flash), want_flash))
         out("  psram        %s (profile: %d B)" % (_seen(psram), want_psram))
     _model_report(out)
+    _config_report(out)
     out(REPORT_END)
     return b
 
@@ -83,11 +87,42 @@ def _model_report(out):
            cfg.seq_len, lay.memory_bytes()))
 
 
+def _config_report(out):
+    # the application config `kv flash --config` put here: its name, decode settings and
+    # tasks, or why it does not load (one line); nothing when there is none
+    from firmware_py import appcfg  # noqa: PLC0415 - small, configuration only
+
+    try:
+        f = open(CONFIG_FILE)
+    except OSError:
+        return
+    try:
+        text = f.read()
+    finally:
+        f.close()
+    try:
+        cfg = appcfg.load(text)
+    except appcfg.AppConfigError as e:
+        out("  config       %s refused: %s" % (CONFIG_FILE, e))
+        return
+    d = cfg["decode"]
+    keys = ("model", "policy", "window", "kv_dtype", "tokens")
+    dec = ", ".join("%s %s" % (k, d[k]) for k in keys if k in d) or "the firmware's defaults"
+    tasks = ", ".join("%s (%s, priority %d)" % (t["name"], t["kind"], t["priority"]) for t in cfg["tasks"]) or "none"
+    out("  config       %s %r: decode %s; tasks beside decode: %s" % (CONFIG_FILE, cfg["name"], dec, tasks))
+
+
 def _seen(n):
     # a size the chip reported, or why there is none
     return "n/a on this port" if n is None else "%d B seen" % n
 
 
-def main():
-    # the firmware's entry point, run by main.py
+def main(serve=False):
+    # the firmware's entry point, run by main.py: the boot report; serve=True then serves
+    # (firmware_py/serve.py) with the config's tasks beside the decode until Ctrl-C, for a
+    # board that runs on its own (a main.py of `app.main(serve=True)`)
     boot_report()
+    if serve:
+        from firmware_py import serve as serve_mod  # noqa: PLC0415
+
+        serve_mod.main()

@@ -12,6 +12,17 @@
 # The decode side is decode.py's, unchanged: the server only polls it (Session.n_new
 # through on_token, the cache and pool it booted, its bandwidth tracker or DMA queue
 # when it has one) and hands its text to the telemetry task.
+#
+# The application config (firmware_py/appcfg.py; `./kv flash --config FILE` puts it on
+# the board as kvrtos.json): serve.main reads it when present. Its "decode" section is
+# the model, tokenizer and the options of every request (policy, window, sinks, kv_dtype,
+# sampling), chosen at boot; a command from the console may still change them for the
+# next request. Its "tasks" (audio capture, wake word, sensor reads, Wi-Fi bursts, the
+# user's own module) are spawned beside the decode on one bandwidth tracker and DMA queue,
+# which the decode's weight and KV traffic is charged to as well (accounting only on a
+# real clock: the real reads take their own time) and which telemetry reports. After each
+# request serve prints the decode's summary line and one "serve: workloads {...}" JSON
+# line with each task's stats (released periods, deadline misses, ...).
 import sys
 
 from firmware_py import compat, decode, kv, telemetry as tm, thermal
@@ -26,6 +37,8 @@ BOOT_KEYS = ("kv_dtype", "policy", "window", "sinks", "backend", "rope", "temper
 PRIO_TELEMETRY = 3  # highest: it sleeps almost always and never waits for the link
 PRIO_INPUT = 2
 PRIO_DECODE = 1
+CONFIG_FILE = "kvrtos.json"  # the application config `./kv flash --config` writes beside main.py
+WORKLOADS = "serve: workloads "  # the line after each request: JSON {task name: its stats}
 
 
 class ServeError(ValueError):
@@ -39,8 +52,14 @@ class Server:
     # available now to reader.byte (or None: no input); clock: the kernel's clock
     def __init__(self, write, poll_input=None, clock=None, model=decode.MODEL_FILE, tokenizer=decode.TOKENIZER_FILE,
                  link_bps=tm.DEFAULT_LINK_BPS, rate_hz=tm.DEFAULT_RATE_HZ, max_requests=0, layer_us=0, heap=0,
-                 out=print, guard=None, **opts):
-        self.k = Kernel(clock or RealClock(), max_tasks=8, verbose=True)
+                 out=print, guard=None, app=None, board=None, **opts):
+        # app: a loaded application config (appcfg.load) whose tasks run beside the decode,
+        # or None; board: the firmware_py.board.Board they run on (default: board.json)
+        from firmware_py import appcfg  # noqa: PLC0415 - configuration code, once
+
+        self.app = app
+        self.k = Kernel(clock or RealClock(), max_tasks=8 + (appcfg.max_tasks(app) if app is not None else 0),
+                        verbose=True)
         # the thermal guard: guard(kernel) -> thermal.Guard, made once the kernel exists (None: no guard)
         self.guard = guard(self.k) if guard is not None else None
         self.model_path = model
@@ -60,6 +79,11 @@ class Server:
         self.stopping = False  # a stop command is ending the running request
         self.tm = tm.Telemetry(write, kernel=self.k, link_bps=link_bps, rate_hz=rate_hz, thermal=self.guard,
                                meta={"model": model, "board": _board_name()})
+        self.bw = None  # the bandwidth tracker the config's tasks and the decode's traffic share, or None
+        self.dma = None  # their DMA queue, or None
+        self.loads = []  # the config's workloads (appcfg.spawn), in its order
+        if app is not None and app["tasks"]:
+            self._spawn_app(app, board if board is not None else _profile())
         self.reader = tm.CommandReader(self.command)
         self.poll_input = poll_input
         self.k.spawn("telemetry", PRIO_TELEMETRY, self.tm.task(self.k))
@@ -68,6 +92,27 @@ class Server:
         if poll_input is not None:
             self.k.spawn("input", PRIO_INPUT, self._input(self.k))
         self._tok = self._on_token  # one bound method for Session.on_token
+
+    # the config's tasks on one tracker and DMA queue beside the decode (ServeError: one line)
+    def _spawn_app(self, app, brd):
+        from firmware_py import appcfg, bandwidth  # noqa: PLC0415
+
+        if brd is None:
+            raise ServeError("the config's tasks need the board profile %s (./kv flash writes it)" % decode.PROFILE)
+        try:
+            self.bw = bandwidth.Bandwidth(brd, kernel=self.k, user_categories=appcfg.categories(app))
+            env = appcfg.make_env(self.k, self.bw, app, brd)
+            self.dma = env["dma"]
+            self.loads = appcfg.spawn(self.k, app, env)
+        except ValueError as e:  # AppConfigError, BandwidthError, a workload's own check
+            raise ServeError(str(e))
+        self.tm.attach(bw=self.bw, dma=self.dma)
+
+    # {task name: stats} of the config's workloads ({} without a config's tasks)
+    def workload_stats(self):
+        from firmware_py import appcfg  # noqa: PLC0415
+
+        return appcfg.stats(self.loads) if self.loads else {}
 
     # the options of the next request from {key: value} (text or values); ServeError
     def set_config(self, opts):
@@ -184,6 +229,8 @@ class Server:
         s = decode.Session(self.model_path, self.tok_path, heap=self.heap, **boot)
         s.layer_us = self.layer_us
         s.on_token = self._tok
+        if self.bw is not None:  # the decode's weights and KV traffic on the tasks' tracker
+            s.traffic = decode.traffic_for(s, self.bw, charge_time=self.k.clock.virtual)
         s.thermal = self.guard
         cap = self._budget(s.cap, s.policy)
         if cap != s.cap:  # hot at boot: the sequence opens with the guard's smaller budget
@@ -208,7 +255,8 @@ class Server:
 
     # telemetry watches session s's sequence, opened with a budget of cap tokens
     def _attach(self, s, cap):
-        self.tm.attach(pool=s.pool, cache=s.cache, bw=getattr(s, "bw", None), dma=getattr(s, "dma", None))
+        self.tm.attach(pool=s.pool, cache=s.cache, bw=getattr(s, "bw", None) or self.bw,
+                       dma=getattr(s, "dma", None) or self.dma)
         self.tm.watch_seq(s.h, cap)
         self.tm.meta["kv.policy"] = s.policy
         self.tm.meta["model.layers"] = s.cfg.n_layers
@@ -230,8 +278,17 @@ class Server:
         try:
             yield from s.task(self.k, ids, n, t.text)
             reason = tm.DONE_OK if not s.stop else (tm.DONE_FULL if s.stop == "full" else tm.DONE_ERROR)
+            self.report(s)
         finally:
             self._ended(req, s.n_new, reason)
+
+    # after a request: the decode's summary line and, with a config's tasks, their stats
+    def report(self, s):
+        self.out(s.summary())
+        if self.loads:
+            import json  # noqa: PLC0415
+
+            self.out(WORKLOADS + json.dumps(self.workload_stats()))
 
     # a request ended (made, stopped, refused by the cache, failed): its done event
     def _ended(self, req, made, reason):
@@ -353,14 +410,63 @@ def _guard(k):
     return thermal.Guard(k, src)
 
 
+# the application config at path (kvrtos.json beside main.py): appcfg.load's validated
+# dict, or None when there is no such file; a bad one raises appcfg.AppConfigError (one line)
+def load_config(path=CONFIG_FILE):
+    try:
+        f = open(path)
+    except OSError:
+        return None
+    try:
+        text = f.read()
+    finally:
+        f.close()
+    from firmware_py import appcfg  # noqa: PLC0415
+
+    return appcfg.load(text)
+
+
+# Server keyword arguments from a config's decode section: the model and tokenizer files
+# and the request options serve knows (CONFIG_KEYS); tokens and prompt are main()'s
+def config_opts(app):
+    d = app["decode"]
+    out = {}
+    for key in ("model", "tokenizer") + CONFIG_KEYS:
+        if key in d:
+            out[key] = d[key]
+    return out
+
+
 # serve on this board: frames on stdout, commands from stdin. prompt: start one request
 # at once; max_requests: return after that many (0: serve until Ctrl-C,
 # which prints one line and raises KeyboardInterrupt on to the caller or the REPL)
-def main(prompt=None, tokens=64, model=decode.MODEL_FILE, tokenizer=decode.TOKENIZER_FILE,
-         link_bps=tm.DEFAULT_LINK_BPS, rate_hz=tm.DEFAULT_RATE_HZ, max_requests=0, **opts):
+# config: the application config's path (kvrtos.json; None or "" for none): its decode
+# settings are the defaults (arguments given here win), its tasks run beside the decode,
+# and its decode prompt (with its tokens) starts at once when main is given no prompt
+def main(prompt=None, tokens=None, model=None, tokenizer=None,
+         link_bps=tm.DEFAULT_LINK_BPS, rate_hz=tm.DEFAULT_RATE_HZ, max_requests=0, config=CONFIG_FILE, **opts):
+    app = load_config(config) if config else None
+    kw = config_opts(app) if app is not None else {}
+    kw.update(opts)
+    if model is not None:
+        kw["model"] = model
+    if tokenizer is not None:
+        kw["tokenizer"] = tokenizer
+    kw.setdefault("model", decode.MODEL_FILE)
+    kw.setdefault("tokenizer", decode.TOKENIZER_FILE)
+    if app is not None:
+        d = app["decode"]
+        if prompt is None and d.get("prompt"):
+            prompt = d["prompt"]
+        if tokens is None and "tokens" in d:
+            tokens = d["tokens"]
+    tokens = 64 if tokens is None else tokens
     out = getattr(sys.stdout, "buffer", sys.stdout)
-    srv = Server(tm.stream_writer(out), stdin_poller(), model=model, tokenizer=tokenizer, link_bps=link_bps,
-                 rate_hz=rate_hz, max_requests=max_requests, guard=_guard, **opts)
+    srv = Server(tm.stream_writer(out), stdin_poller(), link_bps=link_bps,
+                 rate_hz=rate_hz, max_requests=max_requests, guard=_guard, app=app, **kw)
+    if app is not None:
+        names = ", ".join("%s (%s)" % (t["name"], t["kind"]) for t in app["tasks"]) or "none"
+        print("serve: config %s %r: tasks beside decode: %s" % (config, app["name"], names))
     print("serve: telemetry at %d Hz on a %d B/s link; waiting for commands (Ctrl-C ends)" % (rate_hz, link_bps))
     _keep_ctrl_c()
     try:

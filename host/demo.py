@@ -1,24 +1,157 @@
-# `kv demo`: the main job on the virtual board. Starts one (unless one is already
-# running for the board), flashes the firmware and the default model (models/kvrtos-tiny,
-# committed, so a fresh clone works) through mpremote, shows the boot report, then
-# decodes on the board's MicroPython over the raw REPL (host/boardrun.py): the text
-# as it comes, the board's summary line, and one line of the demo's own at the end.
+# `kv demo`: the main job on the virtual board, end to end. Starts a virtual ESP32-S3
+# (unless one is already running for the board), flashes the firmware, the default model
+# (models/kvrtos-tiny, committed, so a fresh clone works) and an application config that
+# runs a 16 kHz audio capture task beside the decode (DEMO_CONFIG, as kvrtos.json: the
+# same mechanism a user's own tasks use, docs/user-guide.md), shows the boot report, then
+# runs firmware_py.serve on the board (what `./kv monitor --start` does) and sends it one
+# prompt. While the board decodes, the live console dashboard (host/monitor.py: tasks,
+# pool, KV, bandwidth, tok/s, text, events) runs on a terminal, plain status lines
+# otherwise (--plain, or stdout not a terminal: CI). At the end: the summary (tok/s, time
+# to first token, KV bytes, pool high-water, audio deadline misses: the board's own
+# figures) and, in the output folder whose path it prints, the telemetry log, the raw
+# capture, the serial log, the Chrome trace and the plots (host/trace.py, as ./kv trace).
+import json
+import os
+import re
 import time
 
 from firmware_py.app import REPORT_END
-from host import boardmodel, boardrun, boards, flash, monitor, vboard
+from host import boardmodel, boards, flash, monitor, paths, trace, vboard
 from host.errors import UserError
 
 PROMPT = "Once upon a time"  # kvrtos-tiny's stories begin so
 TOKENS = 96  # new tokens: a few of kvrtos-tiny's sentences in well under a minute
+OUT_BASE = os.path.join(paths.ROOT, "out")  # the repository's ignored area (/out/ in .gitignore)
+DECODE_S = 240.0  # s the decode may take at most (the board streams all along)
+# the application config flashed with the demo: decode settings chosen at boot, and the
+# audio task (firmware_py/workloads.AudioCapture: 16 kHz, 16-bit, a 16 ms DMA period into
+# a PSRAM ring, deadline one period) beside the decode
+DEMO_CONFIG = {
+    "name": "demo",
+    "title": "kvrtos-tiny decoding beside a 16 kHz audio capture",
+    "decode": {"policy": "full", "kv_dtype": "fp32"},
+    "tasks": [{"kind": "audio", "name": "mic", "rate_hz": 16000, "sample_bytes": 2, "period_us": 16000}],
+}
+_SUMMARY = re.compile(r"generate: (\d+) tokens \((\d+) prompt \+ (\d+) new\), ([\d.]+) tok/s, time to first token ([\d.]+) ms, "
+                      r"KV (\d+) B .*pool high-water (\d+)/(\d+) blocks = (\d+) B")
 
 
-def run(board_name, out=print, timeout=60.0, tokens=TOKENS, prompt=PROMPT, model="", dst=None):
-    # returns the flash summary; raises UserError when the boot report never ends
+def fresh_dir(base=OUT_BASE):
+    # a new folder under base: demo-YYYYMMDD-HHMMSS (-2, -3, ... when taken)
+    os.makedirs(base, exist_ok=True)
+    stem = os.path.join(base, time.strftime("demo-%Y%m%d-%H%M%S"))
+    p, i = stem, 1
+    while True:
+        try:
+            os.mkdir(p)
+            return p
+        except FileExistsError:
+            i += 1
+            p = "%s-%d" % (stem, i)
+
+
+def _out_dir(out_dir):
+    # the folder the demo writes to: out_dir (made when missing; its parent must exist),
+    # else a fresh one under out/
+    if out_dir is None:
+        return fresh_dir()
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise UserError("--out %s is not a folder" % out_dir, 2)
+    if not os.path.isdir(out_dir):
+        parent = os.path.dirname(os.path.abspath(out_dir))
+        if not os.path.isdir(parent):
+            raise UserError("--out %s: folder %s does not exist" % (out_dir, parent), 2)
+        try:
+            os.mkdir(out_dir)
+        except OSError as e:
+            raise UserError("--out %s cannot be made: %s" % (out_dir, e.strerror or e), 2) from None
+    if not os.access(out_dir, os.W_OK):
+        raise UserError("--out %s is not writable" % out_dir, 2)
+    return out_dir
+
+
+class _DemoMonitor(monitor.Monitor):
+    # the console's Monitor, keeping the board's summary and workloads lines
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.summary_line = None
+        self.workloads = None
+        self.refused = []
+
+    # every text line of the board passes here (Monitor.feed_text), notes too
+    def emit(self, text, note=False):
+        if not note:
+            self._keep(text)
+        super().emit(text, note)
+
+    def _keep(self, line):
+        from firmware_py import serve
+
+        if line.startswith("generate: ") and _SUMMARY.search(line):
+            self.summary_line = line
+        elif line.startswith(serve.WORKLOADS):
+            try:
+                self.workloads = json.loads(line[len(serve.WORKLOADS):])
+            except ValueError:
+                pass
+        elif line.startswith("serve: request refused") or line.startswith("serve: config refused"):
+            self.refused.append(line)
+
+
+def summarize(line, workloads):
+    # the demo's summary dict from the board's summary line and workloads JSON
+    m = _SUMMARY.search(line or "")
+    if m is None:
+        raise UserError("the board sent no summary line for the request (see the serial log)")
+    g = m.groups()
+    audio = {k: v for k, v in (workloads or {}).items() if v.get("period_bytes") is not None or k == "mic"}
+    return {"tokens": int(g[2]), "prompt_tokens": int(g[1]), "tok_s": float(g[3]), "ttft_ms": float(g[4]),
+            "kv_bytes": int(g[5]), "pool_high_water": int(g[6]), "pool_blocks": int(g[7]),
+            "pool_high_water_bytes": int(g[8]),
+            "audio_deadline_misses": sum(v.get("deadline_misses", 0) for v in audio.values()),
+            "audio_periods": sum(v.get("released", 0) for v in audio.values()),
+            "workloads": workloads or {}, "board_line": line}
+
+
+def summary_line(s):
+    # the one line printed at the end
+    return ("demo: summary: %d tokens, %.1f tok/s, time to first token %.1f ms, KV %d B, pool high-water %d/%d blocks "
+            "(%d B), audio deadline misses %d of %d periods"
+            % (s["tokens"], s["tok_s"], s["ttft_ms"], s["kv_bytes"], s["pool_high_water"], s["pool_blocks"],
+               s["pool_high_water_bytes"], s["audio_deadline_misses"], s["audio_periods"]))
+
+
+def _ctrl_c(port):
+    # end serve on a board left running (Ctrl-C at its console); quiet when the port is gone
+    try:
+        ser = monitor.open_port(port)
+    except UserError:
+        return
+    try:
+        ser.write(b"\r\x03")
+        ser.flush()
+    finally:
+        ser.close()
+
+
+def run(board_name=paths.DEFAULT_BOARD, out=print, timeout=60.0, tokens=TOKENS, prompt=PROMPT, model="", out_dir=None,
+        plain=False, stream=None, decode_s=DECODE_S):
+    # the whole demo; returns the summary dict (summary.json in the output folder).
+    # stream: where the console goes (default stdout; a terminal gets the dashboard)
+    import sys
+
+    if not isinstance(tokens, int) or tokens < 1:
+        raise UserError("--tokens must be a whole number >= 1, got %r" % (tokens,), 2)
     b = boards.load(board_name)
     if b.kind != "mcu":
         raise UserError("board %s is a %s: the demo runs on a microcontroller profile" % (b.name, b.kind), 2)
-    mp, tp = boardmodel.resolve(model)
+    boardmodel.resolve(model)  # a model that does not exist: one line before anything starts
+    d = _out_dir(out_dir)
+    cfg_path = os.path.join(d, "kvrtos.json")
+    with open(cfg_path, "w") as f:
+        json.dump(DEMO_CONFIG, f, indent=1)
+        f.write("\n")
+    flash.config_files(cfg_path, b)  # checked on the host first, as ./kv flash --config does
     port = vboard.running_port(b.name)
     handle = None
     if port is None:
@@ -28,8 +161,9 @@ def run(board_name, out=print, timeout=60.0, tokens=TOKENS, prompt=PROMPT, model
     else:
         out("demo: using the virtual %s already running on %s" % (b.name, port))
     t0 = time.monotonic()
+    serving = False
     try:
-        summary, ser = flash.flash(port=port, board_name=b.name, out=out, keep_open=True, model=model)
+        _, ser = flash.flash(port=port, board_name=b.name, out=out, keep_open=True, model=model, config=cfg_path)
         m = monitor.Monitor(port)
         try:
             end = m.run(until=REPORT_END, timeout=timeout, ser=ser)
@@ -38,12 +172,36 @@ def run(board_name, out=print, timeout=60.0, tokens=TOKENS, prompt=PROMPT, model
             m.close()
         if end is None:
             raise UserError("the board's boot report did not end within %.0f s" % timeout)
-        out("demo: decoding %d tokens on the board's MicroPython (greedy, KV fp32, policy full): %r" % (tokens, prompt))
-        boardrun.run(port, mp, tp, prompt, tokens, {"kv_dtype": "fp32", "policy": "full", "backend": "auto"}, out=dst,
-                     board_name=b.name)
+        monitor.start_serve(port, out=out)
+        serving = True
+        out("demo: decoding %d tokens on the board's MicroPython beside the audio task (greedy, KV fp32, policy full): %r"
+            % (tokens, prompt))
+        jsonl = os.path.join(d, "telemetry.jsonl")
+        m = _DemoMonitor(port, log_path=os.path.join(d, "serial.log"), out=stream or sys.stdout, jsonl_path=jsonl,
+                         capture_path=os.path.join(d, "capture.bin"), view="plain" if plain else "auto")
+        try:
+            m.run(until_done=1, timeout=decode_s, on_open=lambda mon: mon.send_command("prompt", text=prompt, tokens=tokens))
+        finally:
+            m.close()
+        if m.refused:
+            raise UserError("the board refused the request: %s" % m.refused[0])
+        if m.done_events < 1:
+            raise UserError("the request did not end within %.0f s (see %s)" % (decode_s, os.path.join(d, "serial.log")))
+        s = summarize(m.summary_line, m.workloads)
+        res = trace.main(jsonl, d, err=open(os.devnull, "w"))
+        s.update(out_dir=d, trace=res["trace"], plots=res["plots"], frames=res["frames"], kv_fit=res["kv_fit"],
+                 seconds=round(time.monotonic() - t0, 1), board=b.name, config=DEMO_CONFIG)
+        with open(os.path.join(d, "summary.json"), "w") as f:
+            json.dump(s, f, indent=1, sort_keys=True)
+            f.write("\n")
+        out(summary_line(s))
+        out("demo: output in %s (telemetry.jsonl, trace.json for ui.perfetto.dev, %s, serial.log, summary.json)"
+            % (d, ", ".join(os.path.basename(p) for p in res["plots"])))
         out("demo: done in %.1f s (flash, boot, decode on the virtual %s)" % (time.monotonic() - t0, b.name))
-        return summary
+        return s
     finally:
         if handle is not None:
             handle.stop()
             out("demo: virtual board stopped")
+        elif serving:
+            _ctrl_c(port)  # the board the user had running: back to its REPL

@@ -26,6 +26,7 @@ from host import boardmodel, boards, monitor, paths, vboard
 from host.errors import UserError
 
 MANIFEST = "kvrtos_manifest.json"  # path -> sha256 of what the last good flash wrote
+CONFIG = "kvrtos.json"  # the application config on the board (firmware_py/serve.py CONFIG_FILE)
 CHUNK = 2048  # bytes per write through the raw REPL
 ANSWER_TIMEOUT = 10.0  # s the board may stay silent while an answer is due
 ESP_MAX_SEGMENTS = 16  # an ESP image header's segment count is at most this (esptool)
@@ -332,7 +333,10 @@ def _remove_stale(t, dests, out):
         raise  # the port, not the manifest, failed
     except (OSError, ValueError):
         return []
-    keep = set(dests) | set(boardmodel.FILES)  # a model flashed before stays until another replaces it
+    # a model and a config flashed before stay until another replaces them (a config's own
+    # modules with it: the old manifest's other root .py files are the config's)
+    keep = set(dests) | set(boardmodel.FILES) | {CONFIG}
+    keep |= {p for p in old if "/" not in p and p.endswith(".py") and p != "main.py"}
     stale = sorted(p for p in old if p not in keep)
     for p in stale:
         t.exec(_REMOVE_SCRIPT % p)
@@ -340,9 +344,57 @@ def _remove_stale(t, dests, out):
     return stale
 
 
+def config_files(path, board):
+    # [(device path, bytes)] for `flash --config FILE`: the file as kvrtos.json, validated
+    # first with firmware_py.appcfg.load and its built-in tasks built once on a virtual
+    # clock with the board's profile (a workload's own check: a period, a tier), and each
+    # module task's module (m.py beside the config) as m.py. A bad config is one line, exit 2
+    from firmware_py import appcfg, bandwidth
+    from firmware_py.clock import VirtualClock
+    from firmware_py.sched import Kernel
+
+    if os.path.isdir(path):
+        raise UserError("--config %s is a folder; give the JSON file" % path, 2)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise UserError("--config %s cannot be read: %s" % (path, e.strerror or e), 2) from None
+    try:
+        cfg = appcfg.load(data)
+        dry = dict(cfg, tasks=[t for t in cfg["tasks"] if t["kind"] != "module"])
+        k = Kernel(VirtualClock(), max_tasks=appcfg.max_tasks(dry))
+        env = appcfg.make_env(k, bandwidth.Bandwidth(board, kernel=k, user_categories=appcfg.categories(dry)), dry, board)
+        appcfg.spawn(k, dry, env)
+    except (ValueError, TypeError) as e:  # AppConfigError; a board the tracker cannot model
+        raise UserError("--config %s: %s" % (path, str(e).split("\n")[0]), 2) from None
+    files = [(CONFIG, data)]
+    for t in cfg["tasks"]:
+        if t["kind"] != "module":
+            continue
+        m = t["module"]
+        if "." in m:
+            raise UserError("--config %s: task %r: module %r: give a top-level module (m.py beside the config)"
+                            % (path, t["name"], m), 2)
+        mp = os.path.join(os.path.dirname(os.path.abspath(path)), m + ".py")
+        if not os.path.isfile(mp):
+            raise UserError("--config %s: task %r: its module %s.py is not beside the config (%s)"
+                            % (path, t["name"], m, os.path.dirname(mp)), 2)
+        with open(mp, "rb") as f:
+            src = f.read()
+        try:
+            compile(src, mp, "exec")
+        except SyntaxError as e:
+            raise UserError("--config %s: %s.py line %s: %s" % (path, m, e.lineno, e.msg), 2) from None
+        if (m + ".py", src) not in files:
+            files.append((m + ".py", src))
+    return files
+
+
 def flash(port=None, board_name=paths.DEFAULT_BOARD, src=paths.FIRMWARE, out=print, reset=True, keep_open=False,
-          answer_timeout=ANSWER_TIMEOUT, model=None, tokenizer=""):
-    # flash the firmware (and with model, a checkpoint and its tokenizer: host/boardmodel.py);
+          answer_timeout=ANSWER_TIMEOUT, model=None, tokenizer="", config=None):
+    # flash the firmware (and with model, a checkpoint and its tokenizer: host/boardmodel.py;
+    # with config, an application config as kvrtos.json and its modules: config_files);
     # returns a summary dict (and the open serial port when keep_open)
     from mpremote.transport import TransportError, TransportExecError
 
@@ -350,6 +402,7 @@ def flash(port=None, board_name=paths.DEFAULT_BOARD, src=paths.FIRMWARE, out=pri
     if board.kind != "mcu":
         raise UserError("board %s is a %s: kvrtos flashes microcontrollers only" % (board.name, board.kind), 2)
     check_firmware_src(src)
+    extra = config_files(config, board) if config is not None else []  # checked before any board is looked for
     model_files = []
     if model is not None:
         # checked (files, then the budget) before a board is even looked for: a model
@@ -366,7 +419,7 @@ def flash(port=None, board_name=paths.DEFAULT_BOARD, src=paths.FIRMWARE, out=pri
             h = vboard.start(board.name, detach=True)
             port = h.port
     virtual = is_virtual(port)
-    arts = build(board, src, virtual=virtual) + [Artifact(dest, data) for dest, data in model_files]
+    arts = build(board, src, virtual=virtual) + [Artifact(dest, data) for dest, data in model_files + extra]
     t = connect(port, answer_timeout)
     copied = skipped = 0
     copied_bytes = skipped_bytes = 0
