@@ -312,13 +312,24 @@ def run(spec, out_dir=None, progress=None):
         _bad("%s: %s" % (_display(n["model"]), e))
     w_tier, kv_tier, heap, reserve, why = _placement(brd, n, mcfg, mlay)
     clk = VirtualClock()
-    k = Kernel(clk, max_tasks=appcfg.max_tasks(cfg_app) + 2, verbose=False)
+    chats = cfg_app["decode"].get("chats") or []
+    k = Kernel(clk, max_tasks=appcfg.max_tasks(cfg_app) + 3, verbose=False)
     bw = bwm.Bandwidth(brd, kernel=k, carry_ns=True, user_categories=appcfg.categories(cfg_app))
     try:
         s = decode.Session(n["model"], n["tokenizer"], kv_dtype=n["kv_dtype"], policy=n["policy"], window=n["window"],
                            backend="auto", heap=heap, reserve=reserve, temperature=n["temperature"], top_p=n["top_p"],
-                           seed=n["seed"], sinks=n["sinks"], word_bytes=4, blocks=n["kv_blocks"])
-        ids = s.encode(n["prompt"])
+                           seed=n["seed"], sinks=n["sinks"], word_bytes=4, blocks=n["kv_blocks"],
+                           **({"seqs": len(chats)} if chats else {}))
+        prefix = cfg_app["decode"].get("prefix", n["prompt"])
+        ids = s.encode(prefix if chats else n["prompt"])
+        runs = []  # (name, the object that decodes: the Session or a Chat, tokens asked, priority)
+        if chats:
+            for c in chats:
+                ch = s.chat(c.get("prompt", ""), seed=c.get("seed"))
+                runs.append((c["name"], ch, min(c.get("tokens", n["tokens"]), n["tokens"]),
+                             c.get("priority", cfg_app["decode"]["priority"])))
+        else:
+            runs.append(("decode", s, n["tokens"], cfg_app["decode"]["priority"]))
     except decode.DecodeError as e:
         _bad("%s on %s: %s" % (os.path.basename(n["model"]), brd.name, e))
     s.traffic = decode.traffic_for(s, bw, w_tier=w_tier, kv_tier=kv_tier)
@@ -335,42 +346,60 @@ def run(spec, out_dir=None, progress=None):
     s.thermal = guard
     sink = _Sink()
     tel = tm.Telemetry(sink.write, kernel=k, link_bps=n["link_bps"], rate_hz=n["rate_hz"], pool=s.pool, cache=s.cache,
-                       bw=bw, dma=env["dma"], thermal=guard, heap=False,
+                       bw=bw, dma=env["dma"], thermal=guard, heap=False, max_seqs=max(4, len(runs)),
                        meta={"model": os.path.basename(n["model"]), "board": brd.name, "kv.policy": s.policy,
                              "model.layers": s.cfg.n_layers, "model.seq_len": s.cfg.seq_len, "model.dim": s.cfg.dim,
                              "emulator": "kv emulate"})
-    tel.watch_seq(s.h, s.cap)
     k.spawn("telemetry", 2, tel.task(k))
     k.spawn("thermal", 2, guard.task())
-    total = n["tokens"]
-    done = {"reason": tm.DONE_ERROR}
+    total = sum(r[2] for r in runs)
+    made = [0]
+    reasons = {}
 
     def on_token(sess):
         tel.tokens += 1
+        made[0] += 1
         if progress is not None:
-            progress(sess.n_new, total)
+            progress(made[0], total)
 
     s.on_token = on_token
 
-    def decoder():
+    def one(req, name, obj, n_tok):
+        # a request: start event, the decode (its text into telemetry), done event
         tel.requests += 1
-        tel.request = 1
-        tel.event(tm.EV_START, 1, len(ids), total)
+        tel.request = req
+        tel.event(tm.EV_START, req, obj.n_prompt if obj is not s else len(ids), n_tok)
+        reasons[name] = tm.DONE_ERROR
         try:
-            yield from s.task(k, ids, total, tel.text)
-            done["reason"] = tm.DONE_OK if not s.stop else (tm.DONE_FULL if s.stop == "full" else tm.DONE_ERROR)
-            if s.stop:
-                tel.event(tm.EV_REFUSED, -1, 1, 1)
+            if obj is s:
+                yield from s.task(k, ids, n_tok, tel.text)
+            else:
+                yield from obj.task(k, n_tok, tel.text)
+            reasons[name] = tm.DONE_OK if not obj.stop else (tm.DONE_FULL if obj.stop == "full" else tm.DONE_ERROR)
+            if obj.stop:
+                tel.event(tm.EV_REFUSED, -1, 1, req)
         finally:
-            tel.event(tm.EV_DONE, 1, s.n_new, done["reason"])
+            tel.event(tm.EV_DONE, req, obj.n_new, reasons[name])
+
+    tasks = []
+    if chats:
+        k.spawn("prefix", max(r[3] for r in runs), s.prefix_task(k, ids))
+    for i, (name, obj, n_tok, prio) in enumerate(runs):
+        tasks.append(k.spawn(name, prio, one(i + 1, name, obj, n_tok)))
+        tel.watch_seq(obj.h, s.cap)
+
+    def ender():
+        for t in tasks:
+            yield k.join(t)
         yield k.sleep_us(2 * tel.period_us + 1000)  # the last frames go out
         k.stop()
 
-    t_dec = k.spawn("decode", cfg_app["decode"]["priority"], decoder())
+    k.spawn("end", 0, ender())
     k.run(n["max_ms"] * 1000)
-    if t_dec.exc is not None:
-        raise UserError("emulate: the decode task failed: %s: %s" % (type(t_dec.exc).__name__, t_dec.exc), 1)
-    rep = _report(n, brd, k, bw, s, env, loads, guard, tel, sink, t_dec, cost, w_tier, kv_tier, why, len(ids), done)
+    for t in tasks:
+        if t.exc is not None:
+            raise UserError("emulate: the %s task failed: %s: %s" % (t.name, type(t.exc).__name__, t.exc), 1)
+    rep = _report(n, brd, k, bw, s, env, loads, guard, tel, sink, cost, w_tier, kv_tier, why, len(ids), runs, reasons)
     frames_jsonl = _frames(sink.buf, rep)
     if out_dir is not None:
         _write(out_dir, rep, frames_jsonl)
@@ -388,16 +417,44 @@ def _run_us(t):
     return t.st[S_RUN_S] * 1000000 + t.st[S_RUN_US]
 
 
-def _report(n, brd, k, bw, s, env, loads, guard, tel, sink, t_dec, cost, w_tier, kv_tier, why, n_prompt, done):
+def _timing(obj):
+    # (tokens made, tok/s, ms per token, time to first token ms, decode ms) of a Session or a Chat
+    made = obj.n_new
+    ft = ticks_diff(obj.t_end, obj.t_first)
+    tok_s = round((made - 1) * 1e6 / ft, 3) if made > 1 and ft > 0 else 0.0
+    ms_tok = round(ft / (made - 1) / 1000, 4) if made > 1 else round(ticks_diff(obj.t_end, obj.t_start) / 1000, 4)
+    ttft = round(ticks_diff(obj.t_first, obj.t_start) / 1000, 3) if made else 0.0
+    return made, tok_s, ms_tok, ttft, round(ticks_diff(obj.t_end, obj.t_start) / 1000, 3)
+
+
+def _report(n, brd, k, bw, s, env, loads, guard, tel, sink, cost, w_tier, kv_tier, why, n_prompt, runs, reasons):
     el = ticks_diff(k.now(), 0)  # the run's length: it started at 0
     tr = s.traffic
     q = env["dma"]
-    made = s.n_new
-    first_to_end = ticks_diff(s.t_end, s.t_first)
-    tok_s = round((made - 1) * 1e6 / first_to_end, 3) if made > 1 and first_to_end > 0 else 0.0
-    ms_tok = round(first_to_end / (made - 1) / 1000, 4) if made > 1 else round(ticks_diff(s.t_end, s.t_start) / 1000, 4)
+    per = {}
+    for name, obj, n_tok, _ in runs:
+        m, ts, mt, tt, dm = _timing(obj)
+        per[name] = {"tokens": m, "tokens_requested": n_tok, "prompt_tokens": obj.n_prompt if obj is not s else n_prompt,
+                     "tok_s": ts, "ms_per_token": mt, "ttft_ms": tt, "decode_ms": dm, "stop": obj.stop_line(),
+                     "stop_reason": tm.DONE_REASONS[reasons.get(name, tm.DONE_ERROR)],
+                     "kv_cached_tokens": s.cache.cached(obj.h),
+                     "text": s.tok.decode(list(obj.tokens[:m])).decode("utf-8", "replace") if m else ""}
+    made = sum(p["tokens"] for p in per.values())
+    t0 = min(o.t_start for _, o, _, _ in runs)
+    first = min(o.t_first for _, o, _, _ in runs if o.n_new) if made else t0
+    last = max(o.t_end for _, o, _, _ in runs)
+    ft = ticks_diff(last, first)
+    # all runs together: tokens after the first one over the time from the first token to the last
+    tok_s = round((made - 1) * 1e6 / ft, 3) if made > 1 and ft > 0 else 0.0
+    ms_tok = round(ft / (made - 1) / 1000, 4) if made > 1 else round(ticks_diff(last, t0) / 1000, 4)
     lay = s.layout
-    cached = s.cache.cached(s.h)
+    shared = 0
+    if len(runs) > 1 and hasattr(s, "chats_report"):
+        cr = s.chats_report()
+        shared = cr.get("shared_tokens", 0)
+    cached = sum(p["kv_cached_tokens"] for p in per.values()) - (len(runs) - 1) * shared  # the shared prefix once
+    stop = "; ".join("%s: %s" % (nm, p["stop"]) if len(per) > 1 else p["stop"] for nm, p in per.items() if p["stop"])
+    first_reason = [p["stop_reason"] for p in per.values() if p["stop_reason"] != "done"]
     bwr = bw.report()
     tiers = {}
     for name, d in bwr.items():
@@ -425,7 +482,6 @@ def _report(n, brd, k, bw, s, env, loads, guard, tel, sink, t_dec, cost, w_tier,
     misses = {name: st["deadline_misses"] for name, st in wl.items()}
     for name, d in tasks.items():
         d["deadline_misses"] = misses.get(name, d["kernel_misses"])
-    stop = s.stop_line()
     dec, dec_counts = _decode_frames(sink.buf)
     ev_counts = {}
     ev_log = []
@@ -444,14 +500,14 @@ def _report(n, brd, k, bw, s, env, loads, guard, tel, sink, t_dec, cost, w_tier,
                   "seq_len": s.cfg.seq_len, "weights_dtype": s.weights.dtype, "weights_bytes": s.weights.nbytes},
         "placement": {"weights": w_tier, "kv": kv_tier, "why": why, "heap_bytes": s.heap, "reserve_bytes": s.reserve},
         "tokens": made,
-        "tokens_requested": n["tokens"],
+        "tokens_requested": sum(p["tokens_requested"] for p in per.values()),
         "prompt_tokens": n_prompt,
         "stop": stop,
-        "stop_reason": tm.DONE_REASONS[done["reason"]],
+        "stop_reason": first_reason[0] if first_reason else "done",
         "tok_s": tok_s,
         "ms_per_token": ms_tok,
-        "ttft_ms": round(ticks_diff(s.t_first, s.t_start) / 1000, 3) if made else 0.0,
-        "decode_ms": round(ticks_diff(s.t_end, s.t_start) / 1000, 3),
+        "ttft_ms": round(ticks_diff(first, t0) / 1000, 3) if made else 0.0,
+        "decode_ms": round(ticks_diff(last, t0) / 1000, 3),
         "elapsed_ms": round(el / 1000, 3),
         "kv_bytes": cached * lay.kv_bytes_per_token,
         "kv_cached_tokens": cached,
@@ -473,14 +529,17 @@ def _report(n, brd, k, bw, s, env, loads, guard, tel, sink, t_dec, cost, w_tier,
                            "carried_us": s.carried_us},
         "events": {"counts": ev_counts, "evictions": max(s.cache.evictions(s.h), 0),
                    "throttled_waits": sum(d["waits"] for d in tiers.values()),
-                   "refusals": sum(d["refused"] for d in tiers.values()) + qs["refused"] + (1 if s.stop else 0),
+                   "refusals": sum(d["refused"] for d in tiers.values()) + qs["refused"] + len(first_reason),
                    "thermal_events": guard.events, "thermal_pauses": s.thermal_pauses,
                    "thermal_pause_us": s.thermal_pause_us, "log": ev_log},
         "thermal": guard.report(),
         "cost": {"cpu": cost, "memory": _memory_figures(brd)},
         "telemetry": dict(dec_counts, wire_bytes=len(sink.buf)),
-        "text": s.tok.decode(list(s.tokens[:made])).decode("utf-8", "replace") if made else "",
+        "text": per[runs[0][0]]["text"],
     }
+    if len(runs) > 1:
+        rep["chats"] = per
+        rep["sharing"] = s.chats_report()
     rep["invariants"] = _invariants(rep, bw, bwr, q, s, k, w_tier, kv_tier, loads)
     return rep
 
@@ -519,8 +578,9 @@ def _invariants(rep, bw, bwr, q, s, k, w_tier, kv_tier, loads):
                                 "moved_x2": 2 * qs["bytes"], "charged": charged, "descriptor_bytes": desc,
                                 "descriptors_x12": qs["links"] * dma_mod.DESC_BYTES, "other_user_bytes": other}
     made = rep["tokens"]
-    out["tokens"] = {"ok": made == rep["tokens_requested"] or bool(rep["stop"]), "emitted": made,
-                     "requested": rep["tokens_requested"], "stop": rep["stop"]}
+    per = rep.get("chats") or {"decode": rep}
+    out["tokens"] = {"ok": all(p["tokens"] == p["tokens_requested"] or bool(p["stop"]) for p in per.values()),
+                     "emitted": made, "requested": rep["tokens_requested"], "stop": rep["stop"]}
     worst = max((d["cpu_share"] for d in rep["tasks"].values()), default=0.0)
     out["cpu_share"] = {"ok": worst <= 1.0 and rep["cpu_busy_share"] <= 1.0, "largest_task": worst,
                         "all_tasks": rep["cpu_busy_share"]}
