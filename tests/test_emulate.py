@@ -117,3 +117,17 @@ def test_cli_json_and_bad_input(tmp_path):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_every_kind_of_task_keeps_the_byte_invariants(tmp_path):
+    # a wake word reading the audio's frames, a sensor read by the CPU and one by DMA: each
+    # mover's bytes equal the tracker's, and a tampered report would not pass
+    cfg = tmp_path / "mix.json"
+    cfg.write_text(json.dumps({"decode": {"tokens": 4, "piece_bytes": 32768}, "tasks": [
+        {"kind": "audio", "name": "mic"}, {"kind": "wakeword", "name": "kws", "audio": "mic"},
+        {"kind": "sensor", "name": "imu"}, {"kind": "sensor", "name": "adc", "dma": True, "read_bytes": 128}]}))
+    rep = emulate.run({"scenario": str(cfg), "cost": "c"})
+    _check(rep)
+    inv = rep["invariants"]
+    assert inv["dma_bytes_charged"]["wakeword_reads"] > 0 and inv["cpu_reads_charged"]["moved"] > 0
+    assert inv["dma_bytes_charged"]["moved_x2"] > 0
