@@ -3,6 +3,8 @@
 # malformed profile is one clear line, never a KeyError deep in the firmware.
 import json
 
+from firmware_py import cpucost
+
 # Memory tier kinds a profile may name; budget and bandwidth code key on these.
 TIER_KINDS = ("sram", "psram", "dram", "flash")
 BOARD_KINDS = ("mcu", "soc")
@@ -123,6 +125,9 @@ class Board:
         self.cpu_arch = _str(cpu, "arch", where, "cpu.")  # e.g. "xtensa-lx7"
         self.cores = _int(cpu, "cores", where, "cpu.", 1, MAX_CORES)  # CPU cores
         self.cpu_mhz = _int(cpu, "mhz", where, "cpu.", 1, MAX_MHZ)  # max clock, MHz
+        # the CPU cost model's figures (firmware_py/cpucost.py): {kind: {param: int}} and
+        # {kind: {param: source}}; {} when the profile has no cpu.cost block
+        self.cpu_cost, self.cpu_cost_source = _cpu_cost(cpu, self.cores, where)
         tiers = _list(d, "memory", where, "")
         if not tiers:
             raise BoardError(where, "memory", "needs at least one tier")
@@ -179,6 +184,42 @@ class Board:
             if t.kind == kind:
                 n += t.bytes
         return n
+
+
+def _cpu_cost(cpu, cores, where):
+    # validate cpu.cost: {kind: {param: {"value": int, "source": "<kind>: ..."}}}
+    if "cost" not in cpu:
+        return {}, {}
+    d = cpu["cost"]
+    if not isinstance(d, dict) or not d:
+        raise BoardError(where, "cpu.cost", "expected an object of kinds (%s)" % ", ".join(cpucost.KINDS))
+    vals, srcs = {}, {}
+    for kind in d:
+        path = "cpu.cost." + kind
+        if kind not in cpucost.KINDS:
+            raise BoardError(where, path, "unknown kind (known: %s)" % ", ".join(cpucost.KINDS))
+        block = d[kind]
+        if not isinstance(block, dict):
+            raise BoardError(where, path, "expected an object of cost figures")
+        for k in block:
+            if k not in cpucost.PARAMS:
+                raise BoardError(where, path + "." + k, "unknown cost parameter (known: %s)" % ", ".join(cpucost.PARAMS))
+        v, s = {}, {}
+        for p in cpucost.PARAMS:
+            f = _obj(block, p, where, path + ".")
+            lo, hi = 0, cpucost.PARAM_MAX
+            if p == "cores":
+                lo, hi = 1, cores
+            elif p == "split_permille":
+                hi = 1000
+            v[p] = _int(f, "value", where, path + "." + p + ".", lo, hi)
+            s[p] = _str(f, "source", where, path + "." + p + ".")
+            if not cpucost.source_kind(s[p]):
+                raise BoardError(where, path + "." + p + ".source", "must start with one of %s"
+                                 % ", ".join(k + ":" for k in cpucost.SOURCE_KINDS))
+        vals[kind] = v
+        srcs[kind] = s
+    return vals, srcs
 
 
 def loads(text, where="<string>"):

@@ -1,0 +1,144 @@
+# The CPU cost model: the compute time of one decode step, per kind of kernel, from a
+# board profile's "cpu": {"cost": {KIND: {PARAM: {"value": int, "source": "..."}}}}
+# block (validated by firmware_py/board.py; docs/calibration.md says where each figure
+# comes from). Memory time is not in here: the bandwidth tracker (bandwidth.DecodeTraffic)
+# charges it, and the two add (an in-order core stalls on its cache misses).
+#
+#   m = cpucost.for_session(board, "dsp", session)    # or for_config(board, kind, cfg)
+#   session.cpu = m        # decode.Session charges m.layer_us(n_kv) and m.final_us()
+#
+# Every result is an integer; the parameters are millicycles (_mcyc) at the board's clock,
+# so cycles / MHz is µs and millicycles / MHz is ns. layer_us and final_us carry the ns
+# each call rounds off into the next call, so N calls sum exactly to the ns total // 1000.
+# Runs on MicroPython too (integer arithmetic only; big ints on the host's sizes).
+
+KINDS = ("c", "dsp", "asm", "viper", "bytecode")
+KIND_TITLES = {
+    "c": "scalar C (compiled loops, the FPU's madd)",
+    "dsp": "C with ESP-DSP dot products (both cores where the board has two)",
+    "asm": "hand-written assembly (ESP-DSP dot products, fast division and exp)",
+    "viper": "MicroPython @viper kernels",
+    "bytecode": "plain MicroPython bytecode",
+}
+# the parameters every kind of a profile gives (docs/calibration.md has their meaning)
+PARAMS = ("mac_f32_mcyc", "mac_i8_mcyc", "row_mcyc", "matvec_mcyc", "attn_mac_mcyc", "attn_pos_mcyc",
+          "exp_mcyc", "div_mcyc", "norm_el_mcyc", "rope_el_mcyc", "elem_mcyc", "sample_el_mcyc",
+          "layer_mcyc", "token_mcyc", "cores", "split_permille")
+SOURCE_KINDS = ("measured", "published", "estimate", "fit")  # a source starts with one of these and ":"
+WEIGHT_DTYPES = ("fp32", "int8", "int4")
+PARAM_MAX = 10 ** 12  # millicycles (1,000 s at 1 MHz): past it a figure is a typo
+
+
+class CostError(ValueError):
+    # a cost model that cannot be built (unknown kind, a board without its figures); one line
+    pass
+
+
+# the figure kind of a source text: "measured", "published", "estimate" or "fit"; "" if none
+def source_kind(src):
+    for k in SOURCE_KINDS:
+        if src.startswith(k + ":"):
+            return k
+    return ""
+
+
+class CostModel:
+    # one board's figures for one kind of kernel, applied to one model shape
+    def __init__(self, board, kind, cfg, weights_dtype="fp32"):
+        if kind not in KINDS:
+            raise CostError("cpu cost kind must be one of %s, got %r" % (", ".join(KINDS), kind))
+        if weights_dtype not in WEIGHT_DTYPES:
+            raise CostError("weights dtype must be one of %s, got %r" % (", ".join(WEIGHT_DTYPES), weights_dtype))
+        costs = getattr(board, "cpu_cost", None) or {}
+        if not costs:
+            raise CostError("board %s has no cpu cost figures (its profile has no cpu.cost block)" % board.name)
+        if kind not in costs:
+            raise CostError("board %s has no cpu cost figures for kind %s (it has: %s)"
+                            % (board.name, kind, ", ".join(k for k in KINDS if k in costs)))
+        self.kind = kind
+        self.board_name = board.name
+        self.mhz = board.cpu_mhz
+        self.v = costs[kind]  # {param: int}
+        self.src = board.cpu_cost_source[kind]  # {param: source}
+        self.weights_dtype = weights_dtype
+        self.cfg = cfg
+        v = self.v
+        d, hd, kvd, h = cfg.dim, cfg.hidden_dim, cfg.kv_dim, cfg.n_heads
+        mac = v["mac_f32_mcyc"] if weights_dtype == "fp32" else v["mac_i8_mcyc"]
+        cores = v["cores"]
+        sp = v["split_permille"]
+        # parallel work is scaled by ((1000 - sp) * cores + sp) / (1000 * cores)
+        self._pnum = (1000 - sp) * cores + sp
+        self._pden = 1000 * cores
+        # one layer: seven matvecs (wq, wk, wv, wo, w1, w3, w2)
+        macs = d * (2 * d + 2 * kvd + 3 * hd)
+        rows = 3 * d + 2 * kvd + 2 * hd
+        self._layer_par = macs * mac + rows * v["row_mcyc"]  # split over the cores
+        # serial: two rmsnorms, RoPE on q and k, residual adds + SwiGLU product, SiLU's
+        # exp and division per hidden element, the dispatch of 7 matvecs, the layer's fixed cost
+        self._layer_ser = (2 * d * v["norm_el_mcyc"] + (d + kvd) * v["rope_el_mcyc"]
+                           + (2 * d + hd) * v["elem_mcyc"] + hd * (v["exp_mcyc"] + v["div_mcyc"])
+                           + 7 * v["matvec_mcyc"] + v["layer_mcyc"])
+        # attention per cached position (all heads): q.k and the weighted sum of V, the
+        # per-position work, one exp and two divisions (score scale, softmax normalize)
+        self._pos_par = h * (2 * cfg.head_dim * v["attn_mac_mcyc"] + v["attn_pos_mcyc"]
+                             + v["exp_mcyc"] + 2 * v["div_mcyc"])
+        # final: rmsnorm, the classifier (vocab rows of dim), sampling over the vocabulary
+        self._final_par = cfg.vocab_size * (d * mac + v["row_mcyc"])
+        self._final_ser = (d * v["norm_el_mcyc"] + cfg.vocab_size * v["sample_el_mcyc"]
+                           + v["matvec_mcyc"] + v["token_mcyc"])
+        self._rem_l = 0  # ns below a µs carried from the previous layer_us
+        self._rem_f = 0  # ... from the previous final_us
+
+    def _ns(self, par, ser):
+        return (par * self._pnum // self._pden + ser) // self.mhz
+
+    def layer_ns(self, n_kv):
+        # ns of one layer's compute with n_kv cached tokens (the new one included); no carry
+        if n_kv < 0:
+            n_kv = 0
+        return self._ns(self._layer_par + n_kv * self._pos_par, self._layer_ser)
+
+    def final_ns(self):
+        # ns of the final norm, the classifier and the sampling; no carry
+        return self._ns(self._final_par, self._final_ser)
+
+    def token_ns(self, n_kv):
+        # ns of one whole token's compute at KV length n_kv
+        return self.cfg.n_layers * self.layer_ns(n_kv) + self.final_ns()
+
+    def layer_us(self, n_kv):
+        # µs of one layer (decode.Session.cpu); the sub-µs remainder carries to the next call
+        t = self.layer_ns(n_kv) + self._rem_l
+        us = t // 1000
+        self._rem_l = t - us * 1000
+        return us
+
+    def final_us(self):
+        # µs of the final step (decode.Session.cpu); remainder carried
+        t = self.final_ns() + self._rem_f
+        us = t // 1000
+        self._rem_f = t - us * 1000
+        return us
+
+    def figures(self):
+        # every parameter used: {name: {"value", "source", "kind"}}, plus the board clock
+        out = {}
+        for p in PARAMS:
+            s = self.src[p]
+            out[p] = {"value": self.v[p], "source": s, "kind": source_kind(s)}
+        out["mhz"] = {"value": self.mhz, "source": "published: board %s profile cpu.mhz" % self.board_name,
+                      "kind": "published"}
+        return out
+
+
+def for_config(board, kind, cfg, weights_dtype="fp32"):
+    # the cost model of a model shape cfg (llama2c.Config) with weights_dtype weights
+    return CostModel(board, kind, cfg, weights_dtype)
+
+
+def for_session(board, kind, session):
+    # the cost model of a loaded decode.Session (its shape and weight type)
+    w = session.weights
+    dt = "int8" if getattr(w, "dtype", "fp32") == "int8" else "fp32"
+    return CostModel(board, kind, session.cfg, dt)
