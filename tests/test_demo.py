@@ -1,0 +1,150 @@
+# The application config on the board side and `./kv demo` end to end: the user guide's
+# example (examples/user-task: a config with an audio task and a user's own module) goes
+# through appcfg and through firmware_py.serve beside a real decode; `./kv flash --config`
+# refuses a bad config in one line before any board is looked for; the demo runs on a
+# virtual board of its own and leaves the summary, the trace and the plots.
+import json
+import os
+import re
+import sys
+
+import pytest
+
+from conftest import ROOT
+from firmware_py import appcfg, board, serve
+from firmware_py.clock import VirtualClock
+from host import console, flash
+from vboard_util import kv, one_line_error
+
+EXAMPLE = os.path.join(ROOT, "examples", "user-task")
+TINY = os.path.join(ROOT, "models", "kvrtos-tiny")
+BRD = board.load(os.path.join(ROOT, "boards", "esp32s3_n8r8.json"))
+
+
+@pytest.fixture
+def example_on_path():
+    sys.path.insert(0, EXAMPLE)  # where the board has meter.py: beside main.py (flash --config copies it)
+    try:
+        yield
+    finally:
+        sys.path.remove(EXAMPLE)
+        sys.modules.pop("meter", None)
+
+
+def test_user_guide_example_runs_through_appcfg(example_on_path):
+    with open(os.path.join(EXAMPLE, "kvrtos.json")) as f:
+        cfg = appcfg.load(f.read())
+    assert [t["name"] for t in cfg["tasks"]] == ["mic", "meter"]
+    from firmware_py import bandwidth
+    from firmware_py.sched import Kernel
+
+    k = Kernel(VirtualClock(), max_tasks=appcfg.max_tasks(cfg))
+    env = appcfg.make_env(k, bandwidth.Bandwidth(BRD, kernel=k, user_categories=appcfg.categories(cfg)), cfg, BRD)
+    loads = appcfg.spawn(k, cfg, env)
+
+    def busy():  # a CPU load in 3 ms slices, below both tasks
+        while True:
+            k.charge(3000)
+            yield k.sleep_us(0)
+
+    k.spawn("busy", 0, busy())
+    k.run(1000000)  # one virtual second
+    st = appcfg.stats(loads)
+    assert st["meter"]["released"] == 49 and st["meter"]["deadline_misses"] == 0, st["meter"]  # 20 ms periods
+    assert 0 <= st["meter"]["average"] < 4096
+    assert st["mic"]["released"] >= 60 and st["mic"]["deadline_misses"] == 0, st["mic"]
+
+
+def test_serve_runs_the_config_tasks_beside_the_decode(example_on_path):
+    with open(os.path.join(EXAMPLE, "kvrtos.json")) as f:
+        app = appcfg.load(f.read())
+    cap = bytearray()
+    lines = []
+    kw = serve.config_opts(app)
+    assert kw == {"policy": "sinks", "window": 64, "sinks": 4, "kv_dtype": "int8"}
+    srv = serve.Server(lambda buf, n: cap.extend(bytes(buf[:n])), None, clock=VirtualClock(), layer_us=2000,
+                       model=os.path.join(TINY, "model.bin"), tokenizer=os.path.join(TINY, "tokenizer.bin"),
+                       out=lines.append, max_requests=1, app=app, board=BRD, **kw)
+    assert srv.start("Once upon a time", 12) == 0
+    srv.run()
+    summary = [ln for ln in lines if ln.startswith("generate: ")]
+    assert len(summary) == 1 and "12 new" in summary[0] and "int8" in summary[0], lines
+    (wl,) = [ln for ln in lines if ln.startswith(serve.WORKLOADS)]
+    st = json.loads(wl[len(serve.WORKLOADS):])
+    assert set(st) == {"mic", "meter"} and st["meter"]["released"] > 0 and st["mic"]["released"] > 0
+    assert all("deadline_misses" in v for v in st.values())
+    # telemetry reports the tasks and the shared tracker's tiers and categories
+    d = console.StreamDecoder()
+    frames = [v for kind, v in d.feed(bytes(cap)) + d.flush() if kind == "frame"]
+    assert d.corrupt == 0 and frames
+    names = {}
+    for f in frames:
+        if f["type"] == "layout":
+            names.update(f["layout"])
+    assert {"mic", "meter", "decode"} <= {v for key, v in names.items() if key.startswith("task.")}
+    assert "psram" in names.values() and "meter" not in {names.get("cat.%d" % i) for i in range(3)}
+    bwcats = [r for f in frames if f["type"] == "periodic" for r in f.get("bwcats", [])]
+    assert any(r["kb"] > 0 for r in bwcats)  # the decode's weights reads on the shared tracker
+
+
+def test_serve_main_config_file_and_its_errors(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert serve.load_config("kvrtos.json") is None  # none: serve as before
+    (tmp_path / "kvrtos.json").write_text('{"decode": {"policy": "lru"}}')
+    with pytest.raises(appcfg.AppConfigError) as e:
+        serve.load_config("kvrtos.json")
+    assert "policy" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("text, word", [
+    ("{", "not valid JSON"),
+    ('{"decode": {"kv_dtype": "int3"}}', "kv_dtype"),
+    ('{"tasks": [{"kind": "audio", "name": "mic", "period_us": 15500}]}', "multiple of 32"),
+    ('{"tasks": [{"kind": "module", "name": "m", "module": "nowhere", "factory": "make"}]}', "nowhere.py"),
+])
+def test_flash_config_refuses_a_bad_config_before_any_board(tmp_path, text, word):
+    p = tmp_path / "bad.json"
+    p.write_text(text)
+    env = dict(os.environ, KVRTOS_VBOARD_HOME=str(tmp_path / "home"))  # no board is running there
+    r = kv("flash", "--config", str(p), env=env)
+    assert one_line_error(r) and r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert r.stderr.startswith("kv flash: --config") and word in r.stderr, r.stderr
+    assert not (tmp_path / "home").exists()  # nothing started, nothing flashed
+
+
+def test_flash_config_files_are_the_config_and_its_modules():
+    files = flash.config_files(os.path.join(EXAMPLE, "kvrtos.json"), BRD)
+    assert [d for d, _ in files] == ["kvrtos.json", "meter.py"]
+    with open(os.path.join(EXAMPLE, "meter.py"), "rb") as f:
+        assert files[1][1] == f.read()
+
+
+def test_demo_mistakes_are_one_line():
+    for args, word in ((["--tokens", "0"], "--tokens"), (["--tokens", "x"], "--tokens"),
+                       (["--board", "rpi4b_4gb"], "microcontroller"), (["--out", ""], "--out")):
+        r = kv("demo", *args)
+        assert one_line_error(r) and r.returncode == 2 and word in r.stderr, (args, r.stderr)
+
+
+@pytest.mark.vboard
+def test_demo_end_to_end_on_a_virtual_board(tmp_path):
+    out = tmp_path / "out"
+    env = dict(os.environ, KVRTOS_VBOARD_HOME=str(tmp_path / "home"))  # a virtual board of its own
+    r = kv("demo", "--tokens", "8", "--plain", "--out", str(out), env=env, timeout=240)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+    m = re.search(r"^demo: summary: 8 tokens, ([\d.]+) tok/s, time to first token ([\d.]+) ms, KV (\d+) B, "
+                  r"pool high-water (\d+)/(\d+) blocks \((\d+) B\), audio deadline misses (\d+) of (\d+) periods$",
+                  r.stdout, re.M)
+    assert m, r.stdout[-3000:]
+    assert float(m.group(1)) > 0 and int(m.group(3)) > 0 and int(m.group(4)) >= 1 and int(m.group(8)) > 0
+    assert "demo: output in %s" % out in r.stdout
+    assert "config       kvrtos.json 'demo'" in r.stdout  # the boot report names the flashed config
+    for name in ("trace.json", "kv_bytes.png", "pool.png", "bandwidth.png", "telemetry.jsonl", "serial.log",
+                 "summary.json", "kvrtos.json"):
+        assert (out / name).stat().st_size > 0, name
+    with open(out / "trace.json") as f:
+        assert json.load(f)["traceEvents"]
+    with open(out / "summary.json") as f:
+        s = json.load(f)
+    assert s["tokens"] == 8 and s["workloads"]["mic"]["released"] == s["audio_periods"]
+    assert {"tok_s", "ttft_ms", "kv_bytes", "pool_high_water", "audio_deadline_misses"} <= set(s)
