@@ -114,7 +114,7 @@ def go():
 
 
 r0 = st["mic"]["released"]
-no_alloc("the spawned tasks' periods (audio, paced Wi-Fi, a module task), the DMA engine, a CPU load", go)
+no_alloc("every spawned task's periods (audio, paced Wi-Fi, wake word, sensors by CPU and DMA, a module task), the DMA engine, a CPU load", go)
 check(appcfg.stats(loads)["mic"]["released"] > r0 + 10, "audio periods under the lock")
 eq(k.totals[T_FAULTS], 0, "no task faulted under the lock")
 
