@@ -1,0 +1,72 @@
+# the CPU cost model (firmware_py/cpucost.py), the profiles' cpu.cost blocks and the
+# committed calibration (docs/bench/calibration.json)
+import json
+import os
+
+import pytest
+
+from firmware_py import board as fb
+from firmware_py import cpucost, llama2c
+from host import boards
+from host.bench import calibration
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+CFG = llama2c.Config(64, 172, 5, 8, 4, 512, 512)  # stories260K's shape
+
+
+def test_integers_deterministic_and_growing():
+    b = boards.load("esp32s3_n8r8")
+    for kind in cpucost.KINDS:
+        m1 = cpucost.for_config(b, kind, CFG)
+        m2 = cpucost.for_config(b, kind, CFG)
+        a = [m1.layer_us(n) for n in range(1, 200)]
+        assert a == [m2.layer_us(n) for n in range(1, 200)]
+        assert all(isinstance(x, int) for x in a)
+        assert m1.layer_ns(300) > m1.layer_ns(10)
+        # the carry makes sums exact
+        m3 = cpucost.for_config(b, kind, CFG)
+        assert sum(m3.layer_us(7) for _ in range(1000)) == 1000 * m3.layer_ns(7) // 1000
+
+
+def test_kind_order_on_the_s3():
+    b = boards.load("esp32s3_n8r8")
+    t = {k: cpucost.for_config(b, k, CFG, "int8").token_ns(128) for k in cpucost.KINDS}
+    assert t["asm"] <= t["dsp"] <= t["c"] < t["viper"] < t["bytecode"]
+
+
+def test_every_figure_has_a_source():
+    for n in calibration.OWN_BOARDS:
+        b = boards.load(n)
+        for kind in b.cpu_cost:
+            figs = cpucost.for_config(b, kind, CFG).figures()
+            assert set(cpucost.PARAMS) <= set(figs)
+            for f in figs.values():
+                assert f["source"] and f["kind"] in cpucost.SOURCE_KINDS
+
+
+def test_errors_are_one_line():
+    b = boards.load("rp2350_pico2")
+    with pytest.raises(cpucost.CostError, match="no cpu cost figures for kind asm"):
+        cpucost.for_config(b, "asm", CFG)
+    with pytest.raises(cpucost.CostError, match="must be one of"):
+        cpucost.for_config(b, "fortran", CFG)
+    d = json.load(open(os.path.join(ROOT, "boards", "esp32s3_n8r8.json")))
+    d["cpu"]["cost"]["dsp"]["cores"]["value"] = 3
+    with pytest.raises(fb.BoardError, match=r"cpu.cost.dsp.cores.value: must be 1..2"):
+        fb.Board(d)
+    d["cpu"]["cost"]["dsp"]["cores"]["value"] = 2
+    d["cpu"]["cost"]["dsp"]["exp_mcyc"]["source"] = "a guess"
+    with pytest.raises(fb.BoardError, match="exp_mcyc.source: must start with"):
+        fb.Board(d)
+
+
+def test_committed_calibration_recomputes_and_meets_the_goal():
+    r = json.load(open(os.path.join(ROOT, "docs", "bench", "calibration.json")))
+    c15 = [c for c in r["cases"] if c["id"] == "stories15m-int4-flash"][0]
+    cfg, pl, fi, rw = calibration.stories15m()
+    p = calibration.predict("esp32s3_n16r8", "dsp", cfg, pl, fi, rw, "flash", "psram", "int4", steps=r["steps"])
+    assert p["tok_s"] == c15["predicted_tok_s"]
+    outside = sorted(c["id"] for c in r["cases"] if not c["within_goal"])
+    assert outside == ["esp32-flash", "pico-llama"]  # each explained in docs/calibration.md
+    for c in r["cases"]:
+        assert c["within_goal"] == (abs(c["predicted_tok_s"] - c["published_tok_s"]) <= 0.25 * c["published_tok_s"])
