@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, mp32_or_skip
 from host import boards, calibrate, interp, paths
 from host.errors import UserError
 from vboard_util import FakeBoard, kv, one_line_error, start
@@ -26,10 +26,14 @@ def _line(r):
 
 
 @pytest.mark.micropython
-def test_probe_runs_under_the_smallest_board_heap_and_its_line_parses():
-    # the RP2350 Pico 2 profile has the smallest heap of the MicroPython boards
+@pytest.mark.parametrize("mp", ["micropython", "micropython32"])
+def test_probe_runs_under_the_smallest_board_heap_and_its_line_parses(mp):
+    # the RP2350 Pico 2 profile has the smallest heap of the MicroPython boards; the
+    # 32-bit build has the board's word size (31-bit small ints, 16-byte GC blocks)
+    if mp == "micropython32":
+        mp32_or_skip()
     heap = boards.load("rp2350_pico2").mpy_heap
-    r = interp.run(PROBE, "micropython", usable_heap=heap, args=["quick"], timeout=120)
+    r = interp.run(PROBE, mp, usable_heap=heap, args=["quick"], timeout=120)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     lines = r.stdout.strip().splitlines()
     assert all(ln.startswith("probe: ") for ln in lines[:-1])
