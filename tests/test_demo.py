@@ -148,3 +148,16 @@ def test_demo_end_to_end_on_a_virtual_board(tmp_path):
         s = json.load(f)
     assert s["tokens"] == 8 and s["workloads"]["mic"]["released"] == s["audio_periods"]
     assert {"tok_s", "ttft_ms", "kv_bytes", "pool_high_water", "audio_deadline_misses"} <= set(s)
+
+
+def test_user_guide_quotes_the_generated_quality_rows_and_the_example():
+    with open(os.path.join(ROOT, "docs", "user-guide.md")) as f:
+        guide = f.read()
+    with open(os.path.join(ROOT, "docs", "kv-quality.md")) as f:
+        quality = f.read()
+    sec = guide[guide.index("## 7."):guide.index("## 8.")]
+    rows = [ln for ln in sec.splitlines() if ln.startswith("| ") and not ln.startswith("| KV dtype") and "---" not in ln]
+    assert len(rows) == 3 and all(r in quality.splitlines() for r in rows), rows
+    with open(os.path.join(EXAMPLE, "kvrtos.json")) as f:
+        example = f.read().strip()
+    assert "```json\n%s\n```" % example in guide
