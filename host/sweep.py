@@ -155,11 +155,11 @@ def _label(v):
 def expand(settings):
     # the grid's points: ([point], {reason: skipped count}). A point: {"axes": {spec key:
     # value as given}, "spec": the spec given to emulate, "norm": emulate.normalize(spec)}.
-    # Each axis value is first checked on its own against the defaults: a bad one (an
-    # unknown board, a missing model) is a one-line UserError naming the option; a
-    # combination the emulator refuses (normalize: e.g. a window too small for its
-    # sinks) and the second and later copies of one point (a window for policy full) are
-    # skipped and counted, not a failure.
+    # A combination the emulator refuses (normalize: e.g. a cost kind one board has no
+    # figures for) and the second and later copies of one point (a window for policy
+    # full) are skipped and counted, not a failure; a value that no combination accepts
+    # (an unknown board, a missing model, a misspelt policy) is a one-line UserError
+    # naming the option and the emulator's reason.
     emulate = _emulate()
     fixed = settings.get("spec") or {}
     if not isinstance(fixed, dict):
@@ -170,21 +170,13 @@ def expand(settings):
     axes = []
     for axis, key, kind in AXES:
         vals = _parse_axis(axis, kind, settings.get(axis))
-        if vals is None:
-            continue
-        for v in vals:  # each value alone, against the defaults
-            one = dict(fixed)
-            one[key] = v
-            if key == "window" and one.get("policy", emulate.DEFAULTS.get("policy")) in NO_WINDOW_POLICIES:
-                one["policy"] = "window"
-            try:
-                emulate.normalize(one)
-            except UserError as e:
-                raise UserError("--%s %s: %s" % (axis.replace("_", "-"), _label(v), e), 2)
-        axes.append((key, vals))
-    keys = [k for k, _ in axes]
+        if vals is not None:
+            axes.append((axis, key, vals))
+    keys = [k for _, k, _ in axes]
     points, skipped, seen = [], {}, set()
-    for combo in itertools.product(*[vals for _, vals in axes]):
+    used = {}  # (axis, value) -> points it takes part in (copies count)
+    first_why = {}  # (axis, value) -> the first reason normalize gave for a point with it
+    for combo in itertools.product(*[vals for _, _, vals in axes]):
         given = dict(zip(keys, combo, strict=True))
         spec = dict(fixed)
         spec.update(given)
@@ -194,12 +186,17 @@ def expand(settings):
             spec.pop("window")
             given["window"] = None
             reason = "a window for policy %s (it runs once, without one)" % policy
+        tags = [(a, v) for (a, _, _), v in zip(axes, combo, strict=True)]
         try:
             norm = emulate.normalize(spec)
         except UserError as e:
-            why = str(e).splitlines()[0]
+            why = (str(e).splitlines() or ["refused"])[0]
             skipped[why] = skipped.get(why, 0) + 1
+            for t in tags:
+                first_why.setdefault(t, why)
             continue
+        for t in tags:
+            used[t] = used.get(t, 0) + 1
         canon = canonical(norm)
         if canon in seen:
             why = reason or "the same point as another combination"
@@ -207,6 +204,21 @@ def expand(settings):
             continue
         seen.add(canon)
         points.append({"axes": given, "spec": spec, "norm": norm})
+    # a value no combination accepts is a mistake, not a skip: blame the one that fails on
+    # its own (with the other keys at their defaults), else the first
+    dead = [(axis, key, v) for axis, key, vals in axes for v in vals if not used.get((axis, v))]
+    for axis, key, v in dead:
+        alone = dict(fixed)
+        alone[key] = v
+        if key == "window":
+            alone["policy"] = "window"
+        try:
+            emulate.normalize(alone)
+        except UserError as e:
+            raise UserError("--%s %s: %s" % (axis.replace("_", "-"), _label(v), (str(e).splitlines() or ["refused"])[0]), 2)
+    if dead:
+        axis, _, v = dead[0]
+        raise UserError("--%s %s: %s" % (axis.replace("_", "-"), _label(v), first_why.get((axis, v), "refused")), 2)
     return points, dict(sorted(skipped.items()))
 
 
@@ -323,7 +335,7 @@ class Cache:
         os.makedirs(d, exist_ok=True)
         _ignore_folder(self.root)
         data = json.dumps(dict(entry, key=key), sort_keys=True).encode("utf-8")
-        fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".json")
+        fd, tmp = tempfile.mkstemp(dir=d, prefix=".tmp-", suffix=".part")
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
@@ -386,11 +398,24 @@ def _check_scheduler(address):
         raise UserError("--scheduler: unknown protocol %r in %s (tcp://HOST:PORT)" % (scheme, address), 2)
 
 
+def _worker_init():
+    # a pool worker ends with the sweep: on Linux, SIGTERM when its parent dies (a killed
+    # sweep leaves no orphan emulating on)
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            import signal
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+
+
 def _pool_results(specs, workers):
     # (index, result) as each point finishes, on a process pool of `workers`
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    ex = ProcessPoolExecutor(max_workers=workers)
+    ex = ProcessPoolExecutor(max_workers=workers, initializer=_worker_init)
     try:
         futs = {ex.submit(emulate_point, s): i for i, s in specs}
         for fut in as_completed(futs):
@@ -418,7 +443,7 @@ def _dask_results(specs, address, keys):
         lg.setLevel(logging.CRITICAL)
     try:
         try:
-            client = Client(address, timeout="%ds" % SCHEDULER_TIMEOUT_S, set_as_default=False)
+            client = Client(address, timeout="%ds" % SCHEDULER_TIMEOUT_S)
         except (OSError, TimeoutError, ValueError) as e:
             raise UserError("cannot reach the Dask scheduler at %s within %d s: %s"
                             % (address, SCHEDULER_TIMEOUT_S, (str(e).splitlines() or [type(e).__name__])[0]), 1)

@@ -1,0 +1,185 @@
+# `./kv sweep` (host/sweep.py) over the real emulator (host/emulate.py) at a tiny size:
+# grid expansion and skipping, the cache (a rerun emulates nothing), resuming after an
+# interruption, the process pool and a real local Dask cluster giving the same table,
+# the output files, and bad input as one line.
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from host import sweep
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOKENS = 3
+TINY = os.path.join(ROOT, "models", "kvrtos-tiny", "model.bin")  # small and committed: fast points
+
+
+def grid(**kw):
+    base = dict(boards="esp32s3_n8r8", models=TINY, tokens=TOKENS)
+    base.update(kw)
+    return sweep.merge(**base)
+
+
+def run_quiet(settings, **kw):
+    return sweep.run(settings, progress=False, **kw)
+
+
+def kv(*args, timeout=120):
+    return subprocess.run([os.path.join(ROOT, "kv"), *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+def test_expand_product_and_skips():
+    pts, skipped = sweep.expand(grid(policies="full,window", windows="16,24", kv_dtypes="fp32,int8"))
+    # full runs once per dtype (not once per window), window twice per dtype
+    got = sorted((p["axes"]["policy"], p["axes"]["window"], p["axes"]["kv_dtype"]) for p in pts)
+    assert got == sorted([("full", None, "fp32"), ("full", None, "int8"), ("window", 16, "fp32"), ("window", 16, "int8"),
+                          ("window", 24, "fp32"), ("window", 24, "int8")])
+    assert sum(skipped.values()) == 2 and all("policy full" in r for r in skipped)
+    # every point's spec normalizes to a different dict, and has its own cache key
+    keys = {sweep.point_key(p["norm"]) for p in pts}
+    assert len(keys) == len(pts)
+
+
+def test_key_follows_inputs(tmp_path):
+    pts, _ = sweep.expand(grid())
+    k1 = sweep.point_key(pts[0]["norm"])
+    assert k1 == sweep.point_key(pts[0]["norm"])
+    assert k1 != sweep.point_key(pts[0]["norm"], code="0" * 64)  # another emulator source: another key
+    # the same spec with a copy of the model that differs in one byte: another key
+    src = open(TINY, "rb").read()
+    m = tmp_path / "model.bin"
+    m.write_bytes(src)
+    tok = os.path.join(os.path.dirname(TINY), "tokenizer.bin")
+    (tmp_path / "tokenizer.bin").write_bytes(open(tok, "rb").read())
+    a = sweep.point_key(sweep.expand(grid(models=str(m)))[0][0]["norm"])
+    m.write_bytes(src[:-1] + bytes([src[-1] ^ 1]))
+    b = sweep.point_key(sweep.expand(grid(models=str(m)))[0][0]["norm"])
+    assert a != b
+
+
+def test_cache_hit_and_outputs(tmp_path):
+    s = grid(kv_dtypes="fp32,int8", cache=str(tmp_path / "cache"), workers=2, target_ms_per_token=10**6)
+    first = run_quiet(s)
+    assert first["summary"]["ran"] == 2 and first["summary"]["cached"] == 0
+    assert all(r["status"] == "ok" and r["tokens"] == TOKENS for r in first["rows"]), first["rows"]
+    files = sorted(str(p) for p in (tmp_path / "cache").rglob("*.json"))
+    assert len(files) == 2
+    mtimes = [os.stat(f).st_mtime_ns for f in files]
+    again = run_quiet(s)
+    assert again["summary"]["ran"] == 0 and again["summary"]["cached"] == 2  # nothing emulated
+    assert again["rows"] == first["rows"]
+    assert [os.stat(f).st_mtime_ns for f in files] == mtimes
+    out = sweep.write(again, str(tmp_path / "out"), command="./kv sweep (test)")
+    with open(out["results.csv"]) as f:
+        rows = list(csv.DictReader(f))
+    assert [r["kv_dtype"] for r in rows] == ["fp32", "int8"]
+    assert all(r["meets_target"] == "yes" for r in rows)
+    md = open(out["results.md"]).read()
+    assert "./kv sweep (test)" in md and "esp32s3_n8r8" in md
+    assert open(out["results.png"], "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    doc = json.load(open(out["summary.json"]))
+    assert doc["points"] == 2 and len(doc["rows"]) == 2
+    # the same rows write the same bytes
+    out2 = sweep.write(again, str(tmp_path / "out2"), command="./kv sweep (test)")
+    for n in out:
+        assert open(out[n], "rb").read() == open(out2[n], "rb").read(), n
+
+
+def test_resume_after_interrupt(tmp_path):
+    s = grid(kv_dtypes="fp32,int8,int4", cache=str(tmp_path / "cache"), workers=1)
+    seen = []
+
+    def stop(i, row):
+        seen.append(i)
+        raise KeyboardInterrupt  # as Ctrl-C after the first point
+
+    with pytest.raises(KeyboardInterrupt):
+        run_quiet(s, on_result=stop)
+    done = len(list((tmp_path / "cache").rglob("*.json")))
+    assert done == 1 and len(seen) == 1
+    assert not list((tmp_path / "cache").rglob(".tmp-*"))  # no half-written entry left
+    rest = run_quiet(s)
+    assert rest["summary"]["cached"] == 1 and rest["summary"]["ran"] == 2
+    whole = run_quiet(grid(kv_dtypes="fp32,int8,int4", cache=str(tmp_path / "fresh"), workers=1))
+    assert rest["rows"] == whole["rows"]
+
+
+def test_resume_after_kill(tmp_path):
+    # a real ./kv sweep killed (SIGKILL) once some points are cached: the rerun runs the rest
+    cache = tmp_path / "cache"
+    args = ["sweep", "--boards", "esp32s3_n8r8", "--models", TINY, "--tokens", str(TOKENS), "--kv-dtypes",
+            "fp32,int8,int4,int4tok", "--workers", "1", "--cache", str(cache), "--out", str(tmp_path / "out"), "--json"]
+    p = subprocess.Popen([os.path.join(ROOT, "kv"), *args], cwd=ROOT, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, start_new_session=True)
+    t0 = time.monotonic()
+    while not list(cache.rglob("*.json")) and p.poll() is None and time.monotonic() - t0 < 120:
+        time.sleep(0.02)
+    try:
+        os.killpg(p.pid, signal.SIGKILL)  # the sweep and its pool's workers, as a lost machine would
+    except ProcessLookupError:
+        pass
+    p.wait(timeout=30)
+    done = len(list(cache.rglob("*.json")))
+    if p.returncode == 0:
+        pytest.skip("the sweep finished before it could be killed")
+    assert 1 <= done < 4
+    r = kv(*args)
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    assert s["cached"] == done and s["ran"] == 4 - done and s["points"] == 4
+
+
+def test_process_pool_equals_dask_local_cluster(tmp_path):
+    distributed = pytest.importorskip("distributed")
+    s = dict(kv_dtypes="fp32,int8", costs="c,viper")
+    pool = run_quiet(grid(cache=str(tmp_path / "pool"), workers=2, **s))
+    with distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1, dashboard_address=None) as cluster:
+        dask = run_quiet(grid(cache=str(tmp_path / "dask"), scheduler=cluster.scheduler_address, **s))
+    assert dask["summary"]["ran"] == 4 and dask["summary"]["executor"].startswith("dask ")
+    assert dask["rows"] == pool["rows"]
+    assert sorted(os.listdir(tmp_path / "pool")) == sorted(os.listdir(tmp_path / "dask"))
+
+
+@pytest.mark.parametrize("args, code, words", [
+    (["--boards", "nosuch_board"], 2, "unknown board"),
+    (["--policies", "fifo"], 2, "--policies"),
+    (["--windows", "x"], 2, "whole numbers"),
+    (["--grid", "/nonexistent/grid.json"], 2, "no grid file"),
+    (["--scheduler", "localhost"], 2, "tcp://"),
+    (["--target-ms-per-token", "-1"], 2, "above"),
+])
+def test_bad_input_one_line(args, code, words):
+    r = kv("sweep", "--models", TINY, "--tokens", "2", "--cache", "/tmp/kvrtos-sweep-test-unused", *args)
+    assert r.returncode == code, (r.returncode, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kv sweep:") and words in lines[0], r.stderr
+
+
+def test_bad_grid_file(tmp_path):
+    g = tmp_path / "g.json"
+    g.write_text('{"boards": ["esp32s3_n8r8"], "colour": 1}')
+    r = kv("sweep", "--grid", str(g))
+    assert r.returncode == 2 and "unknown key colour" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    g.write_text("{not json")
+    r = kv("sweep", "--grid", str(g))
+    assert r.returncode == 2 and "not JSON" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_unreachable_scheduler_one_line(tmp_path):
+    t0 = time.monotonic()
+    r = kv("sweep", "--models", TINY, "--tokens", "2", "--cache", str(tmp_path / "c"), "--out", str(tmp_path / "o"),
+           "--scheduler", "tcp://127.0.0.1:9", timeout=90)
+    assert r.returncode == 1, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot reach the Dask scheduler" in lines[0], r.stderr
+    assert time.monotonic() - t0 < 60
+    assert not os.path.exists(tmp_path / "o")
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
