@@ -45,6 +45,33 @@ def test_expand_product_and_skips():
     assert len(keys) == len(pts)
 
 
+def test_expand_counts_refused_combinations():
+    # the Pico 2 has no ESP-DSP figures: that combination is skipped with the emulator's reason
+    pts, skipped = sweep.expand(grid(boards="esp32s3_n8r8,rp2350_pico2", costs="c,dsp"))
+    assert sorted((p["axes"]["board"], p["axes"]["cost"]) for p in pts) == [
+        ("esp32s3_n8r8", "c"), ("esp32s3_n8r8", "dsp"), ("rp2350_pico2", "c")]
+    assert list(skipped.values()) == [1] and "rp2350_pico2 has no dsp" in list(skipped)[0]
+    # a value no combination accepts is the user's mistake: one line naming the option
+    with pytest.raises(sweep.UserError, match="--costs asm: board rp2350_pico2 has no asm"):
+        sweep.expand(grid(boards="rp2350_pico2", costs="c,asm"))
+
+
+def test_failed_point_is_recorded_and_cached(tmp_path):
+    # kvrtos-tiny leaves no KV block on a plain ESP32 without PSRAM: emulate's one-line
+    # refusal is that point's result, cached like a success, and the sweep goes on
+    s = grid(boards="esp32s3_n8r8,esp32_wroom32", cache=str(tmp_path / "cache"), workers=2)
+    first = run_quiet(s)
+    by = {r["board"]: r for r in first["rows"]}
+    assert by["esp32s3_n8r8"]["status"] == "ok" and by["esp32s3_n8r8"]["meets_target"]
+    bad = by["esp32_wroom32"]
+    assert bad["status"] == "failed" and not bad["meets_target"] and "KV budget is too small" in bad["why_not"]
+    assert first["summary"]["failed"] == 1 and first["summary"]["errors"] == []
+    again = run_quiet(s)
+    assert again["summary"]["ran"] == 0 and again["summary"]["cached"] == 2 and again["rows"] == first["rows"]
+    md = sweep.markdown(again["rows"], again["summary"])
+    assert "KV budget is too small" in md and md.index("esp32s3_n8r8 |") < md.index("esp32_wroom32 | models")
+
+
 def test_key_follows_inputs(tmp_path):
     pts, _ = sweep.expand(grid())
     k1 = sweep.point_key(pts[0]["norm"])
