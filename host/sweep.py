@@ -601,6 +601,8 @@ def _row(point, key, entry, targets):
         v = norm.get(c)
         if c in ("model", "scenario", "board") and isinstance(v, str) and os.path.isabs(v):
             v = _short(v)
+        if c == "scenario":
+            v = _scenario_name(v)
         row[c] = v
     if norm.get("policy") in NO_WINDOW_POLICIES:
         row["window"] = None
@@ -619,13 +621,29 @@ def _row(point, key, entry, targets):
         if _num(row["deadline_misses"]) > 0:
             why.append("%s deadline misses" % row["deadline_misses"])
         if row["tokens"] is not None and row["tokens_requested"] is not None and row["tokens"] < row["tokens_requested"]:
-            why.append("%s of %s tokens" % (row["tokens"], row["tokens_requested"]))
+            why.append("%s of %s tokens%s" % (row["tokens"], row["tokens_requested"],
+                                             " (%s)" % rep["stop"] if rep.get("stop") else ""))
+        inv = rep.get("invariants")
+        if isinstance(inv, dict) and inv.get("ok") is False:
+            bad = sorted(k for k, v in inv.items() if isinstance(v, dict) and v.get("ok") is False)
+            why.append("emulator invariants not met: %s" % (", ".join(bad) or "?"))
+        if not _num(row["ms_per_token"]) > 0:
+            why.append("no ms per token")
         row["meets_target"] = not why
         row["why_not"] = "; ".join(why)
     else:
         row["meets_target"] = False
         row["why_not"] = entry.get("error", "failed")
     return row
+
+
+def _scenario_name(v):
+    # a scenario as the table shows it: its name when it is scenarios/NAME.json, "none" for none
+    if not v:
+        return "none"
+    if v.startswith("scenarios/") and v.endswith(".json") and v.count("/") == 1:
+        return v[len("scenarios/"):-len(".json")]
+    return v
 
 
 def _num(v):
@@ -705,10 +723,12 @@ def markdown(rows, summary, command=None):
     for b in boards:
         mine = [r for r in rows if r["board"] == b]
         best = sorted(mine, key=_rank)[0]
-        setting = _setting(best) if best["status"] == "ok" else "(all failed)"
-        lines.append("| %s | %d | %d | %s%s | %s | %s | %s |" % (
-            b, len(mine), sum(bool(r["meets_target"]) for r in mine), setting,
-            "" if best["meets_target"] else " (misses: %s)" % best["why_not"],
+        if best["status"] == "ok":
+            setting = _setting(best) + ("" if best["meets_target"] else " (misses: %s)" % best["why_not"])
+        else:
+            setting = "(every point failed: %s)" % best["why_not"]
+        lines.append("| %s | %d | %d | %s | %s | %s | %s |" % (
+            b, len(mine), sum(bool(r["meets_target"]) for r in mine), setting.replace("|", "\\|"),
             _cell(best["ms_per_token"]), _cell(best["tok_s"]), _cell(best["kv_bytes"])))
     cols = ("board", "model", "policy", "window", "kv_dtype", "scenario", "cost", "tokens", "ms_per_token", "tok_s",
             "ttft_ms", "kv_bytes", "pool_high_water", "deadline_misses", "meets_target", "why_not")
@@ -722,7 +742,7 @@ def markdown(rows, summary, command=None):
 
 def _setting(r):
     parts = [r["policy"] + ("(%s)" % r["window"] if r["window"] is not None else ""), r["kv_dtype"], r["cost"]]
-    if r["scenario"]:
+    if r["scenario"] and r["scenario"] != "none":
         parts.append(str(r["scenario"]))
     if r["model"]:
         parts.insert(0, os.path.basename(str(r["model"])))
@@ -737,8 +757,8 @@ def plot(rows, summary, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ok = [r for r in rows if r["status"] == "ok" and isinstance(r["ms_per_token"], (int, float))
-          and isinstance(r["kv_bytes"], (int, float))]
+    ok = [r for r in rows if r["status"] == "ok" and _num(r["ms_per_token"]) > 0 and _num(r["kv_bytes"]) >= 0
+          and _num(r["ms_per_token"]) != float("inf") and _num(r["kv_bytes"]) != float("inf")]
     boards = []
     for r in rows:
         if r["board"] not in boards:
@@ -760,6 +780,12 @@ def plot(rows, summary, path):
             m = markers[costs.index(r["cost"]) % len(markers)]
             ax.scatter([r["kv_bytes"]], [r["ms_per_token"]], marker=m, s=36,
                        facecolors=c if r["meets_target"] else "none", edgecolors=c)
+        if not mine:
+            ax.text(0.5, 0.5, "no point with figures", ha="center", transform=ax.transAxes)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            ax.set_title(b, fontsize=10)
+            continue
         if t.get("ms_per_token") is not None:
             ax.axhline(t["ms_per_token"], color="grey", linestyle="--", linewidth=1)
         if t.get("kv_bytes") is not None:
@@ -770,8 +796,6 @@ def plot(rows, summary, path):
         ax.set_title(b, fontsize=10)
         ax.set_xlabel("KV bytes")
         ax.set_ylabel("ms per token (emulated)")
-        if not mine:
-            ax.text(0.5, 0.5, "no successful point", ha="center", transform=ax.transAxes)
     for k in range(n, nrow * ncol):
         axs[k // ncol][k % ncol].axis("off")
     from matplotlib.lines import Line2D
@@ -786,7 +810,9 @@ def plot(rows, summary, path):
     if t.get("kv_bytes") is not None:
         handles.append(Line2D([], [], color="grey", linestyle=":", label="target KV bytes"))
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 6), fontsize=8, frameon=False)
-    fig.suptitle("kv sweep: ms per token against KV bytes", fontsize=11)
+    left = sum(r["status"] == "ok" for r in rows) - len(ok)
+    fig.suptitle("kv sweep: ms per token against KV bytes" + (" (%d failed, %d without figures: not drawn)" % (
+        sum(r["status"] != "ok" for r in rows), left) if len(ok) < len(rows) else ""), fontsize=11)
     fig.tight_layout(rect=(0, 0.04 + 0.03 * ((len(handles) - 1) // 6), 1, 0.95))
     fig.savefig(path, dpi=90, metadata={"Software": None})  # no version stamp: same rows, same bytes
     plt.close(fig)
@@ -821,8 +847,9 @@ def main(settings, as_json=False, command=None):
     else:
         print("sweep: %d points (%d ran, %d cached, %d failed, %d skipped), %d meet the target"
               % (s["points"], s["ran"], s["cached"], s["failed"], s["skipped"], s["meets_target"]))
+        w = max([len(b) for b in s["best"]] or [0])
         for b, r in s["best"].items():
-            print("  %-16s best: %s  %s ms/token  %s KV B%s" % (b, _setting(r), _cell(r["ms_per_token"]), _cell(r["kv_bytes"]),
+            print("  %-*s best: %s  %s ms/token  %s KV B%s" % (w, b, _setting(r), _cell(r["ms_per_token"]), _cell(r["kv_bytes"]),
                                                                "" if r["meets_target"] else "  (misses: %s)" % r["why_not"]))
         print("wrote %s" % out)
     if s["errors"]:
