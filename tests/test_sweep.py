@@ -72,6 +72,21 @@ def test_failed_point_is_recorded_and_cached(tmp_path):
     assert "KV budget is too small" in md and md.index("esp32s3_n8r8 |") < md.index("esp32_wroom32 | models")
 
 
+def test_grid_file_and_command_line_over_it(tmp_path):
+    g = tmp_path / "grid.json"
+    g.write_text(json.dumps({"_": "a comment", "boards": ["esp32s3_n8r8"], "models": TINY, "kv_dtypes": ["fp32", "int8"],
+                             "tokens": TOKENS, "target_ms_per_token": 10**6, "cache": "c", "spec": {"prompt": "Once"}}))
+    s = sweep.merge(str(g), kv_dtypes="int4")
+    assert s["cache"] == str(tmp_path / "c")  # relative to the grid file
+    pts, _ = sweep.expand(s)
+    assert [(p["norm"]["kv_dtype"], p["norm"]["prompt"]) for p in pts] == [("int4", "Once")]
+    r = kv("sweep", "--grid", str(g), "--out", str(tmp_path / "out"), "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["points"] == 2 and doc["ran"] == 2 and doc["meets_target"] == 2 and doc["out"] == str(tmp_path / "out")
+    assert sorted(os.listdir(tmp_path / "out")) == ["results.csv", "results.md", "results.png", "summary.json"]
+
+
 def test_key_follows_inputs(tmp_path):
     pts, _ = sweep.expand(grid())
     k1 = sweep.point_key(pts[0]["norm"])
