@@ -366,7 +366,7 @@ def demo(c, board="esp32s3_n8r8", tokens="96", out=None, plain=False):
     "cache": "result cache folder (default .kvrtos-cache/sweep)",
     "out": "output folder (default sweeps/<timestamp>)",
     "json": "print the summary as one JSON object",
-})
+}, auto_shortflags=False)  # long flags only: an automatic -h would shadow --help
 @one_line_errors
 def sweep(c, grid=None, boards=None, models=None, policies=None, windows=None, kv_dtypes=None, scenarios=None,
           costs=None, tokens=None, seed=None, target_ms_per_token=None, target_kv_bytes=None, workers=None,

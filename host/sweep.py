@@ -845,8 +845,9 @@ def main(settings, as_json=False, command=None):
     if as_json:
         print(json.dumps(dict(s, out=out, files=files), sort_keys=True))
     else:
-        print("sweep: %d points (%d ran, %d cached, %d failed, %d skipped), %d meet the target"
-              % (s["points"], s["ran"], s["cached"], s["failed"], s["skipped"], s["meets_target"]))
+        print("sweep: %d point%s (%d ran, %d cached, %d failed, %d skipped), %d meet%s the target"
+              % (s["points"], "" if s["points"] == 1 else "s", s["ran"], s["cached"], s["failed"], s["skipped"],
+                 s["meets_target"], "s" if s["meets_target"] == 1 else ""))
         w = max([len(b) for b in s["best"]] or [0])
         for b, r in s["best"].items():
             print("  %-*s best: %s  %s ms/token  %s KV B%s" % (w, b, _setting(r), _cell(r["ms_per_token"]), _cell(r["kv_bytes"]),
