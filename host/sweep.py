@@ -578,10 +578,19 @@ def run(settings, progress=None, on_result=None):
         "failed": sum(r["status"] != "ok" for r in rows),
         "skipped": sum(skipped.values()), "skipped_reasons": skipped,
         "meets_target": sum(bool(r["meets_target"]) for r in rows),
-        "targets": targets, "executor": ("dask " + scheduler) if scheduler else "process pool (%d workers)" % min(workers, max(1, len(todo))),
+        "targets": targets, "executor": _executor(scheduler, min(workers, len(todo))),
         "cache": cache.root, "best": best_per_board(rows), "errors": status["errors"],
     }
     return {"rows": rows, "summary": summary}
+
+
+def _executor(scheduler, workers):
+    # what ran the points, in words
+    if not workers:
+        return "none (every point from the cache)"
+    if scheduler:
+        return "dask " + scheduler
+    return "process pool (%d worker%s)" % (workers, "" if workers == 1 else "s")
 
 
 def _total_misses(v):
