@@ -43,6 +43,19 @@ def inv_freqs(head_dim):
 
 
 # array of n zeros of typecode tc in one allocation (no temporary list); boot only
+def _half(b):
+    # the float of IEEE half bits b (0..65535; a KV fp16 element, as quant packs "<e")
+    e = (b >> 10) & 31
+    m = b & 1023
+    if e == 31:
+        x = math.inf if not m else math.nan
+    elif e:
+        x = math.ldexp(m + 1024, e - 25)
+    else:
+        x = math.ldexp(m, -24)
+    return -x if b & 0x8000 else x
+
+
 def _zeros(tc, n):
     a = new_array(tc, n)
     for i in range(n):
@@ -253,7 +266,10 @@ class Plain:
         d = lay.v_off if which else 0
         so = (lay.vs_off if which else lay.ks_off) >> 2
         g = lay.group
-        if lay.dtype == "int8":
+        if lay.dtype == "fp16":
+            for i in range(kd):
+                out[i] = _half(rb[d + 2 * i] | (rb[d + 2 * i + 1] << 8))
+        elif lay.dtype == "int8":
             for i in range(kd):
                 b = rb[d + i]
                 out[i] = (b - 256 if b > 127 else b) * rf[so + i // g]
@@ -451,11 +467,15 @@ class Numpy:
     # scale = max|x| / qmax stored as fp32, q = round-half-even(x / stored scale)) and
     # write it to the token reserved for h; the cache's status; O(kv_dim)
     def store(self, h, layer, k, v):
+        np = self.np
         lay = self.lay
         kd = self.kv_dim
         if lay.dtype == "fp32":
             self.row_f[:kd] = k
             self.row_f[kd:2 * kd] = v
+        elif lay.dtype == "fp16":  # IEEE half, little-endian, as quant.pack_layer packs it ("<e")
+            self.row_b[:2 * kd] = k.astype("<f2").view(np.uint8)
+            self.row_b[lay.v_off:lay.v_off + 2 * kd] = v.astype("<f2").view(np.uint8)
         elif lay.kivi:  # K in fp32 (the cache quantizes it per channel), V per token
             self.row_f[:kd] = k
             self._quant(v, lay.v_off, lay.vs_off)
@@ -530,6 +550,10 @@ class Numpy:
             r = self.arena_w[self.idx + layer * (self.step // 4)]
             return r[:, :kd].reshape(n, H, D), r[:, kd:].reshape(n, H, D)
         r = self.arena_b[self.idx + layer * self.step]
+        if lay.dtype == "fp16":
+            k = r[:, :2 * kd].copy().view("<f2").astype(np.float32)
+            v = r[:, lay.v_off:lay.v_off + 2 * kd].copy().view("<f2").astype(np.float32)
+            return k.reshape(n, H, D), v.reshape(n, H, D)
         gph = lay.groups_per_head
         if lay.kivi:
             return self._kivi_k(r, layer), self._kivi_v(r)
