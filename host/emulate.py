@@ -36,6 +36,12 @@ from host.errors import UserError
 SCENARIOS = os.path.join(paths.ROOT, "scenarios")
 COST_KINDS = ("c", "dsp", "asm", "viper", "bytecode")  # firmware_py/cpucost.KINDS
 REPORT_VERSION = 1
+# board time: the kernel runs in chunks of at most CHUNK_US (below half the 2**30 us tick
+# circle, so every ticks_diff inside a chunk is exact) and _BoardTime adds them up, so a
+# run may be longer than the tick circle; MAX_MS caps it at 10 hours of board time
+CHUNK_US = 100000000
+MAX_MS = 36000000
+STOP_TIME_LIMIT = "time_limit"
 
 # every spec key with its default ("" model: stories260K from ../shared/models when
 # present, else the committed models/kvrtos-tiny; "" cost: viper when the board has
@@ -61,11 +67,11 @@ DEFAULTS = {
     "link_bps": tm.DEFAULT_LINK_BPS,
     "rate_hz": tm.DEFAULT_RATE_HZ,
     "ambient_c": thm.AMBIENT_C,
-    "max_ms": 500000,
+    "max_ms": 1800000,
 }
 _INT_KEYS = {"window": (0, 1 << 20), "sinks": (0, 64), "tokens": (1, 1 << 20), "seed": (0, 0x3FFFFFFF),
              "piece_bytes": (0, 1 << 24), "kv_blocks": (0, 1 << 20), "link_bps": (100, 1000000), "rate_hz": (1, 1000), "ambient_c": (-40, 120),
-             "max_ms": (1, 530000)}  # virtual ticks wrap at 2**30 us: durations stay below half of it
+             "max_ms": (1, MAX_MS)}
 _FLOAT_KEYS = {"temperature": (0.0, 10.0), "top_p": (0.0, 1.0)}
 _STR_KEYS = ("board", "model", "tokenizer", "policy", "kv_dtype", "prompt", "scenario", "cost", "weights_tier")
 DECODE_SPEC_KEYS = ("model", "tokenizer", "policy", "window", "sinks", "kv_dtype", "tokens", "prompt", "seed",
@@ -208,6 +214,16 @@ def normalize(spec):
     return out
 
 
+def _window_us(brd, want=16000, buckets=16):
+    # the tracker's window: 16 ms, shorter on a board whose fastest tier would move 2**30 B
+    # or more in it (a SoC's DRAM: the tracker counts a window's bytes in a small int)
+    fastest = max(t.bandwidth for t in brd.tiers)
+    w = min(want, (bwm.INT_MAX * 1000000 // fastest) // buckets * buckets)
+    if w < buckets:
+        _bad("board %s: tier bandwidth %d B/s is too high for the bandwidth tracker" % (brd.name, fastest))
+    return w
+
+
 def _ram_tier(brd):
     # the tier a decode's heap lives in: external RAM (psram / dram) when the board has it, else sram
     for kind in ("psram", "dram", "sram"):
@@ -287,6 +303,25 @@ def _memory_figures(brd):
     return out
 
 
+class _BoardTime:
+    # µs of board time since the run began, across tick wraps: each now() adds the ticks
+    # since the last one (read at least once per kernel chunk, so each step is < half the circle)
+    def __init__(self, clk):
+        self.clk = clk
+        self.tick = clk.now()
+        self.us = 0
+
+    def now(self):
+        t = self.clk.now()
+        self.us += ticks_diff(t, self.tick)
+        self.tick = t
+        return self.us
+
+    def at(self, anchor, tick):
+        # the board time of tick `tick`, near the anchor (board µs, tick) it is unwrapped from
+        return anchor[0] + ticks_diff(tick, anchor[1])
+
+
 class _Sink:
     # the telemetry link: frames written into a bytearray (write(buf, n) as a stream's)
     def __init__(self):
@@ -302,6 +337,25 @@ class _Sink:
 # called after every token
 def run(spec, out_dir=None, progress=None):
     n = normalize(spec)
+    # a scenario's module tasks import from the scenario's folder (as a board's kvrtos.json
+    # beside its modules): on the path for this run only, the modules it brought in dropped after
+    folder = os.path.dirname(n["scenario"]) if n["scenario"] else ""
+    if not folder:
+        return _run(n, out_dir, progress)
+    before = set(sys.modules)
+    sys.path.insert(0, folder)
+    try:
+        return _run(n, out_dir, progress)
+    finally:
+        if folder in sys.path:
+            sys.path.remove(folder)
+        for name in set(sys.modules) - before:
+            f = getattr(sys.modules[name], "__file__", None) or ""
+            if os.path.abspath(f).startswith(folder + os.sep):
+                del sys.modules[name]
+
+
+def _run(n, out_dir, progress):
     if out_dir is not None:
         _prepare(out_dir)
     brd = boards.load(n["board"])
@@ -314,7 +368,8 @@ def run(spec, out_dir=None, progress=None):
     clk = VirtualClock()
     chats = cfg_app["decode"].get("chats") or []
     k = Kernel(clk, max_tasks=appcfg.max_tasks(cfg_app) + 3, verbose=False)
-    bw = bwm.Bandwidth(brd, kernel=k, carry_ns=True, user_categories=appcfg.categories(cfg_app))
+    bw = bwm.Bandwidth(brd, kernel=k, carry_ns=True, user_categories=appcfg.categories(cfg_app),
+                       window_us=_window_us(brd))
     try:
         s = decode.Session(n["model"], n["tokenizer"], kv_dtype=n["kv_dtype"], policy=n["policy"], window=n["window"],
                            backend="auto", heap=heap, reserve=reserve, temperature=n["temperature"], top_p=n["top_p"],
@@ -341,6 +396,9 @@ def run(spec, out_dir=None, progress=None):
         loads = appcfg.spawn(k, cfg_app, env)
     except appcfg.AppConfigError as e:
         _bad("scenario %s: %s" % (os.path.basename(n["scenario"]) or "-", e))
+    except Exception as e:  # noqa: BLE001 - a user module's import or factory raised: one line
+        _bad("scenario %s: a task could not be built: %s: %s" % (os.path.basename(n["scenario"]) or "-", type(e).__name__,
+                                                                 str(e).split("\n")[0]))
     src = thm.ModelTemp(clk, ambient_c=n["ambient_c"])
     guard = thm.for_board(k, brd, source=src)
     s.thermal = guard
@@ -355,10 +413,15 @@ def run(spec, out_dir=None, progress=None):
     total = sum(r[2] for r in runs)
     made = [0]
     reasons = {}
+    bt = _BoardTime(clk)
+    marks = {}  # id(Session or Chat) -> {"begin": (board us, tick) at its task's start, "first", "last": at its tokens}
 
     def on_token(sess):
         tel.tokens += 1
         made[0] += 1
+        m = marks.setdefault(id(sess), {})
+        m["last"] = (bt.now(), clk.now())
+        m.setdefault("first", m["last"])
         if progress is not None:
             progress(made[0], total)
 
@@ -370,12 +433,14 @@ def run(spec, out_dir=None, progress=None):
         tel.request = req
         tel.event(tm.EV_START, req, obj.n_prompt if obj is not s else len(ids), n_tok)
         reasons[name] = tm.DONE_ERROR
+        marks.setdefault(id(obj), {})["begin"] = (bt.now(), clk.now())
         try:
             if obj is s:
                 yield from s.task(k, ids, n_tok, tel.text)
             else:
                 yield from obj.task(k, n_tok, tel.text)
             reasons[name] = tm.DONE_OK if not obj.stop else (tm.DONE_FULL if obj.stop == "full" else tm.DONE_ERROR)
+            marks[id(obj)]["end"] = (bt.now(), clk.now())
             if obj.stop:
                 tel.event(tm.EV_REFUSED, -1, 1, req)
         finally:
@@ -388,18 +453,28 @@ def run(spec, out_dir=None, progress=None):
         tasks.append(k.spawn(name, prio, one(i + 1, name, obj, n_tok)))
         tel.watch_seq(obj.h, s.cap)
 
+    ended = [False]
+
     def ender():
         for t in tasks:
             yield k.join(t)
         yield k.sleep_us(2 * tel.period_us + 1000)  # the last frames go out
+        ended[0] = True
         k.stop()
 
     k.spawn("end", 0, ender())
-    k.run(n["max_ms"] * 1000)
+    limit = n["max_ms"] * 1000
+    while not ended[0]:
+        left = limit - bt.now()
+        if left <= 0:
+            break
+        k.run(min(left, CHUNK_US))
+    el = bt.now()
     for t in tasks:
         if t.exc is not None:
             raise UserError("emulate: the %s task failed: %s: %s" % (t.name, type(t.exc).__name__, t.exc), 1)
-    rep = _report(n, brd, k, bw, s, env, loads, guard, tel, sink, cost, w_tier, kv_tier, why, len(ids), runs, reasons)
+    rep = _report(n, brd, k, bw, s, env, loads, guard, tel, sink, cost, w_tier, kv_tier, why, len(ids), runs, reasons,
+                  bt, marks, el)
     frames_jsonl = _frames(sink.buf, rep)
     if out_dir is not None:
         _write(out_dir, rep, frames_jsonl)
@@ -417,36 +492,71 @@ def _run_us(t):
     return t.st[S_RUN_S] * 1000000 + t.st[S_RUN_US]
 
 
-def _timing(obj):
+def _stamps(obj, bt, m, el):
+    # (start, first token, end) of a Session or a Chat in board µs since the run began,
+    # each tick stamp unwrapped near a mark taken at that moment (_BoardTime.at); a task
+    # cut by the board-time limit ends at its last token (or at the cut when it made none)
+    begin = m.get("begin", (0, 0))
+    start = max(0, bt.at(begin, obj.t_start))  # a chat's may be its prefix's start, just before
+    if "first" in m:
+        first = m["first"][0]
+        end = bt.at(m["end"], obj.t_end) if "end" in m else m["last"][0]
+    else:
+        first = start
+        end = bt.at(m["end"], obj.t_end) if "end" in m else el
+    return start, first, max(end, first)
+
+
+def _rates(made, first, last):
+    # (tok/s, ms per token) from the first new token to the last: nothing negative
+    ft = last - first
+    tok_s = round((made - 1) * 1e6 / ft, 3) if made > 1 and ft > 0 else 0.0
+    ms_tok = round(ft / (made - 1) / 1000, 4) if made > 1 and ft > 0 else 0.0
+    return tok_s, ms_tok
+
+
+def _timing(obj, bt, m, el):
     # (tokens made, tok/s, ms per token, time to first token ms, decode ms) of a Session or a Chat
     made = obj.n_new
-    ft = ticks_diff(obj.t_end, obj.t_first)
-    tok_s = round((made - 1) * 1e6 / ft, 3) if made > 1 and ft > 0 else 0.0
-    ms_tok = round(ft / (made - 1) / 1000, 4) if made > 1 else round(ticks_diff(obj.t_end, obj.t_start) / 1000, 4)
-    ttft = round(ticks_diff(obj.t_first, obj.t_start) / 1000, 3) if made else 0.0
-    return made, tok_s, ms_tok, ttft, round(ticks_diff(obj.t_end, obj.t_start) / 1000, 3)
+    start, first, end = _stamps(obj, bt, m, el)
+    tok_s, ms_tok = _rates(made, first, end)
+    if made <= 1:
+        ms_tok = round((end - start) / 1000, 4)
+    ttft = round((first - start) / 1000, 3) if made else 0.0
+    return made, tok_s, ms_tok, ttft, round((end - start) / 1000, 3)
 
 
-def _report(n, brd, k, bw, s, env, loads, guard, tel, sink, cost, w_tier, kv_tier, why, n_prompt, runs, reasons):
-    el = ticks_diff(k.now(), 0)  # the run's length: it started at 0
+def _cut_line(n, made, asked):
+    return "board-time limit of %s s reached after %d of %d tokens: raise --max-ms (at most %d) or lower --tokens" % (
+        "%g" % (n["max_ms"] / 1000), made, asked, MAX_MS)
+
+
+def _report(n, brd, k, bw, s, env, loads, guard, tel, sink, cost, w_tier, kv_tier, why, n_prompt, runs, reasons,
+            bt, marks, el):
+    # el: the run's length in board µs (it started at 0; _BoardTime: exact across tick wraps)
     tr = s.traffic
     q = env["dma"]
     per = {}
+    spans = []
     for name, obj, n_tok, _ in runs:
-        m, ts, mt, tt, dm = _timing(obj)
+        mk = marks.get(id(obj), {})
+        m, ts, mt, tt, dm = _timing(obj, bt, mk, el)
+        spans.append(_stamps(obj, bt, mk, el) + (m,))
+        stop, reason = obj.stop_line(), tm.DONE_REASONS[reasons.get(name, tm.DONE_ERROR)]
+        if "end" not in mk:  # still decoding when the board-time limit came
+            stop, reason = _cut_line(n, m, n_tok), STOP_TIME_LIMIT
         per[name] = {"tokens": m, "tokens_requested": n_tok, "prompt_tokens": obj.n_prompt if obj is not s else n_prompt,
-                     "tok_s": ts, "ms_per_token": mt, "ttft_ms": tt, "decode_ms": dm, "stop": obj.stop_line(),
-                     "stop_reason": tm.DONE_REASONS[reasons.get(name, tm.DONE_ERROR)],
-                     "kv_cached_tokens": s.cache.cached(obj.h),
+                     "tok_s": ts, "ms_per_token": mt, "ttft_ms": tt, "decode_ms": dm, "stop": stop,
+                     "stop_reason": reason, "kv_cached_tokens": s.cache.cached(obj.h),
                      "text": s.tok.decode(list(obj.tokens[:m])).decode("utf-8", "replace") if m else ""}
     made = sum(p["tokens"] for p in per.values())
-    t0 = min(o.t_start for _, o, _, _ in runs)
-    first = min(o.t_first for _, o, _, _ in runs if o.n_new) if made else t0
-    last = max(o.t_end for _, o, _, _ in runs)
-    ft = ticks_diff(last, first)
+    t0 = min(sp[0] for sp in spans)
+    first = min(sp[1] for sp in spans if sp[3]) if made else t0
+    last = max(sp[2] for sp in spans)
     # all runs together: tokens after the first one over the time from the first token to the last
-    tok_s = round((made - 1) * 1e6 / ft, 3) if made > 1 and ft > 0 else 0.0
-    ms_tok = round(ft / (made - 1) / 1000, 4) if made > 1 else round(ticks_diff(last, t0) / 1000, 4)
+    tok_s, ms_tok = _rates(made, first, last)
+    if made <= 1:
+        ms_tok = round((last - t0) / 1000, 4)
     lay = s.layout
     shared = 0
     if len(runs) > 1 and hasattr(s, "chats_report"):
@@ -506,8 +616,8 @@ def _report(n, brd, k, bw, s, env, loads, guard, tel, sink, cost, w_tier, kv_tie
         "stop_reason": first_reason[0] if first_reason else "done",
         "tok_s": tok_s,
         "ms_per_token": ms_tok,
-        "ttft_ms": round(ticks_diff(first, t0) / 1000, 3) if made else 0.0,
-        "decode_ms": round(ticks_diff(last, t0) / 1000, 3),
+        "ttft_ms": round((first - t0) / 1000, 3) if made else 0.0,
+        "decode_ms": round((last - t0) / 1000, 3),
         "elapsed_ms": round(el / 1000, 3),
         "kv_bytes": cached * lay.kv_bytes_per_token,
         "kv_cached_tokens": cached,
@@ -592,7 +702,9 @@ def _invariants(rep, bw, bwr, q, s, k, w_tier, kv_tier, loads):
     worst = max((d["cpu_share"] for d in rep["tasks"].values()), default=0.0)
     out["cpu_share"] = {"ok": worst <= 1.0 and rep["cpu_busy_share"] <= 1.0, "largest_task": worst,
                         "all_tasks": rep["cpu_busy_share"]}
-    out["no_faults"] = {"ok": k.totals[T_FAULTS] == 0, "faults": k.totals[T_FAULTS]}
+    failed = {t.name: "%s: %s" % (type(t.exc).__name__, str(t.exc).split("\n")[0])
+              for t in k.tasks if t is not None and getattr(t, "exc", None) is not None}
+    out["no_faults"] = {"ok": k.totals[T_FAULTS] == 0, "faults": k.totals[T_FAULTS], "failed_tasks": failed}
     out["ok"] = all(v["ok"] for v in out.values())
     return out
 
@@ -750,8 +862,10 @@ def main(opts, out=None, as_json=False, err=None):
         if out:
             print("  out         %s" % out)
     if not rep["invariants"]["ok"]:
-        raise UserError("an invariant does not hold: %s" % ", ".join(
-            k for k, v in rep["invariants"].items() if k != "ok" and not v["ok"]), 1)
+        failed = rep["invariants"]["no_faults"].get("failed_tasks") or {}
+        raise UserError("an invariant does not hold: %s%s" % (", ".join(
+            k for k, v in rep["invariants"].items() if k != "ok" and not v["ok"]),
+            "".join("; task %s failed: %s" % kv for kv in sorted(failed.items()))), 1)
     return rep
 
 

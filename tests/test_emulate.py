@@ -131,3 +131,63 @@ def test_every_kind_of_task_keeps_the_byte_invariants(tmp_path):
     inv = rep["invariants"]
     assert inv["dma_bytes_charged"]["wakeword_reads"] > 0 and inv["cpu_reads_charged"]["moved"] > 0
     assert inv["dma_bytes_charged"]["moved_x2"] > 0
+
+
+def test_board_time_limit_and_long_runs():
+    # a run cut by max_ms says so, its figures cover what was made (nothing negative); a
+    # run longer than half the 2**30 us tick circle (and than a whole one) is timed exactly
+    cut = emulate.run({"board": "rp2350_pico_plus2", "cost": "viper", "tokens": 96, "max_ms": 500000})
+    assert 0 < cut["tokens"] < 96 and cut["stop_reason"] == "time_limit"
+    assert "board-time limit of 500 s" in cut["stop"] and "--max-ms" in cut["stop"] and "\n" not in cut["stop"]
+    assert cut["invariants"]["ok"], cut["invariants"]
+    for rep in (cut, emulate.run({"board": "rp2350_pico_plus2", "cost": "bytecode", "tokens": 150})):
+        assert rep["tok_s"] > 0 and rep["ms_per_token"] > 0 and rep["decode_ms"] > 0 and rep["ttft_ms"] > 0
+        assert abs(rep["tok_s"] * rep["ms_per_token"] / 1000 - 1) < 0.01
+        assert rep["decode_ms"] <= rep["elapsed_ms"] <= rep["spec"]["max_ms"] + 60000
+    long = rep
+    assert long["tokens"] == 150 and long["stop"] == "" and long["elapsed_ms"] > (1 << 30) / 1000  # past a wrap
+    assert long["decode_ms"] >= 149 * long["ms_per_token"] and long["invariants"]["ok"]
+    with pytest.raises(UserError):
+        emulate.normalize({"max_ms": emulate.MAX_MS + 1})
+
+
+def test_kv_fp16():
+    # fp16 KV on the numpy kernel (the emulator's) and the plain one: the text of fp32 KV
+    tiny = os.path.join(ROOT, "models", "kvrtos-tiny", "model.bin")
+    a = emulate.run({"model": tiny, "kv_dtype": "fp16", "tokens": 6, "cost": "c"})
+    b = emulate.run({"model": tiny, "kv_dtype": "fp32", "tokens": 6, "cost": "c"})
+    _check(a)
+    assert a["tokens"] == 6 and a["text"] == b["text"] and a["kv_bytes_per_token"] * 2 == b["kv_bytes_per_token"]
+    r = subprocess.run([os.path.join(ROOT, "kv"), "generate", "--model", tiny, "--kv-dtype", "fp16", "--tokens", "6",
+                        "--backend", "plain"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert r.returncode == 0 and "fp16" in r.stdout, r.stderr
+    assert r.stdout.startswith(b["text"].strip()[:20])
+
+
+def _user_scenario(tmp_path, body):
+    (tmp_path / "usermod_f1.py").write_text(body)
+    cfg = tmp_path / "kvrtos.json"
+    cfg.write_text(json.dumps({"decode": {"tokens": 3}, "tasks": [
+        {"kind": "module", "name": "mine", "module": "usermod_f1", "factory": "make", "args": {}}]}))
+    return str(cfg)
+
+
+def test_module_task_from_the_scenario_folder(tmp_path):
+    path = list(sys.path)
+    rep = emulate.run({"scenario": os.path.join(ROOT, "examples", "user-task", "kvrtos.json"), "tokens": 4, "cost": "c"})
+    _check(rep)
+    assert rep["workloads"]["meter"]["released"] > 0 and "meter" not in sys.modules and sys.path == path
+    r = _kv("--scenario", "examples/user-task/kvrtos.json", "--tokens", "3", "--cost", "c")
+    assert r.returncode == 0 and "meter" in r.stdout, r.stderr
+    ok_task = "class M:\n    def __init__(s, k):\n        s.k = k\n    def stats(s):\n        return {}\n"
+    for body, word in (("import nonexistent_f1_mod\n", "nonexistent_f1_mod"),
+                       ("def make(k, env):\n    raise RuntimeError('boom in factory')\n", "boom in factory"),
+                       ("def make(k, env:\n", "SyntaxError"),
+                       (ok_task + "    def task(s):\n        yield s.k.sleep_us(10)\n        raise ZeroDivisionError('boom in task')\n"
+                        "def make(k, env):\n    return M(k)\n", "boom in task")):
+        d = tmp_path / ("s%d" % len(word))
+        d.mkdir()
+        r = _kv("--scenario", _user_scenario(d, body), "--cost", "c")
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode != 0 and len(lines) == 1 and word in lines[0] and "Traceback" not in r.stderr, (body, r.stderr)
+        assert "usermod_f1" not in sys.modules and sys.path == path
