@@ -7,7 +7,8 @@
 #   CRC-32    IEEE 802.3 / zlib.crc32 (reflected 0xEDB88320, init and xorout 0xFFFFFFFF)
 #             over the payload; the magic makes the first encoded byte 0xFE, which
 #             UTF-8 text never holds, so the host knows at once whether a 0x00 opens a frame
-#   body      LAYOUT: "key=value" lines; PERIODIC and EVENT: records [id u8][len u8][len
+#   body      LAYOUT: "key=value" lines ("part=I/N" first: a long layout goes in several frames of
+#             whole lines, never cut); PERIODIC and EVENT: records [id u8][len u8][len
 #             bytes of LEB128 varints]; TEXT: [request varint][UTF-8 bytes of generated text]
 #
 # A periodic frame carries the fast-changing figures every time (core counters, pool,
@@ -122,6 +123,9 @@ WIRE_OVER = const(7)  # wire bytes beyond the payload for a payload < 254 B: CRC
 _EV_WORDS = const(5)  # event ring entry: code, ms, a, b, c
 _NO_SEQ = const(-1)
 _REC_MAX = const(52)  # bytes of the largest record: id, length, 10 varints of at most 5 bytes
+PART_LINE = const(17)  # the longest "part=I/N\n" line opening a layout frame (I, N < 10**5)
+LAYOUT_ROOM = const(998)  # MAX_PAYLOAD - HDR - PART_LINE: bytes of whole "key=value" lines per layout frame
+_PART = b"part="
 
 # stats row / totals indices of firmware_py/sched/stats.py, as local consts
 _S_RUNS = const(0)
@@ -292,6 +296,19 @@ def _varint_py(buf, off, v):
 crc_put = _crc_put_v if IS_MICROPYTHON else _crc_put_py
 cobs_encode = _cobs_v if IS_MICROPYTHON else _cobs_py
 put_varint = _varint_v if IS_MICROPYTHON else _varint_py
+
+
+# the decimal digits of v (an int >= 0, a small int) at buf[off]; the offset after them;
+# no allocation
+def _put_dec(buf, off, v):
+    d = 1
+    while d * 10 <= v:
+        d *= 10
+    while d:
+        buf[off] = 48 + v // d % 10
+        off += 1
+        d //= 10
+    return off
 
 
 # v as a zigzag-coded unsigned int (0, -1, 1, -2 ... -> 0, 1, 2, 3 ...); small ints only
@@ -574,7 +591,10 @@ class Telemetry:
         self.rot = 0
         self.starved = False  # the last frame had no room for a slow row: the next one starts with them
         self.want_layout = True  # send the layout frame at the next tick
-        self.layout = b""  # the layout body last built
+        self.layout = b""  # the layout body last built ("key=value" lines)
+        self.lay_parts = 0  # the layout frames it takes (part=I/N: N)
+        self.lay_part = 0  # those sent (the next one is part lay_part + 1)
+        self.lay_off = 0  # where the next part's lines start in self.layout
         self.layouts = 0  # layout frames sent (saturates)
 
     # (re)bind the pool, cache, bandwidth and DMA sources (a request booted a new cache);
@@ -743,6 +763,8 @@ class Telemetry:
         if self.want_layout or self._tasks_changed():
             self.want_layout = False
             self.send_layout()
+        elif self.lay_part < self.lay_parts:
+            self._send_layout_parts()  # the rest of a layout the credit cut short
         self.send_events()
         self.send_text()
         if self.build_periodic() < 0 and self.skipped < INT_MAX:
@@ -1136,23 +1158,65 @@ class Telemetry:
             self.txt_n -= k
         return OK
 
-    # the layout frame (builds its text: allocates); the wire bytes sent or E_FULL
+    # the layout: its text built afresh (allocates), then sent as layout frames of whole
+    # lines, each opened by a "part=I/N" line (_send_layout_parts); the wire bytes of the
+    # frames sent now, or E_FULL when the link credit covered none (the rest goes at the
+    # next ticks, before anything else)
     def send_layout(self):
         self.layout = self.layout_body()
+        n = 0
+        o = 0
+        while o < len(self.layout):
+            o = self._layout_end(o) + 1
+            n += 1
+        self.lay_parts = n if n > 0 else 1
+        self.lay_part = 0
+        self.lay_off = 0
+        return self._send_layout_parts()
+
+    # the layout parts not sent yet, while the link credit covers them; no allocation (a
+    # layout left unfinished by a short credit goes on at the next tick, heap-locked or not)
+    def _send_layout_parts(self):
         body = self.layout
-        if HDR + len(body) > MAX_PAYLOAD:
-            body = body[:MAX_PAYLOAD - HDR]
-        self._begin(T_LAYOUT)
-        p = self.pay
-        for i in range(len(body)):
-            p[HDR + i] = body[i]
-        self.n = HDR + len(body)
-        wl = self._send()
-        if wl < 0:
-            self.want_layout = True  # try again at the next tick
-        elif self.layouts < INT_MAX:
-            self.layouts += 1
-        return wl
+        total = 0
+        while self.lay_part < self.lay_parts:
+            o = self.lay_off
+            end = self._layout_end(o)
+            self._begin(T_LAYOUT)
+            p = self.pay
+            i = HDR
+            for j in range(5):
+                p[i + j] = _PART[j]
+            i = _put_dec(p, i + 5, self.lay_part + 1)
+            p[i] = 47  # "/"
+            i = _put_dec(p, i + 1, self.lay_parts)
+            if end > o:
+                p[i] = 10  # "\n"
+                i += 1
+            for j in range(o, end):
+                p[i] = body[j]
+                i += 1
+            self.n = i
+            wl = self._send()
+            if wl < 0:
+                return E_FULL if total == 0 else total
+            total += wl
+            self.lay_part += 1
+            self.lay_off = end + 1
+            if self.layouts < INT_MAX:
+                self.layouts += 1
+        return total
+
+    # where the layout part starting at body offset o ends (exclusive; at a line's end):
+    # as many whole lines as one frame carries (layout_body makes every line fit one)
+    def _layout_end(self, o):
+        body = self.layout
+        end = o + LAYOUT_ROOM
+        if end >= len(body):
+            return len(body)
+        while end > o and body[end] != 10:
+            end -= 1
+        return end if end > o else o + LAYOUT_ROOM  # (a line longer than a frame: never made)
 
     # the layout frame's body: "key=value" lines (names, constants, the records' fields)
     def layout_body(self):
@@ -1196,7 +1260,17 @@ class Telemetry:
         for code in sorted(EVENTS):
             name, args = EVENTS[code]
             lines.append("ev.%d=%s:%s" % (code, name, ",".join(args)))
-        return "\n".join(lines).encode()
+        out = []
+        omitted = 0
+        for ln in lines:
+            b = ln.encode()
+            if len(b) > LAYOUT_ROOM or b"\n" in b:  # a value longer than a frame, or holding a newline
+                omitted += 1
+            else:
+                out.append(b)
+        if omitted:
+            out.append(("omitted=%d" % omitted).encode())
+        return b"\n".join(out)
 
     # figures about this link (allocates: reports)
     def stats(self):

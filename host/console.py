@@ -153,6 +153,26 @@ def layout_items(body):
     return out
 
 
+def layout_part(items):
+    # (I, N) of a layout frame's "part=I/N" line (part I of the N frames one layout takes),
+    # or None (no such line: an older board's layout, whole in one frame)
+    i, sep, n = items.get("part", "").partition("/")
+    if sep and i.isdigit() and n.isdigit() and 1 <= int(i) <= int(n):
+        return int(i), int(n)
+    return None
+
+
+def merge_layout(layout, items):
+    # the layout after a layout frame's items: part 1 (or a frame without a part line)
+    # starts a new layout, a later part adds its lines to the one being assembled
+    part = layout_part(items)
+    if part is None or part[0] == 1 or not layout:
+        return dict(items)
+    merged = dict(layout)
+    merged.update(items)
+    return merged
+
+
 def _named(fields, vals, signed=()):
     # {field: value}; extra values (a later version's) as field_N; signed fields unzigzagged
     d = {}
@@ -178,6 +198,9 @@ def to_dict(ftype, seq, ms, body, layout=None):
     d = {"type": kind, "seq": seq, "ms": ms}
     if ftype == tm.T_LAYOUT:
         d["layout"] = layout_items(body)
+        part = layout_part(d["layout"])
+        if part:
+            d["part"] = list(part)
     elif ftype == tm.T_TEXT:
         req, off = tm.get_varint(body, 0) if body else (0, 0)
         d["request"] = req
@@ -336,8 +359,10 @@ class StreamDecoder:
             for e in d.get("events", ()):
                 if isinstance(e.get("ms"), int):  # queued before this frame: in the epoch before when above its time
                     e["ms"] += base - tm.MS_WRAP if e["ms"] > ms else base
-        if ftype == tm.T_LAYOUT:
-            self.layout = d["layout"]
+        if ftype == tm.T_LAYOUT and "layout" in d:
+            # a layout may take several frames (part=I/N): the frame carries the layout as
+            # assembled so far, so whoever keeps the latest layout frame keeps all of it
+            self.layout = d["layout"] = merge_layout(self.layout, d["layout"])
         core = d.get("core")
         if core and "skipped" in core:
             self.skipped_run = core["skipped"]

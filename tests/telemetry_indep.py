@@ -90,3 +90,26 @@ def decode(stream):
         else:
             text += run
     return bytes(text), frames, bad, partial
+
+
+def layouts(frames):
+    # the layouts a list of good frames [(type, seq, ms, body)] carries, from the page's
+    # "A layout in several frames": [(complete, {key: value})], one per layout begun (a
+    # frame of type 1 with part=1/N or no part line), later parts adding their lines
+    out = []
+    for ftype, _seq, _ms, body in frames:
+        if ftype != 1:
+            continue
+        items = {}
+        for line in body.decode("utf-8").split("\n"):
+            k, sep, v = line.partition("=")
+            if sep:
+                items[k] = v
+        i, sep, n = items.get("part", "1/1").partition("/")
+        i, n = int(i), int(n)
+        if i == 1 or not out:
+            out.append([i == n, items])
+        else:
+            out[-1][1].update(items)
+            out[-1][0] = i == n
+    return [(done, lay) for done, lay in out]

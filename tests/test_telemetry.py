@@ -426,3 +426,130 @@ def test_generate_on_a_board_that_ignores_ctrl_c_says_what_to_do(monkeypatch):
     assert msg.startswith("no MicroPython raw REPL on %s: no prompt within 1 s, twice" % port), msg
     assert "reset it" in msg and "./kv vboard --stop" in msg, msg
     assert time.monotonic() - t0 < 15
+
+
+# --- a layout longer than one frame -----------------------------------------------------
+
+EXAMPLE = os.path.join(ROOT, "examples", "user-task")
+
+
+def named_everywhere(frames):
+    # every record row and event of the frames decodes with the firmware's field names
+    # (a layout line cut mid-way named them field_2, field_3 ... or "uti")
+    kinds = set()
+    for f in frames:
+        if f["type"] == "periodic":
+            for key, val in f.items():
+                rows = val if isinstance(val, list) else [val] if isinstance(val, dict) else []
+                for row in rows:
+                    name = key[:-1] if isinstance(val, list) else key
+                    want = dict(tm.RECORDS.values())[name]
+                    assert tuple(row) == want[:len(row)] and len(row) == len(want), (name, row)
+                    kinds.add(name)
+        if f["type"] == "event":
+            for e in f["events"]:
+                assert not any(k.startswith("arg_") for k in e), e
+    return kinds
+
+
+def test_a_layout_with_every_record_is_sent_whole_in_parts_and_decoded_with_every_field_named():
+    # serve with the user guide's config: its tasks, the bandwidth tracker (three tiers, six
+    # categories), DMA, the thermal guard, a pool and a KV cache: a layout of ~1.5 kB
+    import sys
+
+    import telemetry_indep as indep
+    from firmware_py import appcfg, board, thermal
+
+    def guard(k):  # a die at 70 C: the guard's "shrink" state, rows every few frames
+        return thermal.Guard(k, thermal.ModelTemp(k.clock, ambient_c=25, rise_c=0, tau_us=10 ** 9, start_c=70),
+                             period_us=100000)
+
+    with open(os.path.join(EXAMPLE, "kvrtos.json")) as f:
+        app = appcfg.load(f.read())
+    sys.path.insert(0, EXAMPLE)
+    try:
+        cap = bytearray()
+        srv = serve.Server(lambda buf, n: cap.extend(bytes(buf[:n])), None, clock=VirtualClock(), model=MODEL,
+                           tokenizer=TOK, layer_us=2000, out=lambda s: None, app=app, max_requests=1, guard=guard,
+                           board=board.load(os.path.join(ROOT, "boards", "esp32s3_n8r8.json")), **serve.config_opts(app))
+        assert srv.start("Once upon a time", 24) == 0
+        srv.run()
+    finally:
+        sys.path.remove(EXAMPLE)
+        sys.modules.pop("meter", None)
+    body = srv.tm.layout_body()
+    assert len(body) > tm.MAX_PAYLOAD  # the case that was cut at 1,024 bytes
+    want = console.layout_items(body)
+    assert "omitted" not in want and want["rec.8"] == "tier:tier,util_permille,kb,waits"
+    assert {"task.0", "tier.2", "cat.5", "dma.slots", "pool.blocks", "kv.dtype", "rec.10", "ev.11"} <= set(want)
+    d = console.StreamDecoder(keep_raw=True)
+    out = d.feed(bytes(cap)) + d.flush()
+    frames = [v for k, v in out if k == "frame"]
+    assert d.corrupt == 0 and d.dropped == 0 and d.body_errors == 0
+    kinds = named_everywhere(frames)
+    assert {"core", "pool", "seq", "task", "tier", "bwcat", "dma", "temp", "kernel"} <= kinds, kinds
+    lays = [f for f in frames if f["type"] == "layout"]
+    assert all(len(bytes.fromhex(f["raw_body"])) <= tm.MAX_PAYLOAD - tm.HDR for f in lays)
+    last = lays[-1]
+    n = last["part"][1]
+    assert n >= 2 and last["part"] == [n, n]
+    # the parts hold whole lines: together exactly the layout's lines, each once
+    parts = [bytes.fromhex(f["raw_body"]).split(b"\n") for f in lays[-n:]]
+    assert [p[0] for p in parts] == [b"part=%d/%d" % (i + 1, n) for i in range(n)]
+    assert b"\n".join(ln for p in parts for ln in p[1:]) == body
+    assert {k: v for k, v in last["layout"].items() if k != "part"} == want  # assembled whole
+    assert d.layout == last["layout"]
+    tiers = [r for f in frames if f["type"] == "periodic" for r in f.get("tiers", ())]
+    assert tiers and max(r["kb"] for r in tiers) > 0
+    # the dashboard's state shows tier MB/s from the named rows, and names every task
+    st = console.State()
+    for f in frames:
+        st.update(f)
+    assert {st.name("task", i) for i in range(8)} >= {"telemetry", "decode", "mic", "meter", "thermal"}
+    # the spec-only decoder assembles the same layout from the same stream
+    text, iframes, bad, _ = indep.decode(bytes(cap))
+    done, ilay = indep.layouts(iframes)[-1]
+    assert done and not bad and ilay == last["layout"]
+
+
+def test_layout_parts_wait_for_the_link_credit_and_come_whole_between_other_frames():
+    # a slow link: the credit covers one part per tick at most; the parts go out in order
+    # at the next ticks, a new layout starts again at part 1, nothing is ever cut
+    cap = bytearray()
+    clk = VirtualClock()
+    meta = {"m.%02d" % i: "v" * 60 for i in range(40)}  # ~2.7 kB of meta lines: 3 parts or more
+    t = tm.Telemetry(lambda b, n: cap.extend(bytes(b[:n])), clock=clk, heap=False, link_bps=1200, meta=meta)
+    for _ in range(60):
+        clk.charge(100000)
+        t.tick()
+    t.request_layout()
+    for _ in range(60):
+        clk.charge(100000)
+        t.tick()
+    d = console.StreamDecoder()
+    frames = [v for k, v in d.feed(bytes(cap)) + d.flush() if k == "frame"]
+    assert d.corrupt == 0 and d.dropped == 0
+    types = [f["type"] for f in frames]
+    lays = [f for f in frames if f["type"] == "layout"]
+    n = t.lay_parts
+    assert n >= 3 and [f["part"] for f in lays] == [[i + 1, n] for i in range(n)] * 2
+    first_done = types.index("layout", types.index("layout", types.index("layout") + 1) + 1)
+    assert "periodic" in types[types.index("layout"):first_done]  # other frames came between the parts
+    want = console.layout_items(t.layout_body())
+    for f in (lays[n - 1], lays[-1]):
+        assert {k: v for k, v in f["layout"].items() if k != "part"} == want
+    assert t.layouts == 2 * n
+
+
+def test_a_layout_line_too_long_for_any_frame_is_left_out_and_counted_never_cut():
+    cap = bytearray()
+    t = tm.Telemetry(lambda b, n: cap.extend(bytes(b[:n])), clock=VirtualClock(), heap=False,
+                     meta={"big": "x" * 2000, "two": "a\nb", "small": "ok"})
+    t.send_layout()
+    d = console.StreamDecoder()
+    frames = [v for k, v in d.feed(bytes(cap)) + d.flush() if k == "frame"]
+    lay = frames[-1]["layout"]
+    assert lay["omitted"] == "2" and lay["small"] == "ok" and "big" not in lay and "two" not in lay
+    assert lay["rec.10"] == "dma:depth,max_depth,in_flight,stalls,full"
+    assert tm.LAYOUT_ROOM == tm.MAX_PAYLOAD - tm.HDR - tm.PART_LINE
+    assert len("part=%d/%d\n" % (99999, 99999)) == tm.PART_LINE

@@ -500,6 +500,43 @@ rd3.feed(CMD3)
 rd3.feed(CMD3)
 eq((rd3.good, rd3.corrupt, rd3.ignored), (INT_MAX, INT_MAX, INT_MAX), "CommandReader counts saturated")
 
+# --- a layout longer than one frame: whole lines in parts "part=I/N", the parts a short
+# credit held back sent at the next ticks without allocating ---
+capn[0] = 0
+clk4 = VirtualClock()
+meta4 = {}
+for i in range(30):
+    meta4["m.%02d" % i] = "v" * 70
+t4 = tm.Telemetry(link, clock=clk4, heap=False, link_bps=1200, meta=meta4)
+body4 = t4.layout_body()
+check(len(body4) > 2 * tm.MAX_PAYLOAD, "a layout of %d bytes: three frames or more" % len(body4))
+t4.credit = tm.wire_len(tm.MAX_PAYLOAD)  # room for one part now
+t4.want_layout = False
+check(t4.send_layout() > 0, "part 1 sent at once")
+eq(t4.lay_part, 1, "one part sent, the rest held back by the credit")
+check(t4.lay_parts >= 3, "parts: %d" % t4.lay_parts)
+
+
+def ticks4():
+    for _ in range(80):
+        clk4.charge(100000)
+        t4.tick()
+
+
+no_alloc("the layout's remaining parts sent at later ticks (1,200 B/s link)", ticks4)
+eq(t4.lay_part, t4.lay_parts, "every part sent")
+fs4 = frames(CAP, capn[0])
+parts4 = [f[3] for f in fs4 if f[0] == tm.T_LAYOUT]
+eq(len(parts4), t4.lay_parts, "one layout frame per part")
+check(all(tm.HDR + len(b) <= tm.MAX_PAYLOAD for b in parts4), "every part within MAX_PAYLOAD")
+lines4 = []
+for i in range(len(parts4)):
+    ls = parts4[i].split(b"\n")
+    eq(ls[0], ("part=%d/%d" % (i + 1, len(parts4))).encode(), "part %d opens with its part line" % (i + 1))
+    lines4.extend(ls[1:])
+eq(b"\n".join(lines4), body4, "the parts' lines are the layout's, whole, in order")
+check(any(f[0] == tm.T_PERIODIC for f in fs4[:-1]), "periodic frames went on between the parts")
+
 # --- the same bytes on every interpreter: a fresh deterministic run ---
 capn[0] = 0
 lay2 = kv.Layout(2, 2, 8, "fp32")
