@@ -178,12 +178,25 @@ def test_when_the_budget_is_above_the_context_the_context_is_the_limit():
 
 def test_demo_flashes_the_virtual_board_and_decodes_on_it(tmp_path):
     # the main job from a fresh state: a virtual board of its own, firmware and
-    # kvrtos-tiny flashed, the boot report, the text decoded on the board, the summary
-    r = vb.kv("demo", timeout=300, env=dict(os.environ, KVRTOS_VBOARD_HOME=str(tmp_path / "vb")))
+    # kvrtos-tiny flashed, the boot report, the text decoded on the board, the summary.
+    # The demo shows the board through the monitor (plain lines when stdout is no
+    # terminal: timestamped board lines, [status] / [event] lines, the generated text as
+    # [text] lines), so the text and the board's summary line are found among those
+    out = tmp_path / "out"
+    r = vb.kv("demo", "--out", str(out), timeout=300, env=dict(os.environ, KVRTOS_VBOARD_HOME=str(tmp_path / "vb")))
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
     assert any("copy  model.bin" in ln for ln in lines) and any("model        model.bin: fp32" in ln for ln in lines), r.stdout
     i = [n for n, ln in enumerate(lines) if ln.startswith("demo: decoding")][0]
-    assert lines[i + 1].startswith("Once upon a time") and len(lines[i + 1]) > 200, lines[i + 1]
-    assert lines[i + 2].startswith(decode.SUMMARY) and "(5 prompt + 96 new)" in lines[i + 2], lines[i + 2]
+    after = lines[i + 1:]
+    shown = "\n".join(ln.split("[text] ", 1)[1] for ln in after if "] [text] " in ln)
+    assert shown.startswith("Once upon a time") and len(shown) > 200, shown
+    # the text shown is the text the board generated: its text frames in the telemetry log
+    with open(out / "telemetry.jsonl") as f:
+        frames = [json.loads(ln) for ln in f]
+    board_text = "".join(fr["text"] for fr in frames if fr["type"] == "text" and fr.get("request") == 1)
+    assert shown == board_text.rstrip("\n"), (shown, board_text)
+    (summary,) = [ln for ln in after if "] " + decode.SUMMARY in ln]  # the board's own line, timestamped
+    assert "(5 prompt + 96 new)" in summary, summary
+    assert any(ln.startswith("demo: summary: 96 tokens, ") for ln in after), after[-8:]
     assert lines[-2].startswith("demo: done in") and lines[-1] == "demo: virtual board stopped", lines[-3:]
