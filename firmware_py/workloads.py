@@ -442,9 +442,11 @@ def _finish(st, rel, now, deadline, ok):
 
 
 # the common part of the two stats dicts (allocates: reporting only)
-def _periodic_stats(self):
+def _periodic_stats(self, unserved=0):
+    # unserved: releases not skipped that served nothing either (a wake word's stale periods):
+    # out of the mean latency's count, as they are out of its sum
     st = self.st
-    served = st[P_RELEASED] - st[P_SKIPPED]
+    served = st[P_RELEASED] - st[P_SKIPPED] - unserved
     lat = st[P_LAT_S] * _US_PER_S + st[P_LAT_US]
     return {"released": st[P_RELEASED], "deadline_misses": st[P_MISSES], "skipped": st[P_SKIPPED],
             "refused": st[P_REFUSED], "worst_latency_us": st[P_WORST_US],
@@ -491,6 +493,9 @@ class SensorRead:
         self.offset_us = offset_us or period_us
         self.bus_bytes_per_s = bus_bytes_per_s
         self.bus_us = (read_bytes * _US_PER_S + bus_bytes_per_s - 1) // bus_bytes_per_s if bus_bytes_per_s else 0
+        if self.bus_us > period_us:  # (period_us <= 1e8 < sched MAX_WAIT_US: one sleep takes it)
+            raise WorkloadError("sensor: a read of %d B at %d B/s takes %d us on the bus, longer than its period of %d us"
+                                % (read_bytes, bus_bytes_per_s, self.bus_us, period_us))
         self.buf = bytearray(read_bytes)  # the reading in internal SRAM
         self.fifo = bytearray(read_bytes)  # the peripheral's FIFO (what the sensor returned)
         if q is not None:
@@ -519,14 +524,15 @@ class SensorRead:
             while i < nb:  # what the sensor put in its FIFO
                 fifo[i] = (n * 29 + i * 11 + 5) & 0xFF
                 i += 1
-            if self.bus_us:
-                yield k.sleep_us(self.bus_us)  # the bus transfer (the CPU is free)
             ok = True
-            if self.q is not None:
+            if self.bus_us:
+                rv = yield k.sleep_us(self.bus_us)  # the bus transfer (the CPU is free)
+                ok = rv >= 0  # (bus_us <= period_us: the kernel takes it; a refusal is a miss)
+            if ok and self.q is not None:
                 c = yield self.q.submit(self.src, 0, self.dst, 0, nb, self.cat)
                 rv = (yield self.q.wait(c)) if c >= 0 else c
                 ok = rv == OK
-            else:
+            elif ok:
                 us = self.bw.move(self.tier, K_WRITE, self.cat, nb)  # the CPU writes SRAM
                 if us < 0:
                     ok = False
@@ -641,12 +647,13 @@ class WakeWord:
             if run and ok and self.cpu_us:
                 k.charge(self.cpu_us)
                 _add_us(st, P_CPU_US, self.cpu_us)
-            _finish(st, rel, k.now(), self.deadline_us, ok)
+            if run:  # a stale period served nothing: not in the latencies nor the misses
+                _finish(st, rel, k.now(), self.deadline_us, ok)
             rel = ticks_add(rel, self.period_us)
 
     # the stats as a dict (allocates: reporting only)
     def stats(self):
-        d = _periodic_stats(self)
+        d = _periodic_stats(self, self.st[P_STALE])
         d["stale"] = self.st[P_STALE]
         d["frame_bytes"] = self.nb
         d["cpu_us_per_frame"] = self.cpu_us

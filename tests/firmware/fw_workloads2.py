@@ -5,7 +5,7 @@
 # from its PSRAM ring, the "released"/"deadline_misses" keys of every workload's stats,
 # and every period of all of them with the heap locked.
 from fwtest import check, eq, raises, no_alloc, done
-from firmware_py import board, dma, workloads, bandwidth as bwm
+from firmware_py import appcfg, board, dma, workloads, bandwidth as bwm
 from firmware_py.clock import VirtualClock
 from firmware_py.sched import Kernel, T_FAULTS
 
@@ -31,6 +31,22 @@ raises(W.WorkloadError, W.SensorRead, k, bw, SR, CS, 10000.0)
 e = raises(W.WorkloadError, W.SensorRead, k, bw, SR, 99)
 check("category" in str(e) and "\n" not in str(e), "a bad category is named: %s" % e)
 raises(W.WorkloadError, W.SensorRead, k, None, SR, CS)
+# a bus time longer than the period (4,064 B at 5 B/s: 812.8 s a read) is refused, one line,
+# also by the config loader (the same line after "config: task 's': ")
+e = raises(W.WorkloadError, W.SensorRead, k, bw, SR, CS, 100000000, 4064, 0, 0, 0, 5)
+line = "sensor: a read of 4064 B at 5 B/s takes 812800000 us on the bus, longer than its period of 100000000 us"
+eq(str(e), line, "a bus time above the period: one line")
+e = raises(W.WorkloadError, W.SensorRead, k, bw, SR, CS, 1000, 64, 0, 0, 0, 50000)
+check("1280 us on the bus" in str(e) and "period of 1000 us" in str(e), "1,280 us of bus in a 1 ms period: %s" % e)
+eq(W.SensorRead(k, bw, SR, CS, 1280, 64, 0, 0, 0, 50000).bus_us, 1280, "a bus time of exactly the period is taken")
+cfg = appcfg.load('{"tasks": [{"kind": "sensor", "name": "s", "read_bytes": 4064, "bus_bytes_per_s": 5, '
+                  '"period_us": 1000}]}')
+k2 = Kernel(VirtualClock(), max_tasks=10)
+bw2 = bwm.Bandwidth(brd, kernel=k2, user_categories=appcfg.categories(cfg))
+env = appcfg.make_env(k2, bw2, cfg, brd)
+e = raises(appcfg.AppConfigError, appcfg.spawn, k2, cfg, env)
+eq(str(e), "config: task 's': sensor: a read of 4064 B at 5 B/s takes 812800000 us on the bus, longer than its "
+   "period of 1000 us", "the config loader gives the same line")
 raises(W.WorkloadError, W.WakeWord, k, 50)
 raises(W.WorkloadError, W.WakeWord, k, 16000, -5)
 e = raises(W.WorkloadError, W.WakeWord, k, 0, 2000, 0, 0, "mic")
@@ -128,6 +144,24 @@ k.run(1000 + 16000 * 3 + 50)
 st = w.stats()
 eq(st["stale"], 1, "the first frame had not landed yet")
 eq(st["released"], 4, "four releases")
+
+# --- a detector at twice the audio's rate: every other period is stale, and the stale ones are
+# out of the latency mean and the served count (each served one reads a frame + 2 ms) ---
+k, bw, q, SR, PS, CS, CA = fresh()
+a = W.AudioCapture(k, q, SR, PS, CA, slots=4)
+w = W.WakeWord(k, period_us=a.period_us // 2, audio=a)
+k.spawn("audio", 7, a.task())
+q.spawn(6)
+k.spawn("wakeword", 5, w.task())
+k.run(20000 + 16000 * 19 + 50)
+st = w.stats()
+check(st["stale"] >= 15 and st["released"] - st["stale"] >= 15, "about half stale: %r" % st)
+served = st["released"] - st["skipped"] - st["stale"]
+eq(st["bytes"], served * 512, "a frame read in every served period")
+eq(st["cpu_us"], served * (bw.cost_us(PS, bwm.K_READ, 512) + 2000), "the CPU of the served periods")
+eq(st["mean_latency_us"], float(st["worst_latency_us"]), "the mean is over the served periods (all alike)")
+eq(st["worst_latency_us"], bw.cost_us(PS, bwm.K_READ, 512) + 2000, "each served period: the read + the network")
+eq(st["deadline_misses"], 0, "no stale period counted as a miss")
 
 # --- WifiBurst's stats carry the keys too ---
 k, bw, q, SR, PS, CS, CA = fresh()
