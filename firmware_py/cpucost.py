@@ -10,7 +10,7 @@
 # Every result is an integer; the parameters are millicycles (_mcyc) at the board's clock,
 # so cycles / MHz is µs and millicycles / MHz is ns. layer_us and final_us carry the ns
 # each call rounds off into the next call, so N calls sum exactly to the ns total // 1000.
-# Runs on MicroPython too (integer arithmetic only; big ints on the host's sizes).
+# Runs on MicroPython too (integer arithmetic only; big ints only at construction).
 
 KINDS = ("c", "dsp", "asm", "viper", "bytecode")
 KIND_TITLES = {
@@ -87,39 +87,50 @@ class CostModel:
         self._final_par = cfg.vocab_size * (d * mac + v["row_mcyc"])
         self._final_ser = (d * v["norm_el_mcyc"] + cfg.vocab_size * v["sample_el_mcyc"]
                            + v["matvec_mcyc"] + v["token_mcyc"])
+        # precomputed once (big ints allowed here): one layer at n_kv cached tokens is
+        # base + n_kv * pos, each held as whole µs plus ns below a µs, so the hot calls
+        # (layer_us, final_us) add and multiply small ints only (no allocation on a 32-bit
+        # port, where small ints stop at 2**30); the per-position part is rounded to a ns
+        pn, pd, mhz = self._pnum, self._pden, self.mhz
+        base = (self._layer_par * pn // pd + self._layer_ser) // mhz
+        pos = self._pos_par * pn // (pd * mhz)
+        fin = (self._final_par * pn // pd + self._final_ser) // mhz
+        self._base_us, self._base_ns = base // 1000, base % 1000
+        self._pos_us, self._pos_ns = pos // 1000, pos % 1000
+        self._fin_us, self._fin_ns = fin // 1000, fin % 1000
         self._rem_l = 0  # ns below a µs carried from the previous layer_us
         self._rem_f = 0  # ... from the previous final_us
-
-    def _ns(self, par, ser):
-        return (par * self._pnum // self._pden + ser) // self.mhz
 
     def layer_ns(self, n_kv):
         # ns of one layer's compute with n_kv cached tokens (the new one included); no carry
         if n_kv < 0:
             n_kv = 0
-        return self._ns(self._layer_par + n_kv * self._pos_par, self._layer_ser)
+        return (self._base_us + n_kv * self._pos_us) * 1000 + self._base_ns + n_kv * self._pos_ns
 
     def final_ns(self):
         # ns of the final norm, the classifier and the sampling; no carry
-        return self._ns(self._final_par, self._final_ser)
+        return self._fin_us * 1000 + self._fin_ns
 
     def token_ns(self, n_kv):
         # ns of one whole token's compute at KV length n_kv
         return self.cfg.n_layers * self.layer_ns(n_kv) + self.final_ns()
 
     def layer_us(self, n_kv):
-        # µs of one layer (decode.Session.cpu); the sub-µs remainder carries to the next call
-        t = self.layer_ns(n_kv) + self._rem_l
-        us = t // 1000
-        self._rem_l = t - us * 1000
-        return us
+        # µs of one layer (decode.Session.cpu); the sub-µs remainder carries to the next call;
+        # small ints only (n_kv * pos_us and n_kv * 999 stay far below 2**30)
+        if n_kv < 0:
+            n_kv = 0
+        t = self._base_ns + n_kv * self._pos_ns + self._rem_l
+        c = t // 1000
+        self._rem_l = t - c * 1000
+        return self._base_us + n_kv * self._pos_us + c
 
     def final_us(self):
-        # µs of the final step (decode.Session.cpu); remainder carried
-        t = self.final_ns() + self._rem_f
-        us = t // 1000
-        self._rem_f = t - us * 1000
-        return us
+        # µs of the final step (decode.Session.cpu); remainder carried; small ints only
+        t = self._fin_ns + self._rem_f
+        c = t // 1000
+        self._rem_f = t - c * 1000
+        return self._fin_us + c
 
     def figures(self):
         # every parameter used: {name: {"value", "source", "kind"}}, plus the board clock
