@@ -68,6 +68,9 @@ PARAMS = {
 PRIORITY = {"audio": 7, "wakeword": 5, "sensor": 5, "wifi": 4, "module": 3}  # default priorities
 DECODE_PRIORITY = 1  # the decode always has work: lowest, so it never starves the others
 DMA_PRIORITY = 6
+# task names taken by the firmware itself (the decode, its chats' prefix, the DMA engine,
+# telemetry, the thermal guard, the tracker's poller) and by the emulator (its ender)
+RESERVED = ("decode", "prefix", "dma", "telemetry", "thermal", "end", "bwpoll")
 
 
 class AppConfigError(ValueError):
@@ -143,6 +146,8 @@ def load(src):
             _check("decode: chats[%d]" % i, c, CHAT_KEYS)
             nm = c.get("name", "chat%d" % i)
             _name_ok("decode: chats[%d]" % i, nm)
+            if nm in RESERVED:
+                _err("decode: chats[%d]: the name %r is reserved (%s)" % (i, nm, ", ".join(RESERVED)))
             if nm in names:
                 _err("decode: two chats are named %r" % nm)
             names.append(nm)
@@ -162,10 +167,11 @@ def load(src):
         _err("tasks must be a list, got %r" % (tasks,))
     if len(tasks) > MAX_TASKS:
         _err("at most %d tasks, got %d" % (MAX_TASKS, len(tasks)))
-    names = ["decode", "dma", "telemetry"] + [c["name"] for c in dec.get("chats", ())]
+    names = list(RESERVED) + [c["name"] for c in dec.get("chats", ())]
     out["tasks"] = []
     for i, t in enumerate(tasks):
         out["tasks"].append(_task(i, t, names))
+    _budgets(out["tasks"])
     out["emulate"] = dict(cfg.get("emulate", {}))
     return out
 
@@ -190,8 +196,10 @@ def _task(i, t, names):
     _name_ok(where, t["name"])
     nm = t["name"]
     where = "task %r" % nm
+    if nm in RESERVED:
+        _err("%s: the name is reserved (%s)" % (where, ", ".join(RESERVED)))
     if nm in names:
-        _err("%s: the name is taken (by another task or a built-in one)" % where)
+        _err("%s: the name is taken (by another task or a chat)" % where)
     names.append(nm)
     full = dict(COMMON)
     full.update(PARAMS[kind])
@@ -205,6 +213,24 @@ def _task(i, t, names):
     out = dict(t)
     out.setdefault("priority", PRIORITY[kind])
     return out
+
+
+# the tier a task's budget_permille is on (its payload's: audio dst, wifi src, sensor tier),
+# by name, or its default role ("sram"/"psram")
+_BUDGET_TIER = {"audio": ("dst", "psram"), "wifi": ("src", "psram"), "sensor": ("tier", "sram")}
+
+
+def _budgets(tasks):
+    # the budgets on one tier may not pass 1000 permille together (tiers by name, or by role:
+    # the board is not known here; spawn() checks again by tier id)
+    per = {}
+    for t in tasks:
+        if "budget_permille" in t:
+            key, role = _BUDGET_TIER[t["kind"]]
+            tier = t.get(key, role)
+            per[tier] = per.get(tier, 0) + t["budget_permille"]
+            if per[tier] > 1000:
+                _err("bandwidth budgets on tier %s sum to %d permille (at most 1000)" % (tier, per[tier]))
 
 
 # user categories a tracker needs for cfg's tasks (one per task: each is named after it),
@@ -275,6 +301,7 @@ def spawn(kernel, cfg, env):
     q = env["dma"]
     out = []
     by_name = {}
+    budget = {}  # tier id -> permille reserved so far
     for t in cfg["tasks"]:
         kind = t["kind"]
         nm = t["name"]
@@ -302,10 +329,14 @@ def spawn(kernel, cfg, env):
                     kw = _kw(t, ("tier", "dma"))
                     obj = workloads.SensorRead(kernel, bw, tier, cat, q=q if t.get("dma") else None, **kw)
                 if "budget_permille" in t:
+                    budget[tier] = budget.get(tier, 0) + t["budget_permille"]
+                    if budget[tier] > 1000:
+                        _err("bandwidth budgets on tier %s sum to %d permille (at most 1000)" % (
+                            bw.names[tier], budget[tier]))
                     bw.set_budget(tier, cat, t["budget_permille"])
         except AppConfigError:
             raise
-        except (ValueError, TypeError, ImportError, AttributeError) as e:
+        except (ValueError, TypeError) as e:
             _err("task %r: %s" % (nm, str(e).split("\n")[0]))
         try:
             obj.name = nm
@@ -314,7 +345,7 @@ def spawn(kernel, cfg, env):
             pass
         if not hasattr(obj, "stats") or not hasattr(obj, "task"):
             _err("task %r: its object has no task() and stats()" % nm)
-        gen = obj.task()
+        gen = _user(nm, "task()", obj.task) if kind == "module" else obj.task()
         if not hasattr(gen, "send"):
             _err("task %r: task() must return a generator" % nm)
         try:
@@ -326,22 +357,43 @@ def spawn(kernel, cfg, env):
     return out
 
 
+def _user(nm, what, fn, *args, **kw):
+    # fn(*args, **kw) of a user's module: whatever it raises (any class: an import's
+    # SyntaxError, a factory's KeyError) is one line naming the task
+    try:
+        return fn(*args, **kw)
+    except AppConfigError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's code: any exception is its mistake
+        _err("task %r: its %s raised %s: %s" % (nm, what, type(e).__name__, (str(e).split("\n") or [""])[0]))
+
+
 def _module(kernel, env, t):
     # {"kind": "module", "module": "m", "factory": "f", "args": {...}}: m.f(kernel, env, **args)
-    m = __import__(t["module"])
+    nm = t["name"]
+    m = _user(nm, "module %s (import)" % t["module"], __import__, t["module"])
     for part in t["module"].split(".")[1:]:
-        m = getattr(m, part)
+        m = getattr(m, part, None)
+        if m is None:
+            _err("task %r: no module %s" % (nm, t["module"]))
     f = getattr(m, t["factory"], None)
     if f is None:
-        _err("task %r: module %s has no %s" % (t["name"], t["module"], t["factory"]))
-    return f(kernel, env, **t.get("args", {}))
+        _err("task %r: module %s has no %s" % (nm, t["module"], t["factory"]))
+    return _user(nm, "factory %s.%s" % (t["module"], t["factory"]), f, kernel, env, **t.get("args", {}))
 
 
-# the workloads' stats by name, each with "deadline_misses" and "released" (reporting)
+# the workloads' stats by name, each with "deadline_misses" and "released" (reporting);
+# a module's stats() that raises or returns no dict: AppConfigError, one line
 def stats(loads):
     out = {}
     for w in loads:
-        s = dict(w.stats())
+        if getattr(w, "kind", "") == "module":
+            s = _user(w.name, "stats()", w.stats)
+            if s.__class__ is not dict:
+                _err("task %r: stats() must return a dict, got %s" % (w.name, type(s).__name__))
+            s = dict(s)
+        else:
+            s = dict(w.stats())
         if "deadline_misses" not in s:
             s["deadline_misses"] = s.get("misses", s.get("late_bursts", 0))
         if "released" not in s:

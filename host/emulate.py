@@ -83,6 +83,17 @@ def _bad(msg):
     raise UserError(msg, 2)
 
 
+class TaskFault(UserError):
+    # an internal failure: one of the emulator's own firmware tasks (decode, a chat, prefix,
+    # telemetry, thermal, the DMA engine) raised, or a built-in workload could not be built
+    # for a reason that is not its config. Exit 1, one line; not the user's mistake (a sweep
+    # must not cache it). A user's module task that raises is named in the report instead
+    def __init__(self, task, exc):
+        self.task = task
+        self.error = "%s: %s" % (type(exc).__name__, (str(exc).split("\n") or [""])[0])
+        super().__init__("emulate: internal failure of the %s task: %s" % (task, self.error), 1)
+
+
 def scenario_names():
     # the scenarios in scenarios/, sorted
     if not os.path.isdir(SCENARIOS):
@@ -303,6 +314,42 @@ def _memory_figures(brd):
     return out
 
 
+class _Reads:
+    # what the model must read, counted apart from the traffic code: each forward pass's
+    # layers (counted when the decode resumes the pass after charging the layer) with the
+    # cache length then, and each pass that completed (status >= 0: its final pieces). Weights
+    # per layer / after the layers from the checkpoint's layout (decode.layout_traffic), the
+    # K/V row from the KV layout: forwards x (layers x per layer + final) and rows x row
+    def __init__(self, mlay, kvlay, cache):
+        self.per_layer, self.final = decode.layout_traffic(mlay)
+        self.row = getattr(kvlay, "store_row", kvlay.layer_row)
+        self.cache = cache
+        self.layers = 0
+        self.finals = 0
+        self.rows = 0  # cached rows read by the attention passes (the new one included)
+
+    def watch(self, model):
+        inner = model.forward
+        cache = self.cache
+
+        def forward(h, token, pos):
+            for x in inner(h, token, pos):
+                c = cache.cached(h)
+                yield x
+                self.layers += 1
+                self.rows += c
+            if model.status >= 0:
+                self.finals += 1
+
+        model.forward = forward
+
+    def expected(self):
+        return {"weights": self.layers * self.per_layer + self.finals * self.final,
+                "kv": self.layers * self.row + self.rows * self.row, "layers": self.layers, "forwards": self.finals,
+                "kv_rows_read": self.rows, "weights_per_layer": self.per_layer, "weights_final": self.final,
+                "kv_row_bytes": self.row}
+
+
 class _BoardTime:
     # µs of board time since the run began, across tick wraps: each now() adds the ticks
     # since the last one (read at least once per kernel chunk, so each step is < half the circle)
@@ -388,6 +435,9 @@ def _run(n, out_dir, progress):
     except decode.DecodeError as e:
         _bad("%s on %s: %s" % (os.path.basename(n["model"]), brd.name, e))
     s.traffic = decode.traffic_for(s, bw, w_tier=w_tier, kv_tier=kv_tier)
+    reads = _Reads(mlay, _kv_layout(mcfg, n), s.cache)
+    for obj in {id(r[1].model): r[1].model for r in runs}.values():
+        reads.watch(obj)
     s.piece_bytes = n["piece_bytes"]
     cpu, cost = _cost_model(brd, n["cost"], s)
     s.cpu = cpu
@@ -396,9 +446,8 @@ def _run(n, out_dir, progress):
         loads = appcfg.spawn(k, cfg_app, env)
     except appcfg.AppConfigError as e:
         _bad("scenario %s: %s" % (os.path.basename(n["scenario"]) or "-", e))
-    except Exception as e:  # noqa: BLE001 - a user module's import or factory raised: one line
-        _bad("scenario %s: a task could not be built: %s: %s" % (os.path.basename(n["scenario"]) or "-", type(e).__name__,
-                                                                 str(e).split("\n")[0]))
+    except Exception as e:  # noqa: BLE001 - a built-in workload failed for no config reason: internal
+        raise TaskFault("setup", e) from None
     src = thm.ModelTemp(clk, ambient_c=n["ambient_c"])
     guard = thm.for_board(k, brd, source=src)
     s.thermal = guard
@@ -416,9 +465,12 @@ def _run(n, out_dir, progress):
     bt = _BoardTime(clk)
     marks = {}  # id(Session or Chat) -> {"begin": (board us, tick) at its task's start, "first", "last": at its tokens}
 
+    seen = {}  # id(Session or Chat) -> on_token calls: the emulator's own count of tokens
+
     def on_token(sess):
         tel.tokens += 1
         made[0] += 1
+        seen[id(sess)] = seen.get(id(sess), 0) + 1
         m = marks.setdefault(id(sess), {})
         m["last"] = (bt.now(), clk.now())
         m.setdefault("first", m["last"])
@@ -470,11 +522,12 @@ def _run(n, out_dir, progress):
             break
         k.run(min(left, CHUNK_US))
     el = bt.now()
-    for t in tasks:
-        if t.exc is not None:
-            raise UserError("emulate: the %s task failed: %s: %s" % (t.name, type(t.exc).__name__, t.exc), 1)
+    user = {id(w.task_obj) for w in loads if getattr(w, "kind", "") == "module"}
+    for t in k.tasks:  # the emulator's own tasks (not a user's module: the report names those)
+        if t is not None and getattr(t, "exc", None) is not None and id(t) not in user:
+            raise TaskFault(t.name, t.exc)
     rep = _report(n, brd, k, bw, s, env, loads, guard, tel, sink, cost, w_tier, kv_tier, why, len(ids), runs, reasons,
-                  bt, marks, el)
+                  bt, marks, el, reads, seen, made[0])
     frames_jsonl = _frames(sink.buf, rep)
     if out_dir is not None:
         _write(out_dir, rep, frames_jsonl)
@@ -532,7 +585,7 @@ def _cut_line(n, made, asked):
 
 
 def _report(n, brd, k, bw, s, env, loads, guard, tel, sink, cost, w_tier, kv_tier, why, n_prompt, runs, reasons,
-            bt, marks, el):
+            bt, marks, el, reads, seen, n_seen):
     # el: the run's length in board µs (it started at 0; _BoardTime: exact across tick wraps)
     tr = s.traffic
     q = env["dma"]
@@ -588,7 +641,10 @@ def _report(n, brd, k, bw, s, env, loads, guard, tel, sink, cost, w_tier, kv_tie
         tasks[t.name] = {"priority": t.st[10], "run_us": ru, "cpu_share": round(ru / el, 4) if el else 0.0,
                          "max_slice_us": t.st[S_MAX_SLICE], "max_wake_latency_us": t.st[S_MAX_LAT],
                          "kernel_misses": t.st[S_MISSES]}
-    wl = appcfg.stats(loads)
+    try:
+        wl = appcfg.stats(loads)
+    except appcfg.AppConfigError as e:
+        _bad("scenario %s: %s" % (os.path.basename(n["scenario"]) or "-", e))
     misses = {name: st["deadline_misses"] for name, st in wl.items()}
     for name, d in tasks.items():
         d["deadline_misses"] = misses.get(name, d["kernel_misses"])
@@ -650,7 +706,9 @@ def _report(n, brd, k, bw, s, env, loads, guard, tel, sink, cost, w_tier, kv_tie
     if len(runs) > 1:
         rep["chats"] = per
         rep["sharing"] = s.chats_report()
-    rep["invariants"] = _invariants(rep, bw, bwr, q, s, k, w_tier, kv_tier, loads)
+    counted = {"tokens_seen": n_seen, "by_run": {nm: seen.get(id(obj), 0) for nm, obj, _, _ in runs},
+               "model_reads": reads.expected(), "cut": any(p["stop_reason"] == STOP_TIME_LIMIT for p in per.values())}
+    rep["invariants"] = _invariants(rep, bwr, q, k, w_tier, kv_tier, loads, counted)
     return rep
 
 
@@ -665,31 +723,45 @@ def _spec_view(n):
     return v
 
 
-def _invariants(rep, bw, bwr, q, s, k, w_tier, kv_tier, loads):
+def _invariants(rep, bwr, q, k, w_tier, kv_tier, loads, counted):
+    # each figure against an independent count: the decode's bytes against what the model
+    # must read (_Reads), the DMA's against what the workloads submitted (their own
+    # counters), the tokens against the emulator's own on_token count
     out = {}
     dt = rep["decode_traffic"]
     w_charged = bwr[w_tier]["weights"]["bytes"]
     kv_charged = bwr[kv_tier]["kv_read"]["bytes"] + bwr[kv_tier]["kv_write"]["bytes"]
-    if w_tier == kv_tier:
-        pass
-    out["decode_bytes_charged"] = {"ok": dt["weights_bytes"] == w_charged and dt["kv_bytes"] == kv_charged,
-                                   "weights_moved": dt["weights_bytes"], "weights_charged": w_charged,
-                                   "kv_moved": dt["kv_bytes"], "kv_charged": kv_charged}
+    ex = counted["model_reads"]
+    ok = dt["weights_bytes"] == w_charged == ex["weights"] and dt["kv_bytes"] == kv_charged == ex["kv"]
+    if not ok and counted["cut"] and rep["spec"]["piece_bytes"]:
+        # cut by the board-time limit inside a layer's or a final's pieces: at most one step
+        # part-charged beyond the passes counted
+        step_w, step_kv = ex["weights_per_layer"] + ex["weights_final"], ex["kv_row_bytes"] * (rep["kv_cap_tokens"] + 2)
+        ok = (dt["weights_bytes"] == w_charged and dt["kv_bytes"] == kv_charged and
+              0 <= w_charged - ex["weights"] <= step_w and 0 <= kv_charged - ex["kv"] <= step_kv)
+    out["decode_bytes_charged"] = {"ok": ok, "weights_model": ex["weights"], "weights_moved": dt["weights_bytes"],
+                                   "weights_charged": w_charged, "kv_model": ex["kv"], "kv_moved": dt["kv_bytes"],
+                                   "kv_charged": kv_charged, "forwards": ex["forwards"], "layers": ex["layers"],
+                                   "kv_rows_read": ex["kv_rows_read"]}
     # the DMA engine charges every burst to its category on both tiers it touches, and its
     # descriptors' bytes to "dma" on the descriptor tier; a wake-word task that reads its
     # audio task's frames charges them in the audio's category (its stats' bytes); a sensor
-    # read by the CPU charges its bytes itself
+    # read by the CPU charges its bytes itself. Each DMA mover's own byte counter (what it
+    # submitted and saw done) against the engine's and the tracker's
     wl = rep["workloads"]
-    cats = [w.name for w in loads if getattr(w, "kind", "") in ("audio", "wifi") or
-            (getattr(w, "kind", "") == "sensor" and wl[w.name].get("dma"))]
-    charged = sum(bwr[t][c]["bytes"] for t in bwr for c in cats if c in bwr[t])
+    movers = [w.name for w in loads if getattr(w, "kind", "") in ("audio", "wifi") or
+              (getattr(w, "kind", "") == "sensor" and wl[w.name].get("dma"))]
+    charged = sum(bwr[t][c]["bytes"] for t in bwr for c in movers if c in bwr[t])
     reads = sum(wl[w.name].get("bytes", 0) for w in loads if getattr(w, "kind", "") == "wakeword")
+    submitted = sum(wl[nm]["bytes"] for nm in movers)
     qs = rep["dma"]
     from firmware_py import dma as dma_mod  # noqa: PLC0415
 
-    desc = bwr[bw.names[q.desc_tier]]["dma"]["bytes"]
-    out["dma_bytes_charged"] = {"ok": charged - reads == 2 * qs["bytes"] and desc == qs["links"] * dma_mod.DESC_BYTES,
-                                "moved_x2": 2 * qs["bytes"], "charged": charged - reads, "wakeword_reads": reads,
+    desc = bwr[q.bw.names[q.desc_tier]]["dma"]["bytes"]
+    out["dma_bytes_charged"] = {"ok": submitted == qs["bytes"] and charged - reads == 2 * submitted and
+                                desc == qs["links"] * dma_mod.DESC_BYTES,
+                                "submitted": submitted, "engine_moved": qs["bytes"], "moved_x2": 2 * qs["bytes"],
+                                "charged": charged - reads, "wakeword_reads": reads,
                                 "descriptor_bytes": desc, "descriptors_x12": qs["links"] * dma_mod.DESC_BYTES}
     direct = [w.name for w in loads if getattr(w, "kind", "") == "sensor" and not wl[w.name].get("dma")]
     d_moved = sum(wl[nm]["bytes"] for nm in direct)
@@ -697,8 +769,12 @@ def _invariants(rep, bw, bwr, q, s, k, w_tier, kv_tier, loads):
     out["cpu_reads_charged"] = {"ok": d_moved == d_charged, "moved": d_moved, "charged": d_charged}
     made = rep["tokens"]
     per = rep.get("chats") or {"decode": rep}
-    out["tokens"] = {"ok": all(p["tokens"] == p["tokens_requested"] or bool(p["stop"]) for p in per.values()),
-                     "emitted": made, "requested": rep["tokens_requested"], "stop": rep["stop"]}
+    by_run = counted["by_run"]
+    out["tokens"] = {"ok": made == counted["tokens_seen"] == sum(by_run.values()) and
+                     all(p["tokens"] == by_run.get(nm, -1) and (p["tokens"] == p["tokens_requested"] or bool(p["stop"]))
+                         for nm, p in per.items()),
+                     "emitted": made, "seen": counted["tokens_seen"], "requested": rep["tokens_requested"],
+                     "stop": rep["stop"]}
     worst = max((d["cpu_share"] for d in rep["tasks"].values()), default=0.0)
     out["cpu_share"] = {"ok": worst <= 1.0 and rep["cpu_busy_share"] <= 1.0, "largest_task": worst,
                         "all_tasks": rep["cpu_busy_share"]}
