@@ -25,11 +25,16 @@ import json
 import os
 
 from firmware_py import board as fw_board
+from firmware_py import cpucost
 from host import boards, flash, paths
 from host.errors import UserError
 
 PROBE = os.path.join(paths.FIRMWARE, "tools", "probe.py")
-PROBE_VERSION = 1  # probe.VERSION this host understands
+PROBE_VERSION = 2  # probe.VERSION this host understands
+WALK_MIN = 2 * 65536  # bytes of PSRAM a copy case must walk to stand for PSRAM: twice the largest data cache of the
+# supported chips (ESP32-S3: up to 64 KiB); probe.WALK_MIN
+MAX_RESIDUAL = 0.15  # largest relative residual of a matvec fit that is written
+GROUP = 64  # host/convert.py Q8ROW_DEFAULT_GROUP: the int8 group width the per-group cost is spread over
 ANSWER_S = 30.0  # s the board may stay silent while the probe runs (it prints a line per stage)
 CONNECT_S = 10.0  # s to reach the raw REPL
 DEFAULT_DIR = "calibrated"  # default output folder, under where ./kv ran
@@ -145,7 +150,7 @@ def parse(line):
             if not _is_int(h[k]) or h[k] < 0:
                 raise bad("heap.%s is not a whole number" % k)
         for c in r["copy"]:
-            for k in ("src", "dst", "bytes", "viper_iters", "viper_us", "slice_iters", "slice_us"):
+            for k in ("src", "dst", "bytes", "walk", "viper_iters", "viper_us", "slice_iters", "slice_us"):
                 if not _is_int(c[k]) or c[k] < 0:
                     raise bad("copy.%s is not a whole number" % k)
             if not isinstance(c["case"], str):
@@ -197,9 +202,14 @@ def copy_figures(r, prof):
     tiers = {t["kind"]: t["name"] for t in reversed(prof["memory"])}  # first tier of each kind
     virtual = tier_kind(r, 0) == "host"
     ht = heap_tier(prof)["name"]
+    slow = {ht} if virtual else {t["name"] for t in prof["memory"] if t["kind"] != "sram"}  # behind a data cache
     out = {}
+    short = []  # walks too short to stand for PSRAM
 
     def put(tier, field, c):
+        if tier in slow and c["walk"] < WALK_MIN:
+            short.append(c["walk"])
+            return
         old = out.setdefault(tier, {}).get(field)
         if old is None or c["bytes"] > old[1]["bytes"]:
             out[tier][field] = (_rate(c, "slice"), c)
@@ -226,29 +236,94 @@ def copy_figures(r, prof):
     else:
         kinds = sorted({k for c in r["copy"] for k in (tier_kind(r, c["src"]), tier_kind(r, c["dst"])) if k})
         note = "buffers landed in %s (by address)" % (", ".join(kinds) or "no tier the address map knows")
+    if short:
+        note += ("; copies walking %d B of the large buffer (less than %d B, twice the data cache: the heap had no room) "
+                 "not written" % (max(short), WALK_MIN))
     return out, note
 
 
-def _solve(t1, t2, t3):
-    # per-call, per-row and per-MAC ns from the three shapes' ns per call:
-    # 64x64 (t1), 172x64 (t2), 64x172 (t3): t = call + rows * row + rows * cols * mac
-    mac = max(0.0, (t3 - t1) / (64 * 172 - 64 * 64))
-    row = max(0.0, (t2 - t3) / (172 - 64))  # the MACs are the same: 172 x 64 both
-    call = max(0.0, t1 - 64 * row - 64 * 64 * mac)
-    return call, row, mac
+def fit(shapes, ns, terms):
+    # least squares of ns (per call) over shapes [(rows, cols, group)] with the named terms
+    # of "call", "row", "group", "mac" (ns each; groups = rows x cols / group); (ns per
+    # term {name: ns}, largest relative residual, None) or (None, residual, why not) when
+    # the fit is refused: too few shapes, a term < 0 (noise larger than the term, or a
+    # model that does not hold) or a residual above MAX_RESIDUAL. Never clamped.
+    import numpy as np
+
+    cols = {"call": lambda r, c, g: 1.0, "row": lambda r, c, g: float(r), "group": lambda r, c, g: float(r * c // g),
+            "mac": lambda r, c, g: float(r * c)}
+    a = np.array([[cols[t](*s) for t in terms] for s in shapes])
+    y = np.array(ns, dtype=float)
+    if len(shapes) <= len(terms) or np.linalg.matrix_rank(a) < len(terms):
+        return None, 0.0, "%d shapes cannot separate %d terms" % (len(shapes), len(terms))
+    x = np.linalg.lstsq(a, y, rcond=None)[0]
+    res = float(np.max(np.abs(a @ x - y) / y))
+    got = {t: float(v) for t, v in zip(terms, x, strict=True)}
+    neg = [t for t in terms if got[t] < 0]
+    if neg:
+        return None, res, "the %s term came out negative (%.1f ns)" % (neg[0], got[neg[0]])
+    if res > MAX_RESIDUAL:
+        return None, res, "a residual of %.0f%% (more than %.0f%%: the timings are noisy or the model does not hold)" % (
+            100 * res, 100 * MAX_RESIDUAL)
+    return got, res, None
 
 
 def matvec_figures(r):
-    # {"viper": (call_ns, row_ns, mac_ns), "bytecode": (...)} for the kinds the probe timed
-    by = {(m["rows"], m["cols"]): m for m in r["matvec"]}
-    shapes = ((64, 64), (172, 64), (64, 172))
-    if not all(s in by for s in shapes):
-        return {}
+    # {kind: (ns per term, residual, why refused or None, shapes used)} for "viper"
+    # (terms call, row, group, mac) and "bytecode" (call, row, mac: Plain.matvec has no
+    # groups; each rows x cols once) from the shapes the probe timed
     out = {}
-    if all(by[s]["viper_us"] > 0 and by[s]["viper_iters"] > 0 for s in shapes):
-        out["viper"] = _solve(*(by[s]["viper_us"] * 1000.0 / by[s]["viper_iters"] for s in shapes))
-    if all(by[s]["bytecode_us"] > 0 and by[s]["bytecode_iters"] > 0 for s in shapes):
-        out["bytecode"] = _solve(*(by[s]["bytecode_us"] * 1000.0 / by[s]["bytecode_iters"] for s in shapes))
+    for kind, terms in (("viper", ("call", "row", "group", "mac")), ("bytecode", ("call", "row", "mac"))):
+        shapes, ns, seen = [], [], set()
+        for m in r["matvec"]:
+            if m[kind + "_us"] <= 0 or m[kind + "_iters"] <= 0 or m["group"] <= 0:
+                continue
+            key = (m["rows"], m["cols"]) if kind == "bytecode" else (m["rows"], m["cols"], m["group"])
+            if key in seen:
+                continue
+            seen.add(key)
+            shapes.append((m["rows"], m["cols"], m["group"]))
+            ns.append(m[kind + "_us"] * 1000.0 / m[kind + "_iters"])
+        got, res, why = fit(shapes, ns, terms)
+        out[kind] = (got, res, why, shapes)
+    return out
+
+
+KERNEL = {"viper": "kernels_q.matvec_v (@viper, int8 weights, int32 activations)",
+          "bytecode": "kernels.Plain.matvec (fp32, plain bytecode)"}
+
+
+def cpu_figures(r, mhz, by, where, refused):
+    # [(kind, parameter, millicycles, source)] from the matvec fits; a refused fit adds
+    # "KIND matvec figures not written: why" to refused and writes nothing of that kind.
+    # Figures of one measurement go together: Plain.matvec's MAC is bytecode.mac_f32_mcyc,
+    # viper.mac_f32_mcyc (fp32 weights under viper run it: the firmware has no fp32 viper
+    # matvec) and bytecode.mac_i8_mcyc (the bytecode path boxes every product alike)
+    out = []
+    for kind, (got, res, why, shapes) in sorted(matvec_figures(r).items()):
+        if got is None:
+            refused.append("%s matvec figures not written: %s" % (kind, why))
+            continue
+        shown = ", ".join("%dx%d" % s[:2] + (" g%d" % s[2] if kind == "viper" else "") for s in shapes)
+        model = ("call + rows x row + groups x group + MACs x MAC" if kind == "viper" else "call + rows x row + MACs x MAC")
+        fit_src = ("%s: %s at %s on %s, medians of %d; ns per call = %s by least squares (largest residual %.1f%%), "
+                   "x %d MHz (the profile's clock)" % (by, KERNEL[kind], shown, where, r["reps"], model, 100 * res, mhz))
+
+        def mc(ns):
+            return int(round(ns * mhz))  # ns x MHz = millicycles
+
+        if kind == "viper":
+            mac = got["mac"] + got["group"] / GROUP
+            out.append(("viper", "mac_i8_mcyc", mc(mac), "%s: %.2f ns per MAC + %.1f ns per group / %d (the int8 group "
+                        "width of ./kv convert) = %.2f ns" % (fit_src, got["mac"], got["group"], GROUP, mac)))
+        else:
+            src = "%s: %.2f ns" % (fit_src, got["mac"])
+            out.append(("bytecode", "mac_f32_mcyc", mc(got["mac"]), src))
+            out.append(("viper", "mac_f32_mcyc", mc(got["mac"]), src + " (fp32 weights under viper run this kernel)"))
+            out.append(("bytecode", "mac_i8_mcyc", mc(got["mac"]), src + " (taken for int8 too: the bytecode kernels box "
+                        "every product)"))
+        out.append((kind, "row_mcyc", mc(got["row"]), "%s: %.2f ns" % (fit_src, got["row"])))
+        out.append((kind, "matvec_mcyc", mc(got["call"]), "%s: %.2f ns" % (fit_src, got["call"])))
     return out
 
 
@@ -295,17 +370,11 @@ def apply(prof, r, port, date=None):
     # the CPU cost figures of the viper and bytecode kinds
     mhz = p["cpu"]["mhz"]
     cost = p["cpu"].get("cost", {})
-    kernel = {"viper": "kernels_q.matvec_v (int8 weights, int32 activations)", "bytecode": "kernels.Plain.matvec (fp32)"}
-    mac_name = {"viper": "mac_i8_mcyc", "bytecode": "mac_f32_mcyc"}
-    for kind, (call, row, mac) in sorted(matvec_figures(r).items()):
-        if kind not in cost:
-            continue
-        fit = ("%s: %s at 64x64, 172x64 and 64x172 on %s, medians of %d; ns per call = call + rows x row + rows x cols x MAC "
-               "solved exactly from the three, x %d MHz (the profile's clock)" % (by, kernel[kind], where, r["reps"], mhz))
-        for name, ns in ((mac_name[kind], mac), ("row_mcyc", row), ("matvec_mcyc", call)):
-            v = int(round(ns * mhz))  # ns x MHz = millicycles
-            cost[kind][name] = {"value": v, "source": "%s: %.2f ns" % (fit, ns)}
-            changed.append(("cpu.cost.%s.%s" % (kind, name), v, cost[kind][name]["source"]))
+    refused = []
+    for kind, name, v, src in cpu_figures(r, mhz, by, where, refused):
+        if kind in cost and name in cpucost.PARAMS:
+            cost[kind][name] = {"value": v, "source": src}
+            changed.append(("cpu.cost.%s.%s" % (kind, name), v, src))
     if "estimates" in p or est:
         p["estimates"] = est
     sw = r["switch"]
@@ -315,6 +384,7 @@ def apply(prof, r, port, date=None):
         "switch_ns": sw["us"] * 1000 // sw["switches"],
         "heap_largest_block_bytes": h["largest"],
         "fields": [c[0] for c in changed],
+        "refused": refused,
         "probe": r,
     }
     return p, changed
@@ -379,12 +449,14 @@ def main(port, board=paths.DEFAULT_BOARD, out=None, write=False, as_json=False, 
     report = {"board": b.name, "port": port, "date": p["calibration"]["date"], "profile": dest, "from": src,
               "virtual": p["calibration"]["virtual"], "tiers": p["calibration"]["tiers"],
               "switch_ns": p["calibration"]["switch_ns"], "heap_largest_block_bytes": r["heap"]["largest"],
-              "figures": {f: v for f, v, _ in changed}}
+              "figures": {f: v for f, v, _ in changed}, "refused": p["calibration"]["refused"]}
     if as_json:
         echo(json.dumps(report, sort_keys=True))
         return report
     for f, v, _ in changed:
         echo("  %-40s %d" % (f, v))
+    for why in p["calibration"]["refused"]:
+        echo("calibrate: " + why)
     echo("  %-40s %d ns (not a profile field: kept under calibration)" % ("task switch", report["switch_ns"]))
     echo("calibrate: %d figures of %s measured on %s (%s), written to %s" % (len(changed), b.name, port, report["tiers"], _shown(dest)))
     return report

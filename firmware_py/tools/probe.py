@@ -12,13 +12,15 @@
 #           memmove), for small buffers, halves of a large one and both directions
 #           between them; each buffer's address is reported so the host can say which
 #           memory tier it landed in (MicroPython cannot choose: on an ESP32-S3 the GC
-#           heap spans internal SRAM and PSRAM, and the address tells which)
+#           heap spans internal SRAM and PSRAM, and the address tells which); a case
+#           reading or writing the large buffer walks all of it (WALK_MIN and more where
+#           the heap allows), so its rate is the memory's, not the data cache's
 #   switch  the kernel's task switch: two tasks of firmware_py.sched yielding to each
 #           other, µs per sample of SWITCHES switches
 #   matvec  the kernels the decode really runs: kernels_q.matvec_v (@viper, int8
 #           weights, int32 activations: the int8 path) and kernels.Plain.matvec (plain
-#           bytecode over array('f'): the fp32 path) at 64x64, 172x64 and 64x172
-#           (stories260K's dim 64 and hidden 172), µs per call
+#           bytecode over array('f'): the fp32 path) at the SHAPES below (stories260K's
+#           dim 64 and hidden 172 among them), µs per call
 # Progress lines ("probe: ...") keep the port busy so the host can tell a live board
 # from a hung one; the last line is one JSON object (integers and strings only).
 import gc
@@ -37,14 +39,19 @@ def _imports():
     from firmware_py.clock import RealClock  # noqa: PLC0415
     from firmware_py.compat import ticks_diff, ticks_us  # noqa: PLC0415
 
-VERSION = 1  # the format of the JSON line; host/calibrate.py checks it
+VERSION = 2  # the format of the JSON line; host/calibrate.py checks it
 REPS = 5  # samples per figure; the median is reported
 SMALL = 4096  # bytes of each small buffer
 LARGE_MAX = 65536  # bytes of each half of the large buffer, at most
+WALK_MIN = 2 * 65536  # bytes a PSRAM case walks at least: twice the largest data cache of the supported chips (ESP32-S3: 64 KiB)
 SWITCHES = 2000  # switches per kernel sample
 MIN_US = 4000  # µs a sample lasts at least (iterations doubled until it does)
 MAX_ITERS = 1 << 16  # iterations per sample at most
-SHAPES = ((64, 64, 64), (172, 64, 64), (64, 172, 43))  # (rows, cols, group): q8row's group for 172 columns is 43
+# (rows, cols, group): calls, rows, groups and MACs varied apart, so that host/calibrate.py's
+# least-squares fit (ns = call + rows x row + groups x group + MACs x MAC) can tell them
+# apart: 1 and 4 groups per row at the same shape, 16 to 172 rows; q8row's group for 172
+# columns is 43 (stories260K's hidden), for 64 it is 64
+SHAPES = ((64, 64, 64), (172, 64, 64), (64, 172, 172), (64, 172, 43), (64, 128, 32), (16, 64, 64), (32, 64, 16))
 
 
 def _median(xs):
@@ -88,20 +95,34 @@ def heap():
     return {"total": free + alloc, "free": free, "alloc": alloc, "largest": lo}
 
 
-def _time_copy32(dst, dword, src, sword, words, iters):
-    # µs for iters copies of words 32-bit words by the firmware's viper loop
+def _time_copy32(pairs, words, iters):
+    # µs for iters copies of words 32-bit words by the firmware's viper loop, the k-th
+    # copy from/to the (k mod len(pairs))-th (dst, dst word, src, src word) of pairs
     cp = pool.copy32
+    n = len(pairs)
+    k = 0
     t0 = ticks_us()
     for _ in range(iters):
-        cp(dst, dword, src, sword, words)
+        dst, dw, src, sw = pairs[k]
+        cp(dst, dw, src, sw, words)
+        k += 1
+        if k == n:
+            k = 0
     return ticks_diff(ticks_us(), t0)
 
 
-def _time_slice(dv, sv, iters):
-    # µs for iters memoryview slice assignments dv[:] = sv (memmove in C)
+def _time_slice(views, iters):
+    # µs for iters memoryview slice assignments dv[:] = sv (memmove in C), the k-th from
+    # the (k mod len(views))-th (dv, sv) of views
+    n = len(views)
+    k = 0
     t0 = ticks_us()
     for _ in range(iters):
+        dv, sv = views[k]
         dv[:] = sv
+        k += 1
+        if k == n:
+            k = 0
     return ticks_diff(ticks_us(), t0)
 
 
@@ -118,8 +139,12 @@ def _samples(quick, run, *args):
 
 
 def copies(largest, quick=False):
-    # copy speed per buffer pair; [{"case", "src", "dst", "bytes", "iters", "viper_us", "slice_us"}]
-    # (µs for iters copies of bytes, medians), and the buffers' addresses and the large one's size
+    # copy speed per buffer pair; [{"case", "src", "dst", "bytes", "walk", "viper_iters",
+    # "viper_us", "slice_iters", "slice_us"}] (µs for iters copies of bytes, medians), and
+    # the buffers' addresses and the large one's size. A case that reads or writes the
+    # large buffer walks through it, `walk` bytes of it (all of it for large to small and
+    # small to large, a half each way within it), one chunk after the other, so a PSRAM
+    # rate is not a cache-hit rate: the walk is at least WALK_MIN where the heap allows
     half = LARGE_MAX
     while half > SMALL and 2 * half > largest // 4:
         half //= 2
@@ -129,18 +154,23 @@ def copies(largest, quick=False):
     mb = memoryview(big)
     ma = memoryview(a)
     mbb = memoryview(b)
-    cases = [("small_small", ma, 0, mbb, 0, n) for n in (256, 1024, SMALL)]
-    cases += [("large_large", mb, 0, mb, half, n) for n in (SMALL, half)]
-    cases += [("large_small", mb, 0, ma, 0, SMALL), ("small_large", ma, 0, mb, 0, SMALL)]
+    # (name, src view, src offsets, dst view, dst offsets, bytes, walk)
+    cases = [("small_small", ma, (0,), mbb, (0,), n, 0) for n in (256, 1024, SMALL)]
+    lo = tuple(range(0, half, SMALL))  # SMALL chunks of the first half
+    hi = tuple(half + o for o in lo)  # and of the second
+    whole = lo + hi  # of the whole large buffer
+    cases += [("large_large", mb, lo, mb, hi, SMALL, 2 * half), ("large_large", mb, (0,), mb, (half,), half, 2 * half)]
+    cases += [("large_small", mb, whole, ma, (0,) * len(whole), SMALL, 2 * half),
+              ("small_large", ma, (0,) * len(whole), mb, whole, SMALL, 2 * half)]
     out = []
-    for name, sv, so, dv, do, n in cases:
-        src = sv[so:so + n]
-        dst = dv[do:do + n]
-        v_us, v_it = _samples(quick, _time_copy32, dv, do // 4, sv, so // 4, n // 4)
-        s_us, s_it = _samples(quick, _time_slice, dst, src)
-        out.append({"case": name, "src": _addr(src), "dst": _addr(dst), "bytes": n,
+    for name, sv, so, dv, do, n, walk in cases:
+        pairs = [(dv, do[i] // 4, sv, so[i] // 4) for i in range(len(so))]
+        views = [(dv[do[i]:do[i] + n], sv[so[i]:so[i] + n]) for i in range(len(so))]
+        v_us, v_it = _samples(quick, _time_copy32, pairs, n // 4)
+        s_us, s_it = _samples(quick, _time_slice, views)
+        out.append({"case": name, "src": _addr(views[0][1]), "dst": _addr(views[0][0]), "bytes": n, "walk": walk,
                     "viper_iters": v_it, "viper_us": v_us, "slice_iters": s_it, "slice_us": s_us})
-        src = dst = None
+        pairs = views = None
     return out, _addr(a), _addr(b), _addr(big), 2 * half
 
 
@@ -233,8 +263,11 @@ def _time_plain(fs, yf, m, xf, iters):
 
 def matvecs(quick=False):
     # [{"rows", "cols", "group", "viper_iters", "viper_us", "bytecode_iters", "bytecode_us"}]:
-    # medians, µs for so many calls; -1 (and 0 calls) where the heap had no room for the matrix
+    # medians, µs for so many calls; -1 (and 0 calls) where the heap had no room for the
+    # matrix. Plain.matvec has no groups: a shape it already timed (same rows and columns)
+    # repeats that figure
     out = []
+    plain = {}
     for rows, cols, group in SHAPES:
         compat.collect()
         try:
@@ -242,14 +275,17 @@ def matvecs(quick=False):
         except MemoryError:
             v_us, v_it = -1, 0
         compat.collect()
-        try:
-            b_us, b_it = _bytecode_matvec(rows, cols, quick)
-        except MemoryError:
-            b_us, b_it = -1, 0
+        if (rows, cols) not in plain:
+            try:
+                plain[(rows, cols)] = _bytecode_matvec(rows, cols, quick)
+            except MemoryError:
+                plain[(rows, cols)] = (-1, 0)
+        b_us, b_it = plain[(rows, cols)]
         compat.collect()
         out.append({"rows": rows, "cols": cols, "group": group, "viper_iters": v_it, "viper_us": v_us,
                     "bytecode_iters": b_it, "bytecode_us": b_us})
-        _say("matvec %dx%d: viper %d us per %d calls, bytecode fp32 %d us per %d" % (rows, cols, v_us, v_it, b_us, b_it))
+        _say("matvec %dx%d group %d: viper %d us per %d calls, bytecode fp32 %d us per %d"
+             % (rows, cols, group, v_us, v_it, b_us, b_it))
     return out
 
 
