@@ -14,7 +14,7 @@ from firmware_py.compat import const, ticks_diff
 from firmware_py import model as fw_model
 from firmware_py.model import Model
 from firmware_py.sample import Sampler
-from firmware_py.sched import EventFlags, Kernel  # imported before the pool takes the heap: compiling it later may not fit
+from firmware_py.sched import DONE, EventFlags, Kernel  # imported before the pool takes the heap: compiling it later may not fit
 from firmware_py.status import E_FULL, E_NO_BLOCK, E_RANGE, OK
 
 # What a decoding firmware keeps besides weights, activations and the KV pool: its
@@ -181,6 +181,7 @@ class Session:
         self.opts = (temperature, top_p, seed)  # a chat's sampler defaults
         self.chats = []  # Chat objects, in the order chat() made them
         self.ready = None  # sched.EventFlags set (bit 1) when the prefix is in and the chats forked
+        self.prefix_gen = None  # the generator prefix_task() returned
         self.prefix_done = False  # the prefix task has ended (the chats may go on)
         self.n_shared = 0  # prefix tokens cached once and shared by every chat
         self.shared_blocks = 0  # pool blocks the prefix filled (shared by every chat)
@@ -240,7 +241,15 @@ class Session:
             c.ids = ids[-1:] + c.own
             c.pos0 = len(ids) - 1
         self.ready = EventFlags(kernel)
-        return self._prefix(kernel, ids, out if out is not None else _discard)
+        self.prefix_gen = self._prefix(kernel, ids, out if out is not None else _discard)
+        return self.prefix_gen
+
+    # the prefix task runs (or will) on kernel: its generator is a live task there
+    def prefix_spawned(self, kernel):
+        for t in kernel.tasks:
+            if t is not None and t.gen is self.prefix_gen:
+                return t.state < DONE
+        return False
 
     def _prefix(self, kernel, ids, out):
         if len(ids) > 1:
@@ -526,6 +535,7 @@ class Chat(Session):
         self.stop = ""
         self.t_start = self.t_first = self.t_end = 0
         self.t_ready = 0  # ticks when the prefix was in and it went on
+        self.started = False  # its task() was made (once only)
         # None / 0: the Session's at the task's start (host/emulate.py sets those once)
         self.layer_us = 0
         self.on_token = None
@@ -541,10 +551,20 @@ class Chat(Session):
 
     # the chat's task (a generator for sched.Kernel): waits for the prefix, then feeds its
     # ids and makes up to n new tokens, writing each piece with out(bytes)
-    # (DecodeError at the call when the Session's prefix_task() was not made yet)
+    # (DecodeError at the call, nothing changed: the Session's prefix_task() not made yet,
+    # or made but not a live task on kernel while the prefix is not in (it would wait
+    # forever: spawn the prefix task first), or this chat's task made already: a chat runs
+    # once, its tokens stay)
     def task(self, kernel, n, out=None, prefill=False):
-        if self.session.ready is None:
+        s = self.session
+        if s.ready is None:
             raise DecodeError("%s: make the Session's prefix_task() first" % self.name)
+        if self.started:
+            raise DecodeError("%s: its task was already made (a chat runs once)" % self.name)
+        if not s.prefix_done and not s.prefix_spawned(kernel):
+            raise DecodeError("%s: the prefix task is not running on this kernel: spawn prefix_task()'s generator "
+                              "before the chats' tasks" % self.name)
+        self.started = True
         return self._chat(kernel, n, out if out is not None else _discard)
 
     def _chat(self, kernel, n, out):

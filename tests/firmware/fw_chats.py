@@ -96,6 +96,11 @@ free()
 s, cs, outs, order = chats(["", "the dog ran", "the cat"])
 eq([c.n_new for c in cs], [N, N, N], "three chats, every token")
 check(s.pool.high_water < 3 * hw1, "three chats: high-water %d < 3 x %d" % (s.pool.high_water, 3 * hw1))
+# a chat's task made again (after it ended, or twice): one line, its tokens and stop kept
+kept = (list(cs[1].tokens[:cs[1].n_new]), cs[1].n_new, cs[1].stop)
+e = raises(decode.DecodeError, cs[1].task, Kernel(VirtualClock(), max_tasks=4), N)
+eq(str(e), "chat1: its task was already made (a chat runs once)", "a second task of a chat: one line")
+eq((list(cs[1].tokens[:cs[1].n_new]), cs[1].n_new, cs[1].stop), kept, "its tokens stay")
 
 free()
 # --- a pool too small for both: a chat stops with a reported refusal, never an exception ---
@@ -117,8 +122,16 @@ raises(decode.DecodeError, s.prefix_task, k, [])
 s.chat()
 e = raises(decode.DecodeError, s.chat)
 check("seqs=2" in str(e), "a third chat on seqs=2: %s" % e)
-s.prefix_task(k, s.encode("Once"))
+g = s.prefix_task(k, s.encode("Once"))
 raises(decode.DecodeError, s.prefix_task, k, s.encode("Once"))
+# the prefix task made but not spawned: a chat's task would wait forever; refused, nothing changed
+e = raises(decode.DecodeError, c.task, k, 3)
+check("prefix task is not running" in str(e) and "\n" not in str(e), "no prefix task running: %s" % e)
+k.spawn("prefix", 2, g)
+t = k.spawn(c.name, 1, c.task(k, 3))
+raises(decode.DecodeError, c.task, k, 3)  # twice, while the first is live
+k.run()
+eq((t.exc, c.n_new, c.stop), (None, 3, ""), "with the prefix spawned the chat runs")
 free()
 s = decode.Session(M, T, seqs=2, **OPTS)
 raises(decode.DecodeError, s.prefix_task, decode.Kernel(VirtualClock()), s.encode("Once"))  # no chats
