@@ -49,3 +49,11 @@ def test_slope_from_telemetry_matches_the_block_bytes_per_token():
     (s,) = dc.slopes(64, ("fp32",))  # a short run re-fitted now
     assert abs(s["fitted_bytes_per_token"] / s["block_bytes_per_token"] - 1) < 0.1, s
 
+
+
+def test_the_why_says_which_models_are_the_projects_assumption():
+    c = {x["id"]: x for x in _committed()["cases"]}
+    assert any("Qwen2.5-1.5B" in w and "project's assumption" in w for w in c["sa8155p"]["why"])
+    assert any("Qwen2.5-7B" in w and "project's assumption" in w for w in c["jetson"]["why"])
+    # "even with 4-bit quantization" may be the KV's: the int4-KV reading is computed too
+    assert any("may mean the KV cache" in w and "int4 KV" in w for w in c["jetson"]["why"])

@@ -72,6 +72,9 @@ def jetson():
     kvb = n * r["kv_bytes_per_token"]
     tot = kvb + r["weights_bytes"] + r["activations_bytes"]
     need_kv = r["weights_bytes"] * 63 // 28  # KV 63 % beside weights 28 %
+    q = _b("jetson_orin_nano_8gb", "Qwen2.5-7B", kv_dtype="int4tok", weights_dtype="int4")  # "4-bit" read as the KV's
+    qkv = n * q["kv_bytes_per_token"]
+    qtot = qkv + q["weights_bytes"] + q["activations_bytes"]
     return {
         "id": "jetson", "board": "jetson_orin_nano_8gb", "model": "Qwen2.5-7B", "seed": SEED_WAR + " 2.1",
         "claim": "KV 63 % / weights 28 % / activations 9 % (a 7B model, 4-bit weights)",
@@ -90,7 +93,11 @@ def jetson():
                                           need_kv / r["kv_bytes_per_token"] / r["seq_len"]),
             "activations of one decoding sequence are a few MiB (%.1f MiB: the run state of one token), not 9 %% of memory" % (
                 r["activations_bytes"] / MIB),
-            "the seed names no model: Qwen2.5-7B is the catalog's 7B (Llama-3-8B gives the same picture: 128 KiB per token)",
+            "the model is the project's assumption, not the seed's: the seed says only 'a 7B model', and Qwen2.5-7B is the "
+            "catalog's 7B (Llama-3-8B gives the same picture: 128 KiB per token)",
+            "the seed's 'even with 4-bit quantization' may mean the KV cache rather than the weights: with int4 KV (and "
+            "int4 weights) the whole context's KV is %.2f GiB, KV %.1f %% and weights %.1f %%, still not 63 / 28" % (
+                qkv / GIB, _pct(qkv, qtot), _pct(q["weights_bytes"], qtot)),
         ],
     }
 
@@ -116,6 +123,9 @@ def sa8155p():
             "int4 KV is %.1fx smaller than fp16 (scales included), not the 1.6x of 2.1 -> 1.3 GB" % (
                 fp16["kv_bytes_per_token"] / int4["kv_bytes_per_token"]),
             "the memory is not the limit here: %d tokens of fp16 KV fit beside the weights (the calculator's budget)" % fp16["max_tokens"],
+            "the model is the project's assumption: the seed says 'Qwen-1.5B', read here as Qwen2.5-1.5B (the catalog's "
+            "1.5B Qwen); whichever model was meant, 2.1 GB for 448 tokens is %.1f MiB per token, %dx Qwen2.5-1.5B's" % (
+                2.1e9 / 448 / MIB, int(2.1e9 / 448 // fp16["kv_bytes_per_token"])),
         ],
     }
 
