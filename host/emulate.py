@@ -316,7 +316,7 @@ def _memory_figures(brd):
 
 class _Reads:
     # what the model must read, counted apart from the traffic code: each forward pass's
-    # layers (counted when the decode resumes the pass after charging the layer) with the
+    # layers (counted as the pass hands each to the decode, which charges it at once) with the
     # cache length then, and each pass that completed (status >= 0: its final pieces). Weights
     # per layer / after the layers from the checkpoint's layout (decode.layout_traffic), the
     # K/V row from the KV layout: forwards x (layers x per layer + final) and rows x row
@@ -334,10 +334,9 @@ class _Reads:
 
         def forward(h, token, pos):
             for x in inner(h, token, pos):
-                c = cache.cached(h)
-                yield x
                 self.layers += 1
-                self.rows += c
+                self.rows += cache.cached(h)
+                yield x
             if model.status >= 0:
                 self.finals += 1
 
@@ -734,11 +733,11 @@ def _invariants(rep, bwr, q, k, w_tier, kv_tier, loads, counted):
     ex = counted["model_reads"]
     ok = dt["weights_bytes"] == w_charged == ex["weights"] and dt["kv_bytes"] == kv_charged == ex["kv"]
     if not ok and counted["cut"] and rep["spec"]["piece_bytes"]:
-        # cut by the board-time limit inside a layer's or a final's pieces: at most one step
-        # part-charged beyond the passes counted
+        # cut by the board-time limit inside a layer's or a final's pieces (counted whole when
+        # the pass handed it over): at most that one layer and final not yet charged
         step_w, step_kv = ex["weights_per_layer"] + ex["weights_final"], ex["kv_row_bytes"] * (rep["kv_cap_tokens"] + 2)
         ok = (dt["weights_bytes"] == w_charged and dt["kv_bytes"] == kv_charged and
-              0 <= w_charged - ex["weights"] <= step_w and 0 <= kv_charged - ex["kv"] <= step_kv)
+              0 <= ex["weights"] - w_charged <= step_w and 0 <= ex["kv"] - kv_charged <= step_kv)
     out["decode_bytes_charged"] = {"ok": ok, "weights_model": ex["weights"], "weights_moved": dt["weights_bytes"],
                                    "weights_charged": w_charged, "kv_model": ex["kv"], "kv_moved": dt["kv_bytes"],
                                    "kv_charged": kv_charged, "forwards": ex["forwards"], "layers": ex["layers"],

@@ -37,3 +37,35 @@ def test_scenario_loader_errors(tmp_path):
         assert word in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(UserError):
         emulate.load_scenario("no-such-scenario")
+
+
+def test_reserved_names_and_budgets():
+    # every name the firmware or the emulator spawns is refused for a task and for a chat;
+    # bandwidth budgets on one tier summing past 1000 permille are refused naming the tier
+    for nm in appcfg.RESERVED:
+        for cfg in ({"tasks": [{"kind": "sensor", "name": nm}]}, {"decode": {"chats": [{"name": nm}]}}):
+            with pytest.raises(appcfg.AppConfigError) as e:
+                appcfg.load(cfg)
+            assert "reserved" in str(e.value) and nm in str(e.value) and "\n" not in str(e.value)
+    assert {"decode", "prefix", "dma", "telemetry", "thermal", "end"} <= set(appcfg.RESERVED)
+    two = {"tasks": [{"kind": "wifi", "name": "a", "budget_permille": 700},
+                     {"kind": "wifi", "name": "b", "budget_permille": 700}]}
+    with pytest.raises(appcfg.AppConfigError) as e:
+        appcfg.load(two)
+    assert "psram" in str(e.value) and "1400" in str(e.value) and "\n" not in str(e.value)
+    two["tasks"][1]["budget_permille"] = 300
+    assert len(appcfg.load(two)["tasks"]) == 2  # 1000 on psram: allowed
+    two["tasks"][1]["src"] = "sram"
+    two["tasks"][1]["budget_permille"] = 700
+    assert len(appcfg.load(two)["tasks"]) == 2  # different tiers
+
+
+def test_budget_sum_on_one_tier_at_spawn(tmp_path):
+    # through the emulator: a role (wifi src) and a tier name (audio dst) on one tier, one line exit 2
+    p = tmp_path / "b.json"
+    p.write_text(json.dumps({"decode": {"tokens": 2}, "tasks": [
+        {"kind": "wifi", "name": "a", "budget_permille": 700},
+        {"kind": "audio", "name": "m", "dst": "psram", "budget_permille": 400}]}))
+    with pytest.raises(UserError) as e:
+        emulate.run({"scenario": str(p), "cost": "c"})
+    assert "psram" in str(e.value) and e.value.code == 2 and "\n" not in str(e.value)
