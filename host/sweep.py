@@ -39,9 +39,9 @@ NO_WINDOW_POLICIES = ("full",)  # a window means nothing to these: one point, no
 METRICS = ("tokens", "tok_s", "ms_per_token", "ttft_ms", "kv_bytes", "pool_high_water", "deadline_misses")
 COLUMNS = ("board", "model", "policy", "window", "kv_dtype", "scenario", "cost", "tokens_requested", "seed") + \
     ("status",) + METRICS + ("meets_target", "why_not", "key")
-CACHE_VERSION = 1  # the cached entry's layout; part of every key
+CACHE_VERSION = 2  # the cached entry's layout and the key's recipe; part of every key
 SCHEDULER_TIMEOUT_S = 10  # connecting to --scheduler: then one line, not a hang
-CODE_FILES = ("host/emulate.py",)  # with every firmware_py/**/*.py: a change there invalidates the cache
+CODE_DIRS = ("firmware_py", "host")  # every **/*.py there is hashed: a change there invalidates the cache
 
 
 def default_cache():
@@ -249,24 +249,62 @@ def file_sha256(path, _memo=_FILES):
 _CODE = {}
 
 
+def code_files(root=None):
+    # the sources the emulator runs: every firmware_py/**/*.py and host/**/*.py (the
+    # emulator and every host module it imports: console, generate, trace, boards, ...)
+    root = root or paths.ROOT
+    files = []
+    for top in CODE_DIRS:
+        for d, dirs, names in os.walk(os.path.join(root, top)):
+            dirs[:] = sorted(x for x in dirs if x != "__pycache__" and not x.startswith("."))
+            files += [os.path.join(d, n) for n in names if n.endswith(".py")]
+    return sorted(files)
+
+
 def code_sha256(root=None):
-    # SHA-256 over the emulator's sources: every firmware_py/**/*.py and host/emulate.py
-    # (path and bytes, sorted), computed once per process
+    # SHA-256 over the emulator's sources (code_files: path and bytes, sorted), computed
+    # once per process
     root = root or paths.ROOT
     if root in _CODE:
         return _CODE[root]
-    files = []
-    for d, dirs, names in os.walk(os.path.join(root, "firmware_py")):
-        dirs[:] = sorted(x for x in dirs if x != "__pycache__")
-        files += [os.path.join(d, n) for n in names if n.endswith(".py")]
-    files += [os.path.join(root, f) for f in CODE_FILES if os.path.isfile(os.path.join(root, f))]
     h = hashlib.sha256()
-    for f in sorted(files):
+    for f in code_files(root):
         h.update(os.path.relpath(f, root).replace(os.sep, "/").encode() + b"\0")
         with open(f, "rb") as fh:
             h.update(hashlib.sha256(fh.read()).digest())
     _CODE[root] = h.hexdigest()
     return _CODE[root]
+
+
+def module_files(norm):
+    # a scenario's module tasks import from the scenario's folder (host/emulate.py): the
+    # files there that each named module may load, present or not (a file the user adds
+    # later changes the key too): M.py or every .py of the package M/, and the __init__.py
+    # of each package on a dotted name's way
+    scen = norm.get("scenario")
+    if not isinstance(scen, str) or not scen or not os.path.isfile(scen):
+        return []
+    try:
+        _, cfg = _emulate().load_scenario(scen)
+    except UserError:
+        return []
+    folder = os.path.dirname(scen)
+    out = set()
+    for t in cfg.get("tasks") or []:
+        name = t.get("module") if isinstance(t, dict) and t.get("kind") == "module" else None
+        if not isinstance(name, str) or not name:
+            continue
+        parts = name.split(".")
+        for i in range(1, len(parts)):
+            out.add(os.path.join(folder, *parts[:i], "__init__.py"))
+        base = os.path.join(folder, *parts)
+        out.add(base + ".py")
+        out.add(os.path.join(base, "__init__.py"))
+        if os.path.isdir(base):
+            for d, dirs, names in os.walk(base):
+                dirs[:] = sorted(x for x in dirs if x != "__pycache__")
+                out.update(os.path.join(d, n) for n in names if n.endswith(".py"))
+    return sorted(out)
 
 
 def input_files(norm):
@@ -297,14 +335,23 @@ def input_files(norm):
     return sorted(out)
 
 
-def point_key(norm, code=None):
+def input_hashes(norm):
+    # {path: SHA-256 of its bytes, or None when absent}: the spec's input files and the
+    # scenario's module files; what the key covers and what a worker checks
+    out = {}
+    for f in sorted(set(input_files(norm)) | set(module_files(norm))):
+        out[f] = file_sha256(f) if os.path.isfile(f) else None
+    return out
+
+
+def point_key(norm, code=None, hashes=None):
     # the cache key: SHA-256 of the canonical normalized spec, each input file's SHA-256
-    # and the code hash
+    # (input_hashes: module files that are absent count as absent) and the code hash
     h = hashlib.sha256()
     h.update(b"kvrtos-sweep %d\n" % CACHE_VERSION)
     h.update(hashlib.sha256(canonical(norm)).digest())
-    for f in input_files(norm):
-        h.update(f.encode("utf-8") + b"\0" + file_sha256(f).encode())
+    for f, sha in sorted((input_hashes(norm) if hashes is None else hashes).items()):
+        h.update(f.encode("utf-8") + b"\0" + (sha or "absent").encode() + b"\n")
     h.update((code or code_sha256()).encode())
     return h.hexdigest()
 
@@ -326,9 +373,7 @@ class Cache:
                 entry = json.loads(f.read().decode("utf-8"))
         except (OSError, ValueError, UnicodeDecodeError):
             return None  # absent, or unreadable: run it again
-        if not isinstance(entry, dict) or entry.get("key") != key or entry.get("status") not in ("ok", "failed"):
-            return None
-        return entry
+        return entry if _entry_ok(entry, key) else None  # another shape: a miss, run it again
 
     def put(self, key, entry):
         d = os.path.dirname(self.path(key))
@@ -359,6 +404,35 @@ class Cache:
         return out
 
 
+def _is_num(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _entry_ok(entry, key):
+    # a cache entry of the shape run() writes and _row reads: {"key", "status": "ok",
+    # "report": {metrics: numbers (or None), ...}} or {"key", "status": "failed", "error": str}
+    if not isinstance(entry, dict) or entry.get("key") != key:
+        return False
+    if entry.get("status") == "failed":
+        return isinstance(entry.get("error"), str)
+    if entry.get("status") != "ok":
+        return False
+    rep = entry.get("report")
+    if not isinstance(rep, dict):
+        return False
+    for m in METRICS:
+        v = rep.get(m)
+        if m == "deadline_misses" and isinstance(v, dict):
+            if not all(isinstance(k, str) and _is_num(x) for k, x in v.items()):
+                return False
+        elif v is not None and not _is_num(v):
+            return False
+    if not isinstance(rep.get("stop", ""), str):
+        return False
+    inv = rep.get("invariants", {})
+    return isinstance(inv, dict) and all(isinstance(k, str) for k in inv)
+
+
 def _ignore_folder(path):
     # the default cache and out folders sit in the repository: each top folder we make
     # there carries a .gitignore of "*" (as .pytest_cache does), so git never sees them
@@ -373,19 +447,38 @@ def _ignore_folder(path):
 # ---------------------------------------------------------------------------- running
 
 
-def emulate_point(spec):
+def emulate_point(spec, hashes=None):
     # run one point (in a worker process, here or on a Dask worker): {"status": "ok",
-    # "report"} or {"status": "failed", "error": one line} for the emulator's UserError;
-    # another exception is {"status": "error"} (a bug: reported, never cached). "code" is
-    # this worker's code hash: a worker running other sources than the client is refused.
-    try:
-        emulate = _emulate()
-        report = emulate.run(spec)
-        out = {"status": "ok", "report": report}
-    except UserError as e:
-        out = {"status": "failed", "error": (str(e).splitlines() or ["failed"])[0]}
-    except Exception as e:  # noqa: BLE001 - one point's bug must not stop the sweep
-        out = {"status": "error", "error": "%s: %s" % (type(e).__name__, (str(e).splitlines() or [""])[0])}
+    # "report"} or {"status": "failed", "error": one line} for the user's mistake (the
+    # emulator's UserError of exit 2: a bad spec, a model that does not fit, a user
+    # module that does not import); anything else is {"status": "error"}: an internal
+    # failure (emulate.TaskFault: one of the emulator's own firmware tasks raised, another
+    # UserError, any exception: a bug), reported and never cached. spec: the normalized
+    # spec (absolute paths); hashes: input_hashes(spec) as the client computed them for
+    # the key: a worker whose files differ refuses the point (an error, not cached). "code"
+    # is this worker's code hash: a worker running other sources than the client is refused.
+    out = None
+    if hashes is not None:
+        mine = input_hashes(spec)
+        for f in sorted(set(hashes) | set(mine)):
+            want, got = hashes.get(f), mine.get(f)
+            if want != got:
+                out = {"status": "error", "error": "the worker's %s %s (the key was made with %s)" % (
+                    _short(f), "is missing" if got is None else "has sha256 %s" % got[:12],
+                    "no such file" if want is None else "sha256 %s" % want[:12])}
+                break
+    if out is None:
+        try:
+            emulate = _emulate()
+            fault = getattr(emulate, "TaskFault", ())
+            try:
+                out = {"status": "ok", "report": emulate.run(spec)}
+            except UserError as e:
+                line = (str(e).splitlines() or ["failed"])[0]
+                user = e.code == 2 and not (fault and isinstance(e, fault))
+                out = {"status": "failed" if user else "error", "error": line}
+        except Exception as e:  # noqa: BLE001 - one point's bug must not stop the sweep
+            out = {"status": "error", "error": "%s: %s" % (type(e).__name__, (str(e).splitlines() or [""])[0])}
     out["code"] = code_sha256()
     return out
 
@@ -417,7 +510,7 @@ def _pool_results(specs, workers):
 
     ex = ProcessPoolExecutor(max_workers=workers, initializer=_worker_init)
     try:
-        futs = {ex.submit(emulate_point, s): i for i, s in specs}
+        futs = {ex.submit(emulate_point, s, h): i for i, s, h in specs}
         for fut in as_completed(futs):
             try:
                 res = fut.result()
@@ -449,8 +542,8 @@ def _dask_results(specs, address, keys):
                             % (address, SCHEDULER_TIMEOUT_S, (str(e).splitlines() or [type(e).__name__])[0]), 1)
         try:
             futs = {}
-            for i, s in specs:
-                futs[client.submit(emulate_point, s, key="kvrtos-sweep-%s" % keys[i], pure=False)] = i
+            for i, s, h in specs:
+                futs[client.submit(emulate_point, s, h, key="kvrtos-sweep-%s" % keys[i], pure=False)] = i
             for fut in as_completed(list(futs)):
                 try:
                     res = fut.result()
@@ -533,9 +626,12 @@ def run(settings, progress=None, on_result=None):
         raise UserError("--workers must be 1 or more, got %d" % workers, 2)
     cache = Cache(paths.user_path(settings.get("cache") or default_cache()))
     code = code_sha256()
-    keys = [point_key(p["norm"], code) for p in points]
+    hashes = [input_hashes(p["norm"]) for p in points]
+    keys = [point_key(p["norm"], code, h) for p, h in zip(points, hashes, strict=True)]
     entries = [cache.get(k) for k in keys]
-    todo = [(i, points[i]["spec"]) for i, e in enumerate(entries) if e is None]
+    # every executor gets the normalized spec (absolute paths: a Dask worker in another
+    # folder reads the same files) and the hashes its key was made with
+    todo = [(i, points[i]["norm"], hashes[i]) for i, e in enumerate(entries) if e is None]
     status = {"ran": 0, "cached": len(points) - len(todo), "failed": 0, "errors": []}
     bar = Progress(len(points)) if progress is None else progress
     if bar is False:
@@ -557,11 +653,11 @@ def run(settings, progress=None, on_result=None):
                     if res["status"] == "ok":
                         entry["report"] = res["report"]
                     else:
-                        entry["error"] = res["error"]
+                        entry["error"] = _no_machine_paths(str(res["error"]))
                     if res["status"] in ("ok", "failed"):
                         cache.put(keys[i], entry)
                     else:
-                        status["errors"].append(res["error"])
+                        status["errors"].append(entry["error"])
                     entries[i] = entry
                     status["ran"] += 1
                     status["failed"] += res["status"] != "ok"
@@ -642,8 +738,16 @@ def _row(point, key, entry, targets):
         row["why_not"] = "; ".join(why)
     else:
         row["meets_target"] = False
-        row["why_not"] = entry.get("error", "failed")
+        row["why_not"] = _no_machine_paths(str(entry.get("error", "failed")))
     return row
+
+
+def _no_machine_paths(text):
+    # a one-line reason as the tables show it: the repository's and ../shared's folders left out
+    shared = os.path.dirname(paths.shared_models() or os.path.join(os.path.dirname(paths.ROOT), "shared", "models"))
+    for base, label in ((paths.ROOT + os.sep, ""), (shared + os.sep, "shared/")):
+        text = text.replace(base, label)
+    return text
 
 
 def _scenario_name(v):

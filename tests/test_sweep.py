@@ -187,6 +187,181 @@ def test_process_pool_equals_dask_local_cluster(tmp_path):
     assert sorted(os.listdir(tmp_path / "pool")) == sorted(os.listdir(tmp_path / "dask"))
 
 
+MODULE = """
+class Busy:
+    def __init__(self, kernel, env, period_us=20000, cpu_us=100):
+        self.k, self.period_us, self.cpu_us, self.n = kernel, period_us, cpu_us, 0
+
+    def task(self):
+        while True:
+            yield self.k.sleep_us(self.period_us)
+            self.k.charge(self.cpu_us)
+            self.n += 1
+
+    def stats(self):
+        return {"released": self.n, "deadline_misses": 0}
+
+
+def make(kernel, env, **args):
+    return Busy(kernel, env, **args)
+"""
+
+
+def _module_scenario(folder, cpu_us=100):
+    # a scenario of one user module task, its module beside it (as a board's kvrtos.json)
+    folder.mkdir(exist_ok=True)
+    (folder / "busy.json").write_text(json.dumps({"name": "busy", "tasks": [
+        {"kind": "module", "name": "busy", "module": "swf_busy_mod", "factory": "make", "args": {"cpu_us": cpu_us}}]}))
+    return str(folder / "busy.json")
+
+
+def test_key_covers_module_source_and_every_host_module(tmp_path):
+    scen = _module_scenario(tmp_path / "scen")
+    mod = tmp_path / "scen" / "swf_busy_mod.py"
+    s = grid(scenarios=scen, cache=str(tmp_path / "cache"), workers=1)
+    # the module is missing: the user's mistake, a failed point, cached under a key that
+    # counts the module file as absent
+    first = run_quiet(s)
+    assert first["rows"][0]["status"] == "failed" and "swf_busy_mod" in first["rows"][0]["why_not"], first["rows"]
+    assert run_quiet(s)["summary"]["cached"] == 1
+    # the user adds the module: another key, the point runs (not the cached failure)
+    mod.write_text(MODULE)
+    second = run_quiet(s)
+    assert second["summary"]["ran"] == 1 and second["rows"][0]["status"] == "ok", second["rows"]
+    assert second["rows"][0]["key"] != first["rows"][0]["key"]
+    assert run_quiet(s)["summary"]["cached"] == 1
+    # the module's cpu_us changed in its source: another key, run again
+    mod.write_text(MODULE.replace("cpu_us=100", "cpu_us=900").replace('"cpu_us": cpu_us', ""))
+    third = run_quiet(s)
+    assert third["summary"]["ran"] == 1 and third["rows"][0]["key"] != second["rows"][0]["key"]
+    # the code hash covers every host module the emulator imports, not only host/emulate.py
+    files = {os.path.relpath(f, ROOT) for f in sweep.code_files()}
+    for f in ("host/emulate.py", "host/console.py", "host/generate.py", "host/trace.py", "host/boards.py",
+              "firmware_py/decode.py", "firmware_py/sched/__init__.py"):
+        assert f in files, f
+    for sub in ("host", "firmware_py"):
+        (tmp_path / "root" / sub).mkdir(parents=True)
+        (tmp_path / "root" / sub / "m.py").write_text("x = 1\n")
+    a = sweep.code_sha256(str(tmp_path / "root"))
+    sweep._CODE.clear()
+    (tmp_path / "root" / "host" / "m.py").write_text("x = 2\n")
+    assert sweep.code_sha256(str(tmp_path / "root")) != a
+    sweep._CODE.clear()
+
+
+def test_cache_entry_of_another_shape_is_a_miss(tmp_path):
+    s = grid(cache=str(tmp_path / "cache"), workers=1)
+    first = run_quiet(s)
+    [path] = list((tmp_path / "cache").rglob("*.json"))
+    good = json.loads(path.read_text())
+    for bad in ({"status": "ok"}, {"status": "ok", "report": {"tokens": "x"}}, {"status": "ok", "report": []},
+                {"status": "ok", "report": {"deadline_misses": {"a": "b"}}}, {"status": "failed"},
+                {"status": "error", "error": "boom"}, {"status": "ok", "report": {"stop": 3}}):
+        path.write_text(json.dumps(dict(bad, key=good["key"])))
+        again = run_quiet(s)
+        assert again["summary"]["ran"] == 1 and again["rows"] == first["rows"], bad
+        assert json.loads(path.read_text()) == good  # rewritten whole
+
+
+def test_internal_failure_is_an_error_never_cached(tmp_path, monkeypatch, capsys):
+    # one of the emulator's own tasks raising (a bug, here a broken traffic counter) is
+    # "error": not cached, and ./kv sweep exits 1 after writing what it has
+    from firmware_py import bandwidth
+
+    def broken(self, n, charged=False):
+        raise RuntimeError("broken counter")
+
+    monkeypatch.setattr(bandwidth.DecodeTraffic, "layer", broken)  # the pool's workers are forked: they have it
+    s = grid(kv_dtypes="fp32,int8", cache=str(tmp_path / "cache"), workers=1, out=str(tmp_path / "out"))
+    with pytest.raises(sweep.UserError) as e:
+        sweep.main(s)
+    assert e.value.code == 1 and "internal error" in str(e.value) and "broken counter" in str(e.value)
+    assert not list((tmp_path / "cache").rglob("*.json"))
+    rows = list(csv.DictReader(open(tmp_path / "out" / "results.csv")))
+    assert [r["status"] for r in rows] == ["error", "error"] and "decode" in rows[0]["why_not"]
+    # a user's mistake stays a cacheable "failed"; an internal one is an "error"
+    pt = sweep.expand(grid())[0][0]["norm"]
+    assert sweep.emulate_point(dict(pt, kv_dtype="int8"))["status"] == "error"
+    monkeypatch.undo()
+    assert sweep.emulate_point(dict(pt, board="esp32_wroom32"))["status"] == "failed"
+
+
+def test_worker_refuses_files_that_differ(tmp_path):
+    norm = sweep.expand(grid())[0][0]["norm"]
+    hashes = sweep.input_hashes(norm)
+    assert norm["model"] in hashes and all(os.path.isabs(f) for f in hashes)
+    res = sweep.emulate_point(norm, dict(hashes, **{norm["model"]: "0" * 64}))
+    assert res["status"] == "error" and "models/kvrtos-tiny/model.bin" in res["error"] and "000000000000" in res["error"]
+    res = sweep.emulate_point(norm, dict(hashes, **{str(tmp_path / "gone.py"): "1" * 64}))
+    assert res["status"] == "error" and "is missing" in res["error"]
+    assert sweep.emulate_point(norm, hashes)["status"] == "ok"
+
+
+def _start(args, cwd, env, log):
+    return subprocess.Popen([os.path.join(ROOT, ".venv", "bin", "dask"), *args], cwd=cwd, env=env,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def test_dask_worker_in_another_folder(tmp_path, monkeypatch):
+    # a real `dask worker` started in another folder (and told the user ran from there):
+    # the points it gets carry absolute paths, so a relative --models is the same file, and
+    # it gives the process pool's table; a worker whose input file differs from the key's
+    # refuses the point, which is not cached
+    pytest.importorskip("distributed")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = dict(os.environ, KVRTOS_CALLER_CWD=str(elsewhere), PYTHONPATH=ROOT)
+    sched_file = tmp_path / "scheduler.json"
+    log = open(tmp_path / "dask.log", "wb")
+    procs = [_start(["scheduler", "--scheduler-file", str(sched_file), "--port", "0", "--no-dashboard"],
+                    str(tmp_path), env, log)]
+    try:
+        t0 = time.monotonic()
+        while not sched_file.exists() and time.monotonic() - t0 < 60:
+            time.sleep(0.1)
+        address = json.loads(sched_file.read_text())["address"]
+        procs.append(_start(["worker", address, "--nworkers", "1", "--nthreads", "1", "--no-dashboard",
+                             "--local-directory", str(elsewhere)], str(elsewhere), env, log))
+        from distributed import Client
+
+        with Client(address, timeout="30s") as c:
+            c.wait_for_workers(1, timeout=60)
+            assert c.run(os.getcwd) and set(c.run(os.getcwd).values()) == {str(elsewhere)}
+        monkeypatch.setenv("KVRTOS_CALLER_CWD", ROOT)
+        rel = os.path.relpath(TINY, ROOT)  # models/kvrtos-tiny/model.bin: not there in `elsewhere`
+        s = dict(models=rel, kv_dtypes="fp32,int8")
+        pool = run_quiet(grid(cache=str(tmp_path / "pool"), workers=2, **s))
+        dask = run_quiet(grid(cache=str(tmp_path / "dask"), scheduler=address, **s))
+        assert dask["summary"]["ran"] == 2 and dask["summary"]["executor"] == "dask " + address
+        assert all(r["status"] == "ok" for r in dask["rows"]), dask["rows"]
+        assert dask["rows"] == pool["rows"]
+        out = sweep.write(dask, str(tmp_path / "out"), command="./kv sweep (test)")
+        for n in ("results.md", "results.csv", "summary.json"):
+            text = open(out[n]).read()
+            assert ROOT not in text and str(tmp_path) not in text, n
+        # the client's key made with another model hash than the worker's file: refused, not cached
+        real = sweep.input_hashes
+        monkeypatch.setattr(sweep, "input_hashes", lambda norm: {f: ("0" * 64 if f.endswith("model.bin") else h)
+                                                                 for f, h in real(norm).items()})
+        bad = run_quiet(grid(cache=str(tmp_path / "bad"), scheduler=address, **s))
+        assert [r["status"] for r in bad["rows"]] == ["error", "error"], bad["rows"]
+        assert "model.bin has sha256" in bad["rows"][0]["why_not"] and len(bad["summary"]["errors"]) == 2
+        assert not list((tmp_path / "bad").rglob("*.json"))
+    finally:
+        for p in reversed(procs):
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(timeout=10)
+        log.close()
+
+
 @pytest.mark.parametrize("args, code, words", [
     (["--boards", "nosuch_board"], 2, "unknown board"),
     (["--policies", "fifo"], 2, "--policies"),
