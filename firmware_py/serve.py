@@ -32,8 +32,11 @@ from firmware_py.status import E_RANGE, E_STATE, OK
 
 INPUT_US = 20000  # the input task looks for command bytes this often
 CTRL_C = 3  # the console's interrupt character: ends serve (stdin_poller)
-CONFIG_KEYS = ("kv_dtype", "policy", "window", "sinks", "temperature", "top_p", "seed", "backend", "rope")
-BOOT_KEYS = ("kv_dtype", "policy", "window", "sinks", "backend", "rope", "temperature", "top_p", "seed")
+CONFIG_KEYS = ("kv_dtype", "policy", "window", "sinks", "temperature", "top_p", "seed", "backend", "rope",
+               "piece_bytes", "kv_blocks", "priority")
+BOOT_KEYS = ("kv_dtype", "policy", "window", "sinks", "backend", "rope", "temperature", "top_p", "seed", "kv_blocks")
+INT_KEYS = ("window", "sinks", "seed", "piece_bytes", "kv_blocks", "priority")
+IGNORED_KEYS = ("prefix", "chats")  # config decode keys the board does not run (./kv emulate does)
 PRIO_TELEMETRY = 3  # highest: it sleeps almost always and never waits for the link
 PRIO_INPUT = 2
 PRIO_DECODE = 1
@@ -121,7 +124,7 @@ class Server:
             if key not in CONFIG_KEYS:
                 raise ServeError("unknown option %r (known: %s)" % (key, ", ".join(CONFIG_KEYS)))
             try:
-                if key in ("window", "sinks", "seed"):
+                if key in INT_KEYS:
                     v = int(v)
                 elif key in ("temperature", "top_p"):
                     v = float(v)
@@ -131,6 +134,10 @@ class Server:
                 raise ServeError("kv_dtype must be one of %s, got %r" % (", ".join(kv.DTYPES), v))
             if key == "policy" and v not in kv.POLICIES:
                 raise ServeError("policy must be one of %s, got %r" % (", ".join(kv.POLICIES), v))
+            if key == "priority" and not 0 <= v < self.k.priorities:
+                raise ServeError("priority must be in 0..%d, got %d" % (self.k.priorities - 1, v))
+            if key in ("piece_bytes", "kv_blocks") and not 0 <= v <= 1 << 24:
+                raise ServeError("%s must be in 0..%d, got %d" % (key, 1 << 24, v))
             new[key] = v
         if new.get("policy", "full") == "full":
             new.pop("window", None)
@@ -180,13 +187,14 @@ class Server:
         try:
             s = self._session()
             ids = s.encode(text)
+            s.piece_bytes = self.opts.get("piece_bytes", 0)  # weights read in pieces of this size (with traffic)
         except (decode.DecodeError, MemoryError) as e:
             self.out("serve: request refused: %s" % e)
             self.tm.event(tm.EV_REFUSED, E_RANGE, 1, self.req)
             return E_RANGE
         self.req = self.req + 1 if self.req < 0x3FFFFFFF else 1  # request numbers wrap below 2**30 (a small int)
         self._release()
-        self.task = self.k.spawn("decode", PRIO_DECODE, self._request(s, ids, n, self.req))
+        self.task = self.k.spawn("decode", self.opts.get("priority", PRIO_DECODE), self._request(s, ids, n, self.req))
         self.tasks.append(self.task)
         return OK
 
@@ -226,7 +234,10 @@ class Server:
         self.tm.attach()  # let go of the old pool and cache before a new one is made
         s = None
         compat.collect()
-        s = decode.Session(self.model_path, self.tok_path, heap=self.heap, **boot)
+        kw = dict(boot)
+        if "kv_blocks" in kw:  # the pool's size in blocks (0: what the heap fits)
+            kw["blocks"] = kw.pop("kv_blocks")
+        s = decode.Session(self.model_path, self.tok_path, heap=self.heap, **kw)
         s.layer_us = self.layer_us
         s.on_token = self._tok
         if self.bw is not None:  # the decode's weights and KV traffic on the tasks' tracker
@@ -427,7 +438,8 @@ def load_config(path=CONFIG_FILE):
 
 
 # Server keyword arguments from a config's decode section: the model and tokenizer files
-# and the request options serve knows (CONFIG_KEYS); tokens and prompt are main()'s
+# and the request options serve knows (CONFIG_KEYS: the sampling and cache settings,
+# piece_bytes, kv_blocks, the decode's priority); tokens and prompt are main()'s
 def config_opts(app):
     d = app["decode"]
     out = {}
@@ -435,6 +447,18 @@ def config_opts(app):
         if key in d:
             out[key] = d[key]
     return out
+
+
+# the decode keys of a config the board does not run (IGNORED_KEYS present in it), in order
+def config_ignored(app):
+    d = app["decode"]
+    return [key for key in IGNORED_KEYS if key in d]
+
+
+# a configuration serve cannot start with: one line, then exit status 2 (SystemExit)
+def _fail(msg):
+    print("serve: %s" % msg)
+    sys.exit(2)
 
 
 # serve on this board: frames on stdout, commands from stdin. prompt: start one request
@@ -445,7 +469,10 @@ def config_opts(app):
 # and its decode prompt (with its tokens) starts at once when main is given no prompt
 def main(prompt=None, tokens=None, model=None, tokenizer=None,
          link_bps=tm.DEFAULT_LINK_BPS, rate_hz=tm.DEFAULT_RATE_HZ, max_requests=0, config=CONFIG_FILE, **opts):
-    app = load_config(config) if config else None
+    try:
+        app = load_config(config) if config else None
+    except ValueError as e:  # appcfg.AppConfigError: one line, a non-zero exit, no traceback
+        _fail("%s: %s" % (config, e))
     kw = config_opts(app) if app is not None else {}
     kw.update(opts)
     if model is not None:
@@ -462,11 +489,18 @@ def main(prompt=None, tokens=None, model=None, tokenizer=None,
             tokens = d["tokens"]
     tokens = 64 if tokens is None else tokens
     out = getattr(sys.stdout, "buffer", sys.stdout)
-    srv = Server(tm.stream_writer(out), stdin_poller(), link_bps=link_bps,
-                 rate_hz=rate_hz, max_requests=max_requests, guard=_guard, app=app, **kw)
+    try:
+        srv = Server(tm.stream_writer(out), stdin_poller(), link_bps=link_bps,
+                     rate_hz=rate_hz, max_requests=max_requests, guard=_guard, app=app, **kw)
+    except ValueError as e:  # ServeError: a config task that cannot be built, a bad option
+        _fail(("%s: %s" % (config, e)) if app is not None else str(e))
     if app is not None:
         names = ", ".join("%s (%s)" % (t["name"], t["kind"]) for t in app["tasks"]) or "none"
         print("serve: config %s %r: tasks beside decode: %s" % (config, app["name"], names))
+        ign = config_ignored(app)
+        if ign:
+            print("serve: config %s: the board ignores decode %s (shared-prefix chats run in ./kv emulate only)"
+                  % (config, ", ".join(ign)))
     print("serve: telemetry at %d Hz on a %d B/s link; waiting for commands (Ctrl-C ends)" % (rate_hz, link_bps))
     _keep_ctrl_c()
     try:

@@ -61,7 +61,7 @@ def test_serve_runs_the_config_tasks_beside_the_decode(example_on_path):
     cap = bytearray()
     lines = []
     kw = serve.config_opts(app)
-    assert kw == {"policy": "sinks", "window": 64, "sinks": 4, "kv_dtype": "int8"}
+    assert kw == {"policy": "sinks", "window": 64, "sinks": 4, "kv_dtype": "int8", "priority": 1}
     srv = serve.Server(lambda buf, n: cap.extend(bytes(buf[:n])), None, clock=VirtualClock(), layer_us=2000,
                        model=os.path.join(TINY, "model.bin"), tokenizer=os.path.join(TINY, "tokenizer.bin"),
                        out=lines.append, max_requests=1, app=app, board=BRD, **kw)
@@ -85,6 +85,79 @@ def test_serve_runs_the_config_tasks_beside_the_decode(example_on_path):
     assert "psram" in names.values() and "meter" not in {names.get("cat.%d" % i) for i in range(3)}
     bwcats = [r for f in frames if f["type"] == "periodic" for r in f.get("bwcats", [])]
     assert any(r["kb"] > 0 for r in bwcats)  # the decode's weights reads on the shared tracker
+
+
+CHATS_CFG = {"decode": {"prompt": "Once", "tokens": 3, "piece_bytes": 4096, "kv_blocks": 6, "priority": 3,
+                        "prefix": "Once upon", "chats": [{"prompt": "Tom"}, {"prompt": "Sue"}]},
+             "tasks": [{"kind": "sensor", "name": "imu", "period_us": 10000, "read_bytes": 64}]}
+
+
+def test_serve_applies_the_decode_keys_the_board_honours():
+    # piece_bytes, kv_blocks and the decode's priority go into the request's Session and
+    # task; prefix and chats are the ones the board does not run (named at boot by main)
+    app = appcfg.load(json.dumps(CHATS_CFG))
+    kw = serve.config_opts(app)
+    assert {k: kw[k] for k in ("piece_bytes", "kv_blocks", "priority")} == {"piece_bytes": 4096, "kv_blocks": 6,
+                                                                             "priority": 3}
+    assert serve.config_ignored(app) == ["prefix", "chats"]
+    lines = []
+    srv = serve.Server(lambda buf, n: None, None, clock=VirtualClock(), layer_us=2000,
+                       model=os.path.join(TINY, "model.bin"), tokenizer=os.path.join(TINY, "tokenizer.bin"),
+                       out=lines.append, max_requests=1, app=app, board=BRD, **kw)
+    assert srv.start("Once upon a time", 4) == 0
+    assert srv.task.prio == 3
+    srv.run()
+    s = srv.session
+    assert s.pool.n_blocks == 6 and s.piece_bytes == 4096 and s.pieces > 0, (s.pool.n_blocks, s.pieces)
+    assert s.n_new == 4 and not s.stop
+    with pytest.raises(serve.ServeError) as e:
+        serve.Server(lambda buf, n: None, None, clock=VirtualClock(), priority=9)
+    assert "priority" in str(e.value) and "\n" not in str(e.value)
+
+
+def _main_in(tmp_path, monkeypatch, cfg):
+    # serve.main in tmp_path with cfg as its kvrtos.json, the tiny model, one request
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "kvrtos.json").write_text(cfg if isinstance(cfg, str) else json.dumps(cfg))
+    monkeypatch.setattr(serve, "stdin_poller", lambda: None)
+    monkeypatch.setattr(serve, "_guard", None)
+    monkeypatch.setattr(serve, "_PROFILE", [BRD])  # the board.json ./kv flash writes beside main.py
+    return serve.main(model=os.path.join(TINY, "model.bin"), tokenizer=os.path.join(TINY, "tokenizer.bin"),
+                      max_requests=1)
+
+
+def test_serve_main_names_the_decode_keys_the_board_ignores(tmp_path, monkeypatch, capsysbinary):
+    srv = _main_in(tmp_path, monkeypatch, {"decode": dict(CHATS_CFG["decode"], kv_blocks=0)})
+    out = capsysbinary.readouterr().out  # printed lines between telemetry frames
+    ign = [ln for ln in out.split(b"\n") if b"ignores" in ln]
+    assert ign == [b"serve: config kvrtos.json: the board ignores decode prefix, chats (shared-prefix chats run in "
+                   b"./kv emulate only)"], out
+    assert srv.session.n_new == 3 and srv.task is None
+
+
+@pytest.mark.parametrize("cfg, word", [
+    ('{"tasks": [{"kind": "sensor", "name": "x", "period_us": 5}]}', "period_us must be in 100..100000000, got 5"),
+    ('{"decode": {"policy": "lru"}', "not valid JSON"),
+    ({"tasks": [{"kind": "sensor", "name": "s", "read_bytes": 4064, "bus_bytes_per_s": 5, "period_us": 1000}]},
+     "longer than its period"),
+])
+def test_a_bad_config_is_one_line_and_a_non_zero_exit(tmp_path, monkeypatch, capsys, cfg, word):
+    with pytest.raises(SystemExit) as e:
+        _main_in(tmp_path, monkeypatch, cfg)
+    assert e.value.code == 2
+    out = capsys.readouterr()
+    lines = out.out.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("serve: kvrtos.json: config: ") and word in lines[0], out
+    assert "Traceback" not in out.out + out.err
+    # the board's own entry point: the boot report says it, then the same line and exit
+    from firmware_py import app
+
+    with pytest.raises(SystemExit) as e:
+        app.main(serve=True)
+    assert e.value.code == 2
+    out = capsys.readouterr().out
+    assert "kvrtos.json refused: config: " in out or "longer than its period" in word, out
+    assert out.splitlines()[-1] == lines[0]
 
 
 def test_serve_main_config_file_and_its_errors(tmp_path, monkeypatch):
