@@ -408,10 +408,12 @@ def render_page(r):
           "line model (the octal fit's miss latency, each tier's bus stream rate); the arithmetic is in each figure's "
           "source (Chosen figures above). No decode figure enters it.", ""]
     for k in r["kv_sram"]:
-        L.append("KV in SRAM (%s): stories260K's KV for 512 positions is {:,} bytes, more than the chip's {:,} bytes of "
-                 "SRAM; as Pico LLaMA caps MAX_SEQ_LEN at 256 for this reason, the case is taken with the KV sized for "
-                 "%d positions ({:,} bytes; the decode runs %d)."
-                 .format(k["kv_bytes_512"], k["sram_bytes"], k["kv_bytes_capped"]) % (k["id"], k["positions"], r["steps"]))
+        L.append("KV in SRAM (%s): stories260K's fp32 KV for 512 positions is {:,} bytes, more than the profile's SRAM "
+                 "tier ({:,} bytes); as Pico LLaMA caps MAX_SEQ_LEN at 256 for this reason, the case is taken with the "
+                 "KV sized for %d positions ({:,} bytes, %s the tier); the decode runs %d positions."
+                 .format(k["kv_bytes_512"], k["sram_bytes"], k["kv_bytes_capped"])
+                 % (k["id"], k["positions"], "filling" if k["kv_bytes_capped"] >= k["sram_bytes"] else "within",
+                    r["steps"]))
     L += ["", "## Why each difference", ""]
     why = why_texts(r)
     for c in r["cases"]:
