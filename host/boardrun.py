@@ -6,7 +6,6 @@
 # then runs firmware_py.decode.run over the raw REPL and copies the board's output
 # here as it arrives: the text token by token, then the same summary line as the
 # other runtimes (decode.run prints it on the board).
-import hashlib
 import os
 import sys
 
@@ -17,15 +16,6 @@ from host.errors import UserError
 SILENCE_S = 60.0  # s the board may stay silent: its boot (weights, tokenizer) and one token
 CONNECT_S = 15.0  # s for each try at the raw REPL (interrupt, soft reset, banner): flash's 10 s and a margin
 _ERR = "DecodeError: "  # the board's one-line mistake, last line of its traceback
-
-
-# sha256 hex of a local file
-def _sha(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 16), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # the port of the board: the one given, else an ESP32-S3 on USB, else the running virtual board
@@ -81,7 +71,7 @@ def run(port, mp, tp, prompt, n, opts, out=None, silence_s=SILENCE_S, board_name
         have = flash.device_hashes(t, ["firmware_py/decode.mpy", decode.MODEL_FILE, decode.TOKENIZER_FILE])
         if have[0] is None:
             raise UserError("the board on %s has no kvrtos firmware: run ./kv flash --model %s first" % (port, _shown(mp)), 2)
-        model_differs, tok_differs = have[1] != _sha(mp), have[2] != _sha(tp)
+        model_differs, tok_differs = have[1] != paths.sha256_file(mp), have[2] != paths.sha256_file(tp)
         if model_differs or tok_differs:
             fix = "./kv flash --model %s" % _shown(mp)
             if tok_differs:

@@ -58,19 +58,7 @@ def _out_dir(out_dir):
     # else a fresh one under out/
     if out_dir is None:
         return fresh_dir()
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise UserError("--out %s is not a folder" % out_dir, 2)
-    if not os.path.isdir(out_dir):
-        parent = os.path.dirname(os.path.abspath(out_dir))
-        if not os.path.isdir(parent):
-            raise UserError("--out %s: folder %s does not exist" % (out_dir, parent), 2)
-        try:
-            os.mkdir(out_dir)
-        except OSError as e:
-            raise UserError("--out %s cannot be made: %s" % (out_dir, e.strerror or e), 2) from None
-    if not os.access(out_dir, os.W_OK):
-        raise UserError("--out %s is not writable" % out_dir, 2)
-    return out_dir
+    return paths.out_folder(out_dir)
 
 
 class _DemoMonitor(monitor.Monitor):

@@ -16,7 +16,6 @@
 #
 # Deterministic: everything runs on the virtual clock, the report holds no wall-clock
 # time and no absolute path; the same spec gives the same bytes.
-import hashlib
 import json
 import os
 import sys
@@ -146,14 +145,6 @@ def _display(p):
         if base and os.path.abspath(p).startswith(os.path.abspath(base) + os.sep):
             return label + os.path.relpath(os.path.abspath(p), os.path.abspath(base))
     return os.path.basename(p)
-
-
-def _sha(p):
-    h = hashlib.sha256()
-    with open(p, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 # the validated spec: defaults filled (the scenario's decode/emulate sections over the
@@ -403,7 +394,7 @@ def run(spec, out_dir=None, progress=None):
 
 def _run(n, out_dir, progress):
     if out_dir is not None:
-        _prepare(out_dir)
+        paths.out_folder(out_dir)
     brd = boards.load(n["board"])
     cfg_app = _app_config(n)
     try:
@@ -660,7 +651,7 @@ def _report(n, brd, k, bw, s, env, loads, guard, tel, sink, cost, w_tier, kv_tie
         "version": REPORT_VERSION,
         "spec": _spec_view(n),
         "board": brd.name,
-        "model": {"file": _display(n["model"]), "sha256": _sha(n["model"]), "dim": s.cfg.dim, "layers": s.cfg.n_layers,
+        "model": {"file": _display(n["model"]), "sha256": paths.sha256_file(n["model"]), "dim": s.cfg.dim, "layers": s.cfg.n_layers,
                   "heads": s.cfg.n_heads, "kv_heads": s.cfg.n_kv_heads, "vocab": s.cfg.vocab_size,
                   "seq_len": s.cfg.seq_len, "weights_dtype": s.weights.dtype, "weights_bytes": s.weights.nbytes},
         "placement": {"weights": w_tier, "kv": kv_tier, "why": why, "heap_bytes": s.heap, "reserve_bytes": s.reserve},
@@ -802,19 +793,6 @@ def _frames(buf, rep):
 
     frames, _ = _decode_frames(buf)
     return [console.jsonl_line(f, host_time=f.get("ms", 0) / 1000.0) for f in frames]
-
-
-def _prepare(out_dir):
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        _bad("--out %s is not a folder" % out_dir)
-    if not os.path.isdir(out_dir):
-        parent = os.path.dirname(os.path.abspath(out_dir))
-        if not os.path.isdir(parent):
-            _bad("--out %s: folder %s does not exist" % (out_dir, parent))
-        try:
-            os.mkdir(out_dir)
-        except OSError as e:
-            _bad("--out %s cannot be made: %s" % (out_dir, e.strerror or e))
 
 
 def _write(out_dir, rep, lines):

@@ -1,5 +1,6 @@
 # Where things are: the repository, its firmware and boards, and the tools the
 # project installs into its own environment (.venv), found next to this Python.
+import hashlib
 import os
 import shutil
 import sys
@@ -37,3 +38,32 @@ def shared_models():
     # ../shared/models beside the repository, or None when absent
     p = os.path.join(os.path.dirname(ROOT), "shared", "models")
     return p if os.path.isdir(p) else None
+
+
+def sha256_file(path):
+    # SHA-256 hex of a file's bytes, read in 1 MiB pieces
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def out_folder(out_dir):
+    # the folder a command writes its files to (--out): made when missing (its parent
+    # must exist); anything else is a UserError of one line (exit 2). Returns out_dir
+    from host.errors import UserError
+
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise UserError("--out %s is not a folder" % out_dir, 2)
+    if not os.path.isdir(out_dir):
+        parent = os.path.dirname(os.path.abspath(out_dir))
+        if not os.path.isdir(parent):
+            raise UserError("--out %s: folder %s does not exist" % (out_dir, parent), 2)
+        try:
+            os.mkdir(out_dir)
+        except OSError as e:
+            raise UserError("--out %s cannot be made: %s" % (out_dir, e.strerror or e), 2) from None
+    if not os.access(out_dir, os.W_OK):
+        raise UserError("--out %s is not writable" % out_dir, 2)
+    return out_dir

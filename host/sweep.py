@@ -238,11 +238,7 @@ def file_sha256(path, _memo=_FILES):
     st = os.stat(path)
     k = (path, st.st_size, st.st_mtime_ns)
     if k not in _memo:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-        _memo[k] = h.hexdigest()
+        _memo[k] = paths.sha256_file(path)
     return _memo[k]
 
 

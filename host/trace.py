@@ -26,6 +26,7 @@ import math
 import os
 import sys
 
+from host import paths
 from host.console import _rows
 from host.errors import UserError
 
@@ -436,16 +437,7 @@ def _save(fig, out_dir, name):
 def main(log, out_dir=None, as_json=False, err=None):
     frames, skipped = read(log)
     out_dir = out_dir or (os.path.dirname(os.path.abspath(log)))
-    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise UserError("--out %s is not a folder" % out_dir, 2)
-    if not os.path.isdir(out_dir):
-        parent = os.path.dirname(os.path.abspath(out_dir))
-        if not os.path.isdir(parent):
-            raise UserError("--out %s: folder %s does not exist" % (out_dir, parent), 2)
-        try:
-            os.mkdir(out_dir)
-        except OSError as e:
-            raise UserError("--out %s cannot be made: %s" % (out_dir, e.strerror or e), 2) from None
+    paths.out_folder(out_dir)
     note = skipped_note(log, skipped)
     if note:
         print(note, file=err or sys.stderr)
