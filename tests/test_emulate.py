@@ -121,6 +121,22 @@ def test_cli_json_and_bad_input(tmp_path):
         assert lines[0].startswith("kv emulate: ")
 
 
+def test_out_makes_missing_parents_and_refuses_a_file_on_the_way(tmp_path):
+    # --out a/b/c makes the missing folders (mkdir -p, relative to where ./kv ran); a path
+    # through a file, a file, or a place that cannot be made stays one line, exit 2
+    r = _kv("--tokens", "2", "--cost", "c", "--out", "a/b/c", cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "a" / "b" / "c" / "report.json").is_file()
+    f = tmp_path / "f.txt"
+    f.write_text("x")
+    for out, word in ((str(f / "sub" / "dir"), "is a file, not a folder"), (str(f), "is not a folder"),
+                      ("/proc/x/y", "cannot be made")):
+        r = _kv("--tokens", "2", "--cost", "c", "--out", out)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and word in lines[0], (out, r.stderr)
+    assert not f.is_dir() and f.read_text() == "x"
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
 

@@ -124,12 +124,13 @@ def test_the_cli_says_one_line(log_lines, tmp_path):
              (write(tmp_path / "t1.jsonl", BAD_LINES[3]),),
              (write(tmp_path / "t2.jsonl", BAD_LINES[4]),),
              (good, "--out", "/proc/x"),
-             (good, "--out", str(tmp_path / "no" / "such")),
+             (good, "--out", os.path.join(good, "through", "a file")),
              (good, "--out", good)]
     for args in cases:
         r = kv("trace", *args)
         assert one_line_error(r) and r.returncode == 2 and r.stderr.startswith("kv trace: "), (args, r.returncode, r.stderr)
-    r = kv("trace", write(tmp_path / "cut.jsonl", "".join(log_lines)[:-20]), "--out", str(tmp_path / "o"), "--json")
+    # missing parent folders are made (as mkdir -p)
+    r = kv("trace", write(tmp_path / "cut.jsonl", "".join(log_lines)[:-20]), "--out", str(tmp_path / "o" / "p" / "q"), "--json")
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     res = json.loads(r.stdout)
     assert res["frames"] == len(log_lines) - 1 and res["skipped_lines"] == 1 and res["cut_last_line"], res
