@@ -309,19 +309,23 @@ def trace(c, log, out=None, json=False):
             "prompt": "prompt text", "sinks": "attention sinks of sinks/h2o", "temperature": "0 = greedy",
             "piece_bytes": "decode moves its traffic in pieces of this many bytes (0: a layer at a time)",
             "weights_tier": "auto, or the tier the weights are read from (e.g. flash)",
+            "kv_tier": "auto (the heap's RAM tier), or the RAM tier the KV cache lives in (e.g. sram)",
+            "kv_blocks": "a fixed KV pool of this many blocks instead of the budget rule (0: the rule)",
+            "reserve": "heap bytes kept from the KV budget (-1: the MicroPython firmware's reserve; 0 or more: "
+                       "e.g. a C firmware's)",
             "out": "folder for report.json, telemetry.jsonl, trace.json and the plots", "json": "print the report as one JSON object",
             "max_ms": "board-time limit of the run in ms (default 1800000 = 30 min, at most 36000000)"})
 @one_line_errors
 def emulate(c, board=None, model=None, tokenizer=None, policy=None, window=None, kv_dtype=None, tokens=None, scenario=None,
             seed=None, cost=None, prompt=None, sinks=None, temperature=None, piece_bytes=None, weights_tier=None, out=None,
-            json=False, max_ms=None):
+            json=False, max_ms=None, kv_tier=None, kv_blocks=None, reserve=None):
     """Run the firmware on the host with a board's cost model: tok/s, latency, memory, bandwidth, deadlines (docs/emulator.md)."""
     from host import emulate as emu
 
     spec = emu.spec_from_options(board=board, model=model, tokenizer=tokenizer, policy=policy, window=window,
                                  kv_dtype=kv_dtype, tokens=tokens, scenario=scenario, seed=seed, cost=cost, prompt=prompt,
                                  sinks=sinks, temperature=temperature, piece_bytes=piece_bytes, weights_tier=weights_tier,
-                                 max_ms=max_ms)
+                                 max_ms=max_ms, kv_tier=kv_tier, kv_blocks=kv_blocks, reserve=reserve)
     if out == "":
         raise UserError("--out needs a folder", 2)
     emu.main(spec, out=paths_user(out) if out else None, as_json=json)

@@ -63,19 +63,22 @@ DEFAULTS = {
     "piece_bytes": 0,
     "kv_blocks": 0,
     "weights_tier": "auto",
+    "kv_tier": "auto",
+    "reserve": -1,
     "link_bps": tm.DEFAULT_LINK_BPS,
     "rate_hz": tm.DEFAULT_RATE_HZ,
     "ambient_c": thm.AMBIENT_C,
     "max_ms": 1800000,
 }
 _INT_KEYS = {"window": (0, 1 << 20), "sinks": (0, 64), "tokens": (1, 1 << 20), "seed": (0, 0x3FFFFFFF),
-             "piece_bytes": (0, 1 << 24), "kv_blocks": (0, 1 << 20), "link_bps": (100, 1000000), "rate_hz": (1, 1000), "ambient_c": (-40, 120),
+             "piece_bytes": (0, 1 << 24), "kv_blocks": (0, 1 << 20), "reserve": (-1, 1 << 30), "link_bps": (100, 1000000), "rate_hz": (1, 1000), "ambient_c": (-40, 120),
              "max_ms": (1, MAX_MS)}
 _FLOAT_KEYS = {"temperature": (0.0, 10.0), "top_p": (0.0, 1.0)}
-_STR_KEYS = ("board", "model", "tokenizer", "policy", "kv_dtype", "prompt", "scenario", "cost", "weights_tier")
+_STR_KEYS = ("board", "model", "tokenizer", "policy", "kv_dtype", "prompt", "scenario", "cost", "weights_tier",
+             "kv_tier")
 DECODE_SPEC_KEYS = ("model", "tokenizer", "policy", "window", "sinks", "kv_dtype", "tokens", "prompt", "seed",
                     "temperature", "top_p", "piece_bytes", "kv_blocks")  # what a scenario's "decode" section may set
-EMULATE_SPEC_KEYS = ("board", "cost", "weights_tier", "link_bps", "rate_hz", "ambient_c", "max_ms")  # its "emulate" section
+EMULATE_SPEC_KEYS = ("board", "cost", "weights_tier", "kv_tier", "reserve", "link_bps", "rate_hz", "ambient_c", "max_ms")  # its "emulate" section
 
 
 def _bad(msg):
@@ -213,6 +216,11 @@ def normalize(spec):
     wt = out["weights_tier"]
     if wt != "auto" and wt not in [t.name for t in brd.tiers]:
         _bad("weights_tier: board %s has no tier %r (has %s)" % (brd.name, wt, ", ".join(t.name for t in brd.tiers)))
+    kt = out["kv_tier"]
+    if kt != "auto" and kt not in [t.name for t in brd.tiers]:
+        _bad("kv_tier: board %s has no tier %r (has %s)" % (brd.name, kt, ", ".join(t.name for t in brd.tiers)))
+    if kt != "auto" and brd.tier(kt).kind == "flash":
+        _bad("kv_tier: %s is %s's flash: the KV is written every token, it lives in RAM" % (kt, brd.name))
     return out
 
 
@@ -253,7 +261,7 @@ def _placement(brd, n, cfg, lay):
     wt = n["weights_tier"]
     flash = [t for t in brd.tiers if t.kind == "flash"]
     if wt == "auto":
-        r, blocks = decode.budget_blocks(heap, cfg, wbytes, _kv_layout(cfg, n), reserve, n["policy"] == "h2o", 1, 4)
+        blocks = n["kv_blocks"] or _budget(heap, cfg, wbytes, n, reserve)[1]
         if blocks >= 1 or not flash:
             wt = ram.name
             why = "in the heap (%s)" % ram.name
@@ -267,7 +275,23 @@ def _placement(brd, n, cfg, lay):
         if wbytes > t.bytes:
             _bad("the weights (%d B) do not fit %s's %s (%d B)" % (wbytes, brd.name, wt, t.bytes))
         heap += wbytes  # memory-mapped: the budget rule's weights are not on the heap
-    return wt, ram.name, heap, reserve, why
+    kt = ram.name if n["kv_tier"] == "auto" else n["kv_tier"]
+    return wt, kt, heap, reserve, why
+
+
+def _budget(heap, cfg, wbytes, n, fw_reserve, seqs=1):
+    # (reserve B, KV blocks) by the firmware's budget rule (decode.budget_blocks: MicroPython's
+    # run-state reserve, at least the profile's firmware bytes), or with --reserve R >= 0 the
+    # same rule with a heap reserve of exactly R B (a C firmware's: no interpreter to keep)
+    lay = _kv_layout(cfg, n)
+    h2o = n["policy"] == "h2o"
+    if n["reserve"] < 0:
+        return decode.budget_blocks(heap, cfg, wbytes, lay, fw_reserve, h2o, seqs, 4)
+    from firmware_py import kv, pool  # noqa: PLC0415
+
+    avail = heap - n["reserve"] - wbytes - seqs * (cfg.activation_bytes() + lay.row_bytes)
+    b = (avail - pool.POOL_FIXED_BYTES - kv.fixed_bytes(lay, seqs)) // decode.block_cost(cfg, lay, seqs, h2o, False, 4)
+    return n["reserve"], b if b > 0 else 0
 
 
 def _kv_layout(cfg, n):
@@ -404,13 +428,21 @@ def _run(n, out_dir, progress):
     w_tier, kv_tier, heap, reserve, why = _placement(brd, n, mcfg, mlay)
     clk = VirtualClock()
     chats = cfg_app["decode"].get("chats") or []
+    blocks = n["kv_blocks"]
+    if n["reserve"] >= 0:
+        reserve = n["reserve"]
+        if not blocks:  # the budget rule with this reserve: the pool's blocks, given to the Session
+            blocks = _budget(heap, mcfg, mlay.memory_bytes(), n, reserve, max(1, len(chats)))[1]
+            if blocks < 1:
+                _bad("the KV budget is too small: 0 blocks fit in a heap of %d B with --reserve %d (weights %d B on %s)"
+                     % (heap, reserve, mlay.memory_bytes(), w_tier))
     k = Kernel(clk, max_tasks=appcfg.max_tasks(cfg_app) + 3, verbose=False)
     bw = bwm.Bandwidth(brd, kernel=k, carry_ns=True, user_categories=appcfg.categories(cfg_app),
                        window_us=_window_us(brd))
     try:
         s = decode.Session(n["model"], n["tokenizer"], kv_dtype=n["kv_dtype"], policy=n["policy"], window=n["window"],
                            backend="auto", heap=heap, reserve=reserve, temperature=n["temperature"], top_p=n["top_p"],
-                           seed=n["seed"], sinks=n["sinks"], word_bytes=4, blocks=n["kv_blocks"],
+                           seed=n["seed"], sinks=n["sinks"], word_bytes=4, blocks=blocks,
                            **({"seqs": len(chats)} if chats else {}))
         prefix = cfg_app["decode"].get("prefix", n["prompt"])
         ids = s.encode(prefix if chats else n["prompt"])
@@ -424,6 +456,10 @@ def _run(n, out_dir, progress):
             runs.append(("decode", s, n["tokens"], cfg_app["decode"]["priority"]))
     except decode.DecodeError as e:
         _bad("%s on %s: %s" % (os.path.basename(n["model"]), brd.name, e))
+    kt = brd.tier(kv_tier)
+    if n["kv_tier"] != "auto" and s.pool.n_blocks * s.layout.block_bytes > kt.bytes:
+        _bad("the KV pool (%d blocks of %d B) does not fit %s's %s (%d B): give fewer --kv-blocks"
+             % (s.pool.n_blocks, s.layout.block_bytes, brd.name, kv_tier, kt.bytes))
     s.traffic = decode.traffic_for(s, bw, w_tier=w_tier, kv_tier=kv_tier)
     reads = _Reads(mlay, _kv_layout(mcfg, n), s.cache)
     for obj in {id(r[1].model): r[1].model for r in runs}.values():
@@ -654,7 +690,8 @@ def _report(n, brd, k, bw, s, env, loads, guard, tel, sink, cost, w_tier, kv_tie
         "model": {"file": _display(n["model"]), "sha256": paths.sha256_file(n["model"]), "dim": s.cfg.dim, "layers": s.cfg.n_layers,
                   "heads": s.cfg.n_heads, "kv_heads": s.cfg.n_kv_heads, "vocab": s.cfg.vocab_size,
                   "seq_len": s.cfg.seq_len, "weights_dtype": s.weights.dtype, "weights_bytes": s.weights.nbytes},
-        "placement": {"weights": w_tier, "kv": kv_tier, "why": why, "heap_bytes": s.heap, "reserve_bytes": s.reserve},
+        "placement": {"weights": w_tier, "kv": kv_tier, "why": why, "heap_bytes": s.heap,
+                      "reserve_bytes": s.reserve if n["reserve"] < 0 else n["reserve"]},
         "tokens": made,
         "tokens_requested": sum(p["tokens_requested"] for p in per.values()),
         "prompt_tokens": n_prompt,

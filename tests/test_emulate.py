@@ -312,3 +312,22 @@ def test_module_task_errors_one_line(tmp_path):
                        "cost": "c"})
     nf = rep["invariants"]["no_faults"]
     assert not nf["ok"] and nf["failed_tasks"] == {"mine": "IndexError: mid run"} and rep["tokens"] == 3
+
+
+def test_c_firmware_options_reproduce_a_calibration_case():
+    # --kv-tier / --kv-blocks / --reserve model a C decoder (docs/calibration.md's commands);
+    # without them the plain ESP32's heap is still refused in one line
+    with open(os.path.join(ROOT, "docs", "bench", "calibration.json")) as f:
+        case = [c for c in json.load(f)["figures"]["cases"] if c["id"] == "esp32-flash"][0]
+    spec = dict(case["spec"], tokens=8)
+    rep = emulate.run(spec)
+    _check(rep)
+    assert rep["placement"]["kv"] == "sram" and rep["placement"]["reserve_bytes"] == 0
+    assert rep["pool_blocks"] == case["spec"]["kv_blocks"]
+    with pytest.raises(UserError, match="KV budget is too small"):
+        emulate.run({"board": "esp32_wroom32", "cost": "dsp", "tokens": 2})
+    for bad, word in (({"kv_tier": "flash"}, "lives in RAM"), ({"kv_tier": "nope"}, "has no tier"),
+                      ({"reserve": -2}, "reserve"), ({"kv_blocks": 99, "kv_tier": "sram", "weights_tier": "flash"},
+                                                     "does not fit")):
+        with pytest.raises(UserError, match=word):
+            emulate.run(dict({"board": "esp32_wroom32", "cost": "dsp", "tokens": 2}, **bad))

@@ -17,10 +17,11 @@ import tempfile
 
 from firmware_py import bandwidth as bwm
 from firmware_py import cpucost, decode, llama2c
+from firmware_py import kv as kvm
 from firmware_py.clock import VirtualClock
-from firmware_py.sched import Kernel
 from firmware_py import board as fboard
 from host import boards, mp32, paths
+from host import emulate as emu
 from host.errors import UserError
 from host.bench import budget as budget_bench
 from host.bench import emit
@@ -65,34 +66,41 @@ def _tiers(brd, w_tier, kv_tier):
     return (w_tier if w_tier in names else names[0]), (kv_tier if kv_tier in names else names[0])
 
 
-def emulate(model, tok, board_name, kind, w_tier, kv_tier, steps=STEPS):
-    # the firmware's decode with memory and CPU cost charged on a VirtualClock: µs per token
-    s = decode.Session(model, tok, backend="auto")
-    n = min(steps, s.cap)
-    clk = VirtualClock()
-    k = Kernel(clk, max_tasks=2)
+def spec_for(model, board_name, kind, w_tier, kv_tier, steps=STEPS):
+    # the ./kv emulate spec that reproduces a case: the published C decoder's kind, its
+    # weights and KV tiers, a C firmware's heap (no MicroPython reserve: --reserve 0) and,
+    # with the KV in SRAM, a fixed pool of the blocks that fit the tier (at most the
+    # KV_SRAM_POSITIONS the decoders size it for); steps positions from BOS
     brd = boards.load(board_name)
-    bw = bwm.Bandwidth(brd, kernel=k)
     wt, kt = _tiers(brd, w_tier, kv_tier)
-    s.traffic = decode.traffic_for(s, bw, w_tier=wt, kv_tier=kt)
-    s.cpu = cpucost.for_session(brd, kind, s)
-    times = []
-    last = [0]
+    spec = {"board": board_name, "cost": kind, "weights_tier": wt, "kv_tier": kt, "reserve": 0}
+    n = steps
+    if brd.tier(kt).kind == "sram":
+        cfg = llama2c.plan(model)[0]
+        lay = kvm.Layout(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, "fp32")
+        t = lay.tokens_per_block
+        spec["kv_blocks"] = min(KV_SRAM_POSITIONS // t, brd.tier(kt).bytes // lay.block_bytes)
+        n = min(n, spec["kv_blocks"] * t)
+    spec["tokens"] = n - 1  # after BOS
+    return spec
 
-    def on_token(sess):
-        now = clk.now()
-        times.append(now - last[0])
-        last[0] = now
 
-    s.on_token = on_token
-    ids = s.encode("")
-    k.spawn("decode", 1, s.task(k, ids, n - len(ids), lambda b: None))
-    k.run()
-    mem = s.traffic.us + s.traffic.s * 1000000
-    total = sum(times)
-    return {"tokens": len(times), "us_per_token": round(total / len(times), 1),
-            "memory_us_per_token": round(mem / len(times), 1), "cpu_us_per_token": round((total - mem) / len(times), 1),
-            "tok_s": round(1e6 * len(times) / total, 2), "weights_tier": wt, "kv_tier": kt}
+def command(spec):
+    # the ./kv emulate command line of a spec (stories260K is the default model)
+    order = ("board", "cost", "weights_tier", "kv_tier", "kv_blocks", "reserve", "tokens")
+    return "./kv emulate " + " ".join("--%s %s" % (k.replace("_", "-"), spec[k]) for k in order if k in spec)
+
+
+def emulate(model, tok, board_name, kind, w_tier, kv_tier, steps=STEPS):
+    # the case through host.emulate.run (./kv emulate's wiring, placement and report): µs per token
+    spec = spec_for(model, board_name, kind, w_tier, kv_tier, steps)
+    rep = emu.run(dict(spec, model=model, tokenizer=tok))
+    us = rep["decode_ms"] * 1000 / rep["tokens"]
+    mem = rep["decode_traffic"]["memory_us"]  # us/token figures: mean over every token; tok_s: the report's
+    return {"tokens": rep["tokens"], "us_per_token": round(us, 1), "memory_us_per_token": round(mem / rep["tokens"], 1),
+            "cpu_us_per_token": round(us - mem / rep["tokens"], 1), "tok_s": rep["tok_s"],
+            "weights_tier": rep["placement"]["weights"], "kv_tier": rep["placement"]["kv"], "spec": spec,
+            "command": command(spec), "pool_blocks": rep["pool_blocks"], "reserve_bytes": rep["placement"]["reserve_bytes"]}
 
 
 def predict(board_name, kind, cfg, per_layer, final, row, w_tier, kv_tier, weights_dtype="fp32", steps=STEPS):
@@ -208,13 +216,17 @@ def measure(steps=STEPS):
             e = emulate(model, tok, board, kind, wt, kt, steps)
             p = predict(board, kind, cfg, per_layer, final, row, wt, kt, steps=steps)
             out.append(_row(cid, pub, src, board, kind, e, {"analytic_tok_s": p["tok_s"], "how": "emulated decode",
-                                                            "tokens": e["tokens"]}))
+                                                            "tokens": e["tokens"], "command": e["command"],
+                                                            "spec": e["spec"]}))
             sens.append(sensitivity(cid, pub, board, kind, (cfg, per_layer, final, row, wt, kt), "fp32", steps))
             if e["kv_tier"] == "sram":
                 sram = [t.bytes for t in boards.load(board).tiers if t.name == "sram"][0]
+                pos = e["tokens"] + 1
                 kv_notes.append({"id": cid, "kv_bytes_512": 512 * row * cfg.n_layers,
-                                 "kv_bytes_capped": KV_SRAM_POSITIONS * row * cfg.n_layers, "sram_bytes": sram,
-                                 "positions": KV_SRAM_POSITIONS})
+                                 "kv_bytes_capped": pos * row * cfg.n_layers, "sram_bytes": sram,
+                                 "positions": pos, "pool_blocks": e["pool_blocks"],
+                                 "pool_bytes": e["pool_blocks"] * kvm.Layout(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim,
+                                                                             "fp32").block_bytes})
             figures["%s/%s" % (board, kind)] = p["figures"]
         c15, pl, fi, rw = stories15m()
         cid, pub, src, board, kind, wt, kt = S15
@@ -309,6 +321,12 @@ def tables(r):
         L.append("| %s | %s | %s | %.2f | %.2f | %s | {:,} | {:,} | %s |".format(
             int(c["memory_us_per_token"]), int(c["cpu_us_per_token"])) % (
             c["id"], c["board"], c["kind"], c["published_tok_s"], c["predicted_tok_s"], _diff(c), c["how"]))
+    L += ["", "Each emulated case is a `./kv emulate` run (host/emulate.py: the same wiring, placement and report); "
+          "this command reproduces its predicted tok/s (the C decoders carry no MicroPython reserve: `--reserve 0`; "
+          "a KV in SRAM is a fixed pool of the blocks that fit the tier: `--kv-blocks`):", ""]
+    for c in r["cases"]:
+        if c.get("command"):
+            L.append("- %s: `%s`" % (c["id"], c["command"]))
     L += ["", "Sources: " + "; ".join("%s: %s" % (c["id"], c["source"]) for c in r["cases"]) + ".", "",
           "No figure is fitted to a published tok/s. Chosen figures and figures from a rule (and the cases that "
           "depend on them):", ""]
@@ -410,10 +428,10 @@ def render_page(r):
     for k in r["kv_sram"]:
         L.append("KV in SRAM (%s): stories260K's fp32 KV for 512 positions is {:,} bytes, more than the profile's SRAM "
                  "tier ({:,} bytes); as Pico LLaMA caps MAX_SEQ_LEN at 256 for this reason, the case is taken with the "
-                 "KV sized for %d positions ({:,} bytes, %s the tier); the decode runs %d positions."
-                 .format(k["kv_bytes_512"], k["sram_bytes"], k["kv_bytes_capped"])
-                 % (k["id"], k["positions"], "filling" if k["kv_bytes_capped"] >= k["sram_bytes"] else "within",
-                    r["steps"]))
+                 "KV pool the emulator places in the tier: %d blocks ({:,} bytes with their headers, within the tier), %d "
+                 "positions ({:,} bytes of K and V); the decode runs %d positions."
+                 .format(k["kv_bytes_512"], k["sram_bytes"], k["pool_bytes"], k["kv_bytes_capped"])
+                 % (k["id"], k["pool_blocks"], k["positions"], k["positions"]))
     L += ["", "## Why each difference", ""]
     why = why_texts(r)
     for c in r["cases"]:
