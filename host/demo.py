@@ -54,7 +54,7 @@ def fresh_dir(base=OUT_BASE):
 
 
 def _out_dir(out_dir):
-    # the folder the demo writes to: out_dir (made when missing; its parent must exist),
+    # the folder the demo writes to: out_dir (made with its parents when missing: paths.out_folder),
     # else a fresh one under out/
     if out_dir is None:
         return fresh_dir()
