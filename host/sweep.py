@@ -12,6 +12,7 @@ import io
 import itertools
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -40,6 +41,7 @@ METRICS = ("tokens", "tok_s", "ms_per_token", "ttft_ms", "kv_bytes", "pool_high_
 COLUMNS = ("board", "model", "policy", "window", "kv_dtype", "scenario", "cost", "tokens_requested", "seed") + \
     ("status",) + METRICS + ("meets_target", "why_not", "key")
 CACHE_VERSION = 2  # the cached entry's layout and the key's recipe; part of every key
+MAX_WINDOW = 1 << 20  # emulate's bound on --window
 SCHEDULER_TIMEOUT_S = 10  # connecting to --scheduler: then one line, not a hang
 CODE_DIRS = ("firmware_py", "host")  # every **/*.py there is hashed: a change there invalidates the cache
 
@@ -152,6 +154,18 @@ def _label(v):
     return "-" if v is None else str(v)
 
 
+def _min_window(norm):
+    # the fewest tokens the point's policy keeps (firmware_py/kvlayout.py); 0 for policy full
+    if norm.get("policy") in NO_WINDOW_POLICIES:
+        return 0
+    from firmware_py import kvlayout
+
+    try:
+        return kvlayout.min_budget(norm["policy"], norm.get("sinks", kvlayout.SINKS))
+    except Exception:  # noqa: BLE001 - an unknown policy: normalize's and the decode's to refuse
+        return 0
+
+
 def expand(settings):
     # the grid's points: ([point], {reason: skipped count}). A point: {"axes": {spec key:
     # value as given}, "spec": the spec given to emulate, "norm": emulate.normalize(spec)}.
@@ -172,6 +186,13 @@ def expand(settings):
         vals = _parse_axis(axis, kind, settings.get(axis))
         if vals is not None:
             axes.append((axis, key, vals))
+        if axis == "windows" and vals:
+            # checked here, not only by the points: policy full drops its windows, and a
+            # bad one must still be an error (emulate --window refuses it too)
+            for v in vals:
+                if not 1 <= v <= MAX_WINDOW:
+                    raise UserError("--windows wants windows of 1..%d tokens (policy full runs without one), got %d"
+                                    % (MAX_WINDOW, v), 2)
     keys = [k for _, k, _ in axes]
     points, skipped, seen = [], {}, set()
     used = {}  # (axis, value) -> points it takes part in (copies count)
@@ -191,6 +212,16 @@ def expand(settings):
             norm = emulate.normalize(spec)
         except UserError as e:
             why = (str(e).splitlines() or ["refused"])[0]
+            skipped[why] = skipped.get(why, 0) + 1
+            for t in tags:
+                first_why.setdefault(t, why)
+            continue
+        low = _min_window(norm)
+        if low and norm.get("window", 0) < low:
+            # what the decode would refuse at run time, refused here: a skip (another
+            # window or policy may take it), an error when no combination does
+            why = "policy %s needs a window of at least %d token%s, got %s" % (
+                norm["policy"], low, "" if low == 1 else "s", norm.get("window"))
             skipped[why] = skipped.get(why, 0) + 1
             for t in tags:
                 first_why.setdefault(t, why)
@@ -489,11 +520,12 @@ def _check_scheduler(address):
 
 def _worker_init():
     # a pool worker ends with the sweep: on Linux, SIGTERM when its parent dies (a killed
-    # sweep leaves no orphan emulating on)
+    # sweep leaves no orphan emulating on); the parent's SIGTERM handler (main) is not
+    # the worker's: TERM ends a worker at once
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if sys.platform.startswith("linux"):
         try:
             import ctypes
-            import signal
 
             ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
         except (OSError, AttributeError):
@@ -505,6 +537,7 @@ def _pool_results(specs, workers):
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     ex = ProcessPoolExecutor(max_workers=workers, initializer=_worker_init)
+    finished = False
     try:
         futs = {ex.submit(emulate_point, s, h): i for i, s, h in specs}
         for fut in as_completed(futs):
@@ -513,8 +546,54 @@ def _pool_results(specs, workers):
             except Exception as e:  # a worker that died (killed, out of memory)
                 res = {"status": "error", "error": "worker died: %s" % (str(e).splitlines() or [type(e).__name__])[0]}
             yield futs[fut], res
+        finished = True
     finally:
+        if not finished:
+            # stopped early (Ctrl-C, SIGTERM, a raise in on_result): the points still
+            # running are not waited for; their results would not be stored anyway
+            for proc in list((getattr(ex, "_processes", None) or {}).values()):
+                try:
+                    proc.terminate()
+                except (OSError, AttributeError):
+                    pass
         ex.shutdown(wait=True, cancel_futures=True)
+
+
+def _connect(client_cls, address, limit_s=None):
+    # a distributed.Client for `address`, the whole connection and handshake bounded by a
+    # wall clock: a peer that is not a Dask scheduler may answer bytes the handshake
+    # misreads (an HTTP server's reply read as a frame length: numpy's MemoryError) or
+    # accept and say nothing (the client's own timeout does not bound that). Any failure
+    # is one line naming its class; the connecting thread of a peer that never answers is
+    # left behind (a daemon thread: it does not hold the process at exit)
+    import threading
+
+    limit_s = SCHEDULER_TIMEOUT_S if limit_s is None else limit_s
+    box = {}
+
+    def connect():
+        try:
+            box["client"] = client_cls(address, timeout="%gs" % limit_s)
+        except BaseException as e:  # noqa: BLE001 - reported below in one line, whatever it is
+            box["error"] = e
+
+    t = threading.Thread(target=connect, name="kvrtos-sweep-connect", daemon=True)
+    t.start()
+    wall = limit_s + 2  # the client's own timeout first (a closed port: its OSError), then ours
+    t.join(wall)
+    if t.is_alive():
+        raise UserError("cannot reach the Dask scheduler at %s: no Dask handshake within %g s (the peer accepted "
+                        "the connection and answered nothing a Dask scheduler would)" % (address, wall), 1)
+    e = box.get("error")
+    if e is not None:
+        if not isinstance(e, Exception):
+            raise e  # KeyboardInterrupt, SystemExit: not the peer's doing
+        text = (str(e).splitlines() or [""])[0]
+        hint = "" if isinstance(e, (OSError, TimeoutError)) else \
+            " (the peer answered what a Dask scheduler would not: is it one?)"
+        raise UserError("cannot reach the Dask scheduler at %s: %s%s%s"
+                        % (address, type(e).__name__, ": " + text if text else "", hint), 1)
+    return box["client"]
 
 
 def _dask_results(specs, address, keys):
@@ -531,11 +610,7 @@ def _dask_results(specs, address, keys):
     for lg in quiet:
         lg.setLevel(logging.CRITICAL)
     try:
-        try:
-            client = Client(address, timeout="%ds" % SCHEDULER_TIMEOUT_S)
-        except (OSError, TimeoutError, ValueError) as e:
-            raise UserError("cannot reach the Dask scheduler at %s within %d s: %s"
-                            % (address, SCHEDULER_TIMEOUT_S, (str(e).splitlines() or [type(e).__name__])[0]), 1)
+        client = _connect(Client, address)
         try:
             futs = {}
             for i, s, h in specs:
@@ -944,12 +1019,42 @@ def write(result, out_dir, command=None):
     return files
 
 
+class Terminated(UserError):
+    # SIGTERM during `./kv sweep`: one line and exit 143 (128 + 15, as a shell reports it)
+    pass
+
+
+class _terminated_one_line:
+    # while the sweep runs, SIGTERM raises Terminated in the main thread: the pool's
+    # workers are cancelled (each ends with its parent: _worker_init), every finished point
+    # is already in the cache (entries are written whole: Cache.put), so the same command
+    # resumes; a half-written output file in --out is rewritten by that rerun
+    def __enter__(self):
+        import threading
+
+        self._old = None
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGTERM, self._raise)
+        return self
+
+    @staticmethod
+    def _raise(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second TERM ends it at once
+        raise Terminated("terminated; every finished point is cached: rerun the same command to resume", 128 + 15)
+
+    def __exit__(self, *exc):
+        if self._old is not None:
+            signal.signal(signal.SIGTERM, self._old)
+        return False
+
+
 def main(settings, as_json=False, command=None):
     # `./kv sweep`: run, write, print where (and the summary with --json); exit 1 after
     # writing when some point raised a bug (not a UserError)
     out = paths.user_path(settings["out"]) if settings.get("out") else default_out()
-    result = run(settings)
-    files = write(result, out, command)
+    with _terminated_one_line():
+        result = run(settings)
+        files = write(result, out, command)
     s = result["summary"]
     if as_json:
         print(json.dumps(dict(s, out=out, files=files), sort_keys=True))

@@ -366,6 +366,11 @@ def test_dask_worker_in_another_folder(tmp_path, monkeypatch):
     (["--boards", "nosuch_board"], 2, "unknown board"),
     (["--policies", "fifo"], 2, "--policies"),
     (["--windows", "x"], 2, "whole numbers"),
+    (["--windows", "1.5"], 2, "whole numbers"),
+    (["--windows", "-1"], 2, "--windows wants windows of 1.."),  # policy full alone (the default) ignores windows
+    (["--policies", "full", "--windows", "0"], 2, "--windows wants windows of 1.."),
+    (["--policies", "sinks", "--windows", "3"], 2, "policy sinks needs a window of at least 5 tokens, got 3"),
+    (["--policies", "window"], 2, "policy window needs a window of at least 1 token, got 0"),
     (["--grid", "/nonexistent/grid.json"], 2, "no grid file"),
     (["--scheduler", "localhost"], 2, "tcp://"),
     (["--target-ms-per-token", "-1"], 2, "above"),
@@ -387,15 +392,101 @@ def test_bad_grid_file(tmp_path):
     assert r.returncode == 2 and "not JSON" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
-def test_unreachable_scheduler_one_line(tmp_path):
-    t0 = time.monotonic()
-    r = kv("sweep", "--models", TINY, "--tokens", "2", "--cache", str(tmp_path / "c"), "--out", str(tmp_path / "o"),
-           "--scheduler", "tcp://127.0.0.1:9", timeout=90)
+def test_window_below_the_policy_minimum_is_skipped():
+    # sinks keeps 4 sinks + 1: window 2 is refused for it (skipped, with the decode's reason), kept for window
+    pts, skipped = sweep.expand(grid(policies="window,sinks", windows="2,8"))
+    assert sorted((p["axes"]["policy"], p["axes"]["window"]) for p in pts) == [("sinks", 8), ("window", 2), ("window", 8)]
+    assert skipped == {"policy sinks needs a window of at least 5 tokens, got 2": 1}
+
+
+class _Peer:
+    # a local TCP server that is not a Dask scheduler: "garbage" answers every connection
+    # with an HTTP error reply, "silent" accepts and never says a byte
+    def __init__(self, mode):
+        import socket
+        import threading
+
+        self.mode, self.conns = mode, []
+        self.srv = socket.socket()
+        self.srv.bind(("127.0.0.1", 0))
+        self.srv.listen(16)
+        self.address = "tcp://127.0.0.1:%d" % self.srv.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                c, _ = self.srv.accept()
+            except OSError:
+                return
+            self.conns.append(c)
+            if self.mode == "garbage":
+                try:
+                    c.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Type: text/html\r\nContent-Length: 0\r\n\r\n")
+                except OSError:
+                    pass
+
+    def close(self):
+        self.srv.close()
+        for c in self.conns:
+            c.close()
+
+
+@pytest.mark.parametrize("peer", ["closed", "garbage", "silent"])
+def test_scheduler_that_is_not_dask_one_line(tmp_path, peer):
+    # a closed port, a peer answering HTTP bytes (read as a frame length they asked numpy for
+    # exabytes), a peer that accepts and stays silent (it hung): one line, exit 1, bounded
+    # by the promised ~10 s (the subprocess timeout catches a hang), nothing written
+    server = None if peer == "closed" else _Peer(peer)
+    try:
+        address = server.address if server else "tcp://127.0.0.1:9"
+        r = kv("sweep", "--models", TINY, "--tokens", "2", "--cache", str(tmp_path / "c"), "--out", str(tmp_path / "o"),
+               "--scheduler", address, timeout=60)
+    finally:
+        if server:
+            server.close()
     assert r.returncode == 1, r.stderr
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and "cannot reach the Dask scheduler" in lines[0], r.stderr
-    assert time.monotonic() - t0 < 60
-    assert not os.path.exists(tmp_path / "o")
+    assert len(lines) == 1 and lines[0].startswith("kv sweep: cannot reach the Dask scheduler at " + address), r.stderr
+    if peer == "silent":
+        assert "no Dask handshake" in lines[0]
+    if peer == "garbage":
+        assert "MemoryError" in lines[0] and "is it one?" in lines[0]
+    assert not os.path.exists(tmp_path / "o") and not list((tmp_path / "c").rglob("*.json"))
+
+
+def test_sigterm_one_line_then_resume(tmp_path):
+    # SIGTERM to a real ./kv sweep once a point is cached: one line, exit 143, a consistent
+    # cache (whole entries, no temp file), and the same command runs only the rest
+    cache = tmp_path / "cache"
+    args = ["sweep", "--boards", "esp32s3_n8r8", "--models", TINY, "--tokens", str(TOKENS), "--kv-dtypes",
+            "fp32,int8,int4,int4tok", "--workers", "1", "--cache", str(cache), "--out", str(tmp_path / "out"), "--json"]
+    err = tmp_path / "stderr.txt"
+    with open(err, "w") as ef:
+        p = subprocess.Popen([os.path.join(ROOT, "kv"), *args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=ef)
+        t0 = time.monotonic()
+        while not list(cache.rglob("*.json")) and p.poll() is None and time.monotonic() - t0 < 120:
+            time.sleep(0.02)
+        if p.poll() is None:
+            os.kill(p.pid, signal.SIGTERM)  # ./kv execs Python: this is the sweep itself
+        p.wait(timeout=60)
+    text = err.read_text()
+    if p.returncode == 0:
+        pytest.skip("the sweep finished before it could be terminated")
+    assert p.returncode == 143, text
+    assert "Traceback" not in text
+    assert text.strip().splitlines()[-1] == \
+        "kv sweep: terminated; every finished point is cached: rerun the same command to resume", text
+    assert not list(cache.rglob(".tmp-*"))
+    entries = list(cache.rglob("*.json"))
+    for f in entries:
+        assert json.loads(f.read_text())["status"] == "ok"
+    done = len(entries)
+    assert 1 <= done < 4
+    r = kv(*args)
+    assert r.returncode == 0, r.stderr
+    s = json.loads(r.stdout)
+    assert s["cached"] == done and s["ran"] == 4 - done and s["points"] == 4
 
 
 if __name__ == "__main__":
