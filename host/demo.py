@@ -21,7 +21,7 @@ from host.errors import UserError
 
 PROMPT = "Once upon a time"  # kvrtos-tiny's stories begin so
 TOKENS = 96  # new tokens: a few of kvrtos-tiny's sentences in well under a minute
-OUT_BASE = os.path.join(paths.ROOT, "out")  # the repository's ignored area (/out/ in .gitignore)
+OUT_BASE = paths.state("out")  # the repository's ignored area (/out/ in .gitignore); a user folder when installed
 DECODE_S = 240.0  # s the decode may take at most (the board streams all along)
 # the application config flashed with the demo: decode settings chosen at boot, and the
 # audio task (firmware_py/workloads.AudioCapture: 16 kHz, 16-bit, a 16 ms DMA period into

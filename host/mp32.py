@@ -20,7 +20,7 @@ from host import paths
 from host.errors import UserError
 
 SRC_ENV = "KVRTOS_MICROPYTHON_SRC"  # a MicroPython source tree given by the user
-CACHE = os.path.join(paths.ROOT, ".cache", "micropython32")  # built binaries, one folder per source key
+CACHE = paths.state(".cache", "micropython32")  # built binaries, one folder per source key (a user folder when installed)
 _MAKE_FLAGS = [  # the unix port's standard variant, 32-bit and static, without the parts that need libraries
     "VARIANT=standard", "CFLAGS_EXTRA=-m32", "LDFLAGS_EXTRA=-m32 -static",
     "MICROPY_PY_FFI=0", "MICROPY_PY_BTREE=0", "MICROPY_PY_SSL=0", "MICROPY_SSL_AXTLS=0", "MICROPY_SSL_MBEDTLS=0",

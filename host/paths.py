@@ -6,10 +6,34 @@ import shutil
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# a checkout (or an unpacked source tree) has pyproject.toml or .git beside host/; an
+# installed wheel (site-packages) has neither. Only a checkout writes into ROOT
+CHECKOUT = os.path.isfile(os.path.join(ROOT, "pyproject.toml")) or os.path.exists(os.path.join(ROOT, ".git"))
+
+
+def user_home():
+    # where an installed kvrtos keeps its state: KVRTOS_HOME, else $XDG_CACHE_HOME/kvrtos,
+    # else ~/.cache/kvrtos (never its own install folder, which may be read-only)
+    home = os.environ.get("KVRTOS_HOME")
+    if home:
+        return os.path.abspath(os.path.expanduser(home))
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = xdg if xdg and os.path.isabs(xdg) else os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "kvrtos")
+
+
+STATE = ROOT if CHECKOUT else user_home()  # what the commands write by default lives under here
+
+
+def state(*parts):
+    # a default place to write: under the checkout, or under the user folder when installed
+    return os.path.join(STATE, *parts)
+
+
 FIRMWARE = os.path.join(ROOT, "firmware_py")
 BOARDS = os.path.join(ROOT, "boards")
-VBOARD_HOME = os.environ.get("KVRTOS_VBOARD_HOME") or os.path.join(ROOT, ".vboard")  # virtual boards' state
-BUILD = os.path.join(ROOT, "build")
+VBOARD_HOME = os.environ.get("KVRTOS_VBOARD_HOME") or state(".vboard")  # virtual boards' state
+BUILD = state("build")
 DEFAULT_BOARD = "esp32s3_n8r8"
 CALLER_CWD = "KVRTOS_CALLER_CWD"  # env: the folder the user ran ./kv from (./kv sets it, then cd's to ROOT)
 
@@ -34,9 +58,19 @@ def tool(name):
     raise UserError("%s is not installed; run ./kv once to set up .venv" % name, 2)
 
 
+SHARED_MODELS = "KVRTOS_SHARED_MODELS"  # env: a folder holding stories260K.bin, tok512.bin, ...
+
+
 def shared_models():
-    # ../shared/models beside the repository, or None when absent
-    p = os.path.join(os.path.dirname(ROOT), "shared", "models")
+    # KVRTOS_SHARED_MODELS when set, else ../shared/models beside a checkout (never beside
+    # an installed package's site-packages), or None when absent
+    env = os.environ.get(SHARED_MODELS)
+    if env:
+        p = os.path.abspath(os.path.expanduser(env))
+    elif CHECKOUT:
+        p = os.path.join(os.path.dirname(ROOT), "shared", "models")
+    else:
+        return None
     return p if os.path.isdir(p) else None
 
 

@@ -47,11 +47,11 @@ CODE_DIRS = ("firmware_py", "host")  # every **/*.py there is hashed: a change t
 
 
 def default_cache():
-    return os.path.join(paths.ROOT, ".kvrtos-cache", "sweep")
+    return paths.state(".kvrtos-cache", "sweep")  # a user folder when installed (host/paths.py)
 
 
 def default_out():
-    return os.path.join(paths.ROOT, "sweeps", time.strftime("%Y%m%d-%H%M%S"))
+    return paths.state("sweeps", time.strftime("%Y%m%d-%H%M%S"))
 
 
 # ---------------------------------------------------------------------------- the grid
@@ -463,7 +463,7 @@ def _entry_ok(entry, key):
 def _ignore_folder(path):
     # the default cache and out folders sit in the repository: each top folder we make
     # there carries a .gitignore of "*" (as .pytest_cache does), so git never sees them
-    for top in (os.path.join(paths.ROOT, ".kvrtos-cache"), os.path.join(paths.ROOT, "sweeps")):
+    for top in (paths.state(".kvrtos-cache"), paths.state("sweeps")):
         if os.path.abspath(path).startswith(top + os.sep) and os.path.isdir(top):
             gi = os.path.join(top, ".gitignore")
             if not os.path.exists(gi):
