@@ -13,8 +13,32 @@ FILES = (decode.MODEL_FILE, decode.TOKENIZER_FILE)  # what a model flash writes 
 FIT_KV_DTYPES = ("fp32", "int8")  # a model fits when one of these KV element types leaves room for a block
 
 
-# (model path, tokenizer path) for what the user typed: "" is models/kvrtos-tiny,
-# "stories260K" is ../shared/models, a path takes its tokenizer from beside it
+TINY_NAME = "kvrtos-tiny"  # the committed models/kvrtos-tiny (installed with the package too)
+NAMES = (TINY_NAME, "stories260K")  # model names that resolve from any folder (case-insensitive)
+
+
+# (model path, tokenizer path) of a model name ("" or "kvrtos-tiny": the committed tiny
+# model, next to host/ in a checkout and in an installed package; "stories260K": in
+# paths.shared_models()), None when model_arg is not a name (a path). A named model
+# that is not there: one line, exit 2
+def named(model_arg):
+    from host import paths  # noqa: PLC0415
+
+    name = (model_arg or TINY_NAME).lower()
+    if name == TINY_NAME:
+        tiny = os.path.join(paths.ROOT, "models", TINY_NAME)
+        return os.path.join(tiny, "model.bin"), os.path.join(tiny, "tokenizer.bin")
+    if name == "stories260k":
+        shared = paths.shared_models()
+        if shared is None or not os.path.isfile(os.path.join(shared, "stories260K.bin")):
+            raise UserError("stories260K is not in ../shared/models (or $%s): download stories260K.bin and tok512.bin "
+                            "there (docs/models.md)" % paths.SHARED_MODELS, 2)
+        return os.path.join(shared, "stories260K.bin"), os.path.join(shared, "tok512.bin")
+    return None
+
+
+# (model path, tokenizer path) for what the user typed: a name (named()), or a path
+# that takes its tokenizer from beside it
 def resolve(model_arg, tok_arg=""):
     from host import generate  # noqa: PLC0415 - the one resolver of model names and paths
 

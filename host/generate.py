@@ -22,13 +22,11 @@ ENTRY = os.path.join("firmware_py", "tools", "generate.py")  # the board-side en
 # (model path, tokenizer path) for what the user typed: "" is kvrtos-tiny, "stories260K"
 # is ../shared/models, anything else a path (its tokenizer.bin or tok512.bin beside it)
 def resolve(model_arg, tok_arg):
-    if not model_arg:
-        mp, tp = os.path.join(TINY, "model.bin"), os.path.join(TINY, "tokenizer.bin")
-    elif model_arg.lower() == "stories260k":
-        shared = paths.shared_models()
-        if shared is None or not os.path.isfile(os.path.join(shared, "stories260K.bin")):
-            raise UserError("stories260K is not in ../shared/models: download stories260K.bin and tok512.bin there (docs/models.md)", 2)
-        mp, tp = os.path.join(shared, "stories260K.bin"), os.path.join(shared, "tok512.bin")
+    from host import boardmodel  # noqa: PLC0415 - the model names (kvrtos-tiny, stories260K)
+
+    named = boardmodel.named(model_arg)
+    if named:
+        mp, tp = named
     else:
         mp = paths.user_path(model_arg)
         tp = ""
