@@ -344,14 +344,45 @@ def _remove_stale(t, dests, out):
     return stale
 
 
-def config_files(path, board):
-    # [(device path, bytes)] for `flash --config FILE`: the file as kvrtos.json, validated
-    # first with firmware_py.appcfg.load and its built-in tasks built once on a virtual
-    # clock with the board's profile (a workload's own check: a period, a tier), and each
-    # module task's module (m.py beside the config) as m.py. A bad config is one line, exit 2
+def _dry_build(cfg, board, folder, modules):
+    # every task of cfg built once on a VirtualClock with the board's profile, as ./kv
+    # emulate builds them: the built-in workloads' own checks (a period, a tier), and each
+    # module task's module imported from folder (beside the config, where the board has
+    # it), its factory called with the config's args (unknown args are the factory's
+    # TypeError), its task() and stats() called. The modules are on the path for this
+    # call only: the modules imported from folder are dropped after, a module of the same name already
+    # imported is put back. Raises AppConfigError (one line) naming the task
     from firmware_py import appcfg, bandwidth
     from firmware_py.clock import VirtualClock
     from firmware_py.sched import Kernel
+
+    before = dict(sys.modules)
+    for m in modules:
+        sys.modules.pop(m, None)  # an earlier import of that name (another config's) is not this one
+    sys.path.insert(0, folder)
+    try:
+        k = Kernel(VirtualClock(), max_tasks=appcfg.max_tasks(cfg))
+        env = appcfg.make_env(k, bandwidth.Bandwidth(board, kernel=k, user_categories=appcfg.categories(cfg)), cfg, board)
+        appcfg.stats(appcfg.spawn(k, cfg, env))
+    finally:
+        if folder in sys.path:
+            sys.path.remove(folder)
+        for name in set(sys.modules) - set(before):
+            f = getattr(sys.modules[name], "__file__", None) or ""
+            if os.path.abspath(f).startswith(folder + os.sep):
+                del sys.modules[name]
+        for m in modules:
+            if m in before:
+                sys.modules[m] = before[m]
+
+
+def config_files(path, board):
+    # [(device path, bytes)] for `flash --config FILE`: the file as kvrtos.json, validated
+    # first with firmware_py.appcfg.load, then every task built once on a virtual clock
+    # with the board's profile, module tasks too (_dry_build: as ./kv emulate does), and
+    # each module task's module (m.py beside the config) as m.py. A bad config is one
+    # line, exit 2, before any board is looked for
+    from firmware_py import appcfg
 
     if os.path.isdir(path):
         raise UserError("--config %s is a folder; give the JSON file" % path, 2)
@@ -362,12 +393,9 @@ def config_files(path, board):
         raise UserError("--config %s cannot be read: %s" % (path, e.strerror or e), 2) from None
     try:
         cfg = appcfg.load(data)
-        dry = dict(cfg, tasks=[t for t in cfg["tasks"] if t["kind"] != "module"])
-        k = Kernel(VirtualClock(), max_tasks=appcfg.max_tasks(dry))
-        env = appcfg.make_env(k, bandwidth.Bandwidth(board, kernel=k, user_categories=appcfg.categories(dry)), dry, board)
-        appcfg.spawn(k, dry, env)
-    except (ValueError, TypeError) as e:  # AppConfigError; a board the tracker cannot model
+    except (ValueError, TypeError) as e:  # AppConfigError
         raise UserError("--config %s: %s" % (path, str(e).split("\n")[0]), 2) from None
+    folder = os.path.dirname(os.path.abspath(path))
     files = [(CONFIG, data)]
     for t in cfg["tasks"]:
         if t["kind"] != "module":
@@ -376,7 +404,7 @@ def config_files(path, board):
         if "." in m:
             raise UserError("--config %s: task %r: module %r: give a top-level module (m.py beside the config)"
                             % (path, t["name"], m), 2)
-        mp = os.path.join(os.path.dirname(os.path.abspath(path)), m + ".py")
+        mp = os.path.join(folder, m + ".py")
         if not os.path.isfile(mp):
             raise UserError("--config %s: task %r: its module %s.py is not beside the config (%s)"
                             % (path, t["name"], m, os.path.dirname(mp)), 2)
@@ -388,6 +416,10 @@ def config_files(path, board):
             raise UserError("--config %s: %s.py line %s: %s" % (path, m, e.lineno, e.msg), 2) from None
         if (m + ".py", src) not in files:
             files.append((m + ".py", src))
+    try:
+        _dry_build(cfg, board, folder, [t["module"] for t in cfg["tasks"] if t["kind"] == "module"])
+    except (ValueError, TypeError) as e:  # AppConfigError (a module's import, factory, task() or stats()); the tracker
+        raise UserError("--config %s: %s" % (path, str(e).split("\n")[0]), 2) from None
     return files
 
 

@@ -154,3 +154,62 @@ def test_a_board_error_is_reported_as_the_boards_answer(tmp_path):
     assert one_line_error(r), r.stderr
     assert "the board refused while writing firmware_py/board.mpy: IsADirectoryError" in r.stderr, r.stderr
     assert "vanished" not in r.stderr
+
+
+# a user's module task, beside its config: the factory raises on boom=1, takes period_us
+BOOM = """
+class T:
+    def __init__(self, k):
+        self.k = k
+    def task(self):
+        while True:
+            yield self.k.sleep_us(10000)
+    def stats(self):
+        return {"ok": 1}
+def make(kernel, env, period_us=10000, boom=0):
+    if boom:
+        raise ValueError("boom in factory")
+    return T(kernel)
+"""
+
+
+def _boom_config(tmp_path, args):
+    import json
+
+    (tmp_path / "boom.py").write_text(BOOM)
+    p = tmp_path / "kvrtos.json"
+    p.write_text(json.dumps({"name": "b", "tasks": [{"kind": "module", "name": "meter", "module": "boom",
+                                                      "factory": "make", "args": args}]}))
+    return p
+
+
+@pytest.mark.parametrize("args, words", [
+    ({"boom": 1}, ("task 'meter'", "factory boom.make raised ValueError: boom in factory")),
+    ({"bogus": 1}, ("task 'meter'", "factory boom.make raised TypeError", "bogus")),
+])
+def test_flash_config_builds_module_tasks_on_the_host_first(tmp_path, args, words):
+    # review r5 item 4: a factory that raises or an argument it does not take is one line,
+    # exit 2, before any board is looked for (nothing started, nothing flashed)
+    p = _boom_config(tmp_path, args)
+    env = dict(os.environ, KVRTOS_VBOARD_HOME=str(tmp_path / "home"))
+    r = kv("flash", "--config", str(p), env=env)
+    assert one_line_error(r) and r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert r.stderr.startswith("kv flash: --config %s: " % p) and all(w in r.stderr for w in words), r.stderr
+    assert not (tmp_path / "home").exists()
+
+
+def test_flash_config_module_check_leaves_the_host_path_as_it_was(tmp_path):
+    import sys
+
+    p = _boom_config(tmp_path, {"period_us": 20000})
+    path = list(sys.path)
+    assert [d for d, _ in flash.config_files(str(p), BOARD)] == ["kvrtos.json", "boom.py"]
+    assert sys.path == path and "boom" not in sys.modules
+    other = tmp_path / "other"
+    other.mkdir()
+    p2 = _boom_config(other, {"period_us": 20000})
+    (other / "boom.py").write_text(BOOM.replace("if boom:", "if True:").replace("boom in factory", "the other boom.py"))
+    with pytest.raises(UserError) as e:
+        flash.config_files(str(p2), BOARD)  # the other folder's boom.py, not the one imported before
+    assert e.value.code == 2 and "the other boom.py" in str(e.value) and "\n" not in str(e.value)
+    assert sys.path == path and "boom" not in sys.modules
