@@ -70,10 +70,11 @@ def bench(c, name, json=False, model=None, tokenizer=None, prompt=None):
     import importlib
 
     if name in ("-h", "--help"):
-        # invoke hands a flag typed where the positional NAME goes to the task as NAME
-        import subprocess
+        # invoke hands a flag typed where the positional NAME goes to the task as NAME:
+        # the running program's own help for bench (./kv's or the installed kvrtos's)
+        from host import cli
 
-        subprocess.run([sys.executable, "-m", "host.cli", "--help", "bench"])
+        cli.print_task_help("bench")
         return
     try:
         if name.startswith("_"):

@@ -9,10 +9,18 @@ import sys
 from invoke import Argument, Exit, ParseError, Program
 
 USAGE_EXIT = 2  # bad input, as docs/getting-started.md promises
+RUNNING = None  # the KvProgram now running (./kv's or kvrtos's): a task can print its own help
+CHECKOUT_ONLY = ("test", "lint", "bench-docs")  # tasks over the repository's tests/, sources and docs/
 
 
 class KvProgram(Program):
     # invoke's Program with one-line, exit-2 parse errors and one task per command line
+    def run(self, argv=None, exit=True):
+        import host.cli  # noqa: PLC0415 - ./kv runs this file as __main__: tasks.py sees host.cli's
+
+        host.cli.RUNNING = self
+        return super().run(argv, exit)
+
     def core_args(self):
         return super().core_args() + [
             Argument(names=("chain",), kind=bool, default=False, help="Run several tasks given on one command line, in order."),
@@ -60,6 +68,32 @@ class KvProgram(Program):
             super().parse_cleanup()
         except ParseError as e:
             raise Exit(explain(e, self.argv), code=USAGE_EXIT) from None
+
+
+def print_task_help(name):
+    # TASK --help of the running program (the one whose parser holds the task's flags);
+    # one line and exit 2 when no program runs (a task called from elsewhere)
+    prog = RUNNING
+    parser = getattr(prog, "parser", None)
+    if parser is None or name not in parser.contexts:
+        raise Exit("kv %s: no running ./kv program to print its help: run ./kv %s --help" % (name, name), code=USAGE_EXIT)
+    prog.print_task_help(name)
+
+
+def needs_checkout(name, task, binary):
+    # a task that only a checkout of the repository can run, as installed: the same name,
+    # flags and help (functools.wraps: invoke reads the wrapped signature), its body one
+    # line and exit 2
+    import functools
+
+    from invoke import Task
+
+    @functools.wraps(task.body)
+    def body(c, *args, **kwargs):
+        raise Exit("%s %s: needs a checkout of the repository (git clone it, then ./kv %s there)"
+                   % (binary, name, name), code=USAGE_EXIT)
+
+    return Task(body, name=task.name, help=dict(task.help), iterable=task.iterable, positional=task.positional)
 
 
 def check_flags(parser, argv):
@@ -185,11 +219,20 @@ def kvrtos(argv=None):
 
     from invoke import Collection
 
+    from host import paths
+
     os.environ.pop("KVRTOS_CALLER_CWD", None)
     import tasks
 
+    ns = Collection.from_module(tasks)
+    if not paths.CHECKOUT:
+        # test, lint and bench-docs work on the repository (tests/, its sources, docs/),
+        # which an installed package does not carry: one line, exit 2, the same names in --list
+        for name in CHECKOUT_ONLY:
+            if name in ns.tasks:
+                ns.tasks[name] = needs_checkout(name, ns.tasks[name], "kvrtos")
     prog = KvProgram(name="kvrtos", binary="kvrtos", binary_names=["kvrtos"], version="0.1.0",
-                     namespace=Collection.from_module(tasks))
+                     namespace=ns)
     try:
         prog.run(argv)
     except BrokenPipeError:

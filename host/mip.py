@@ -45,6 +45,10 @@ def text():
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    if not paths.CHECKOUT:
+        # package.json belongs to the repository; an installed package has none to check or write
+        print("python -m host.mip: needs a checkout of the repository (package.json is written there)", file=sys.stderr)
+        return 2
     t = text()
     if argv == ["--check"]:
         with open(PACKAGE_JSON) as f:

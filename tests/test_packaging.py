@@ -63,7 +63,7 @@ def _wheel_site(tmp_path):
     src.mkdir()
     for name in ("pyproject.toml", "README.md", "tasks.py"):
         shutil.copy(os.path.join(ROOT, name), src / name)
-    for name in ("host", "firmware_py", "boards", "models"):
+    for name in ("host", "firmware_py", "boards", "models", "scenarios"):
         shutil.copytree(os.path.join(ROOT, name), src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     r = subprocess.run(pip + ["wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path / "dist"), str(src)],
@@ -102,3 +102,77 @@ def test_pip_wheel_gives_a_kvrtos_command_with_the_tasks_of_kv(tmp_path):
     # a mistake is one line and exit 2, as with ./kv
     r = subprocess.run([str(exe), "budget", "--board", "no_such_board"], cwd=work, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+
+
+def _files(top):
+    # every file under top but Python's byte-code caches, relative
+    return sorted(os.path.relpath(os.path.join(d, f), top) for d, _, fs in os.walk(top) if "__pycache__" not in d for f in fs)
+
+
+def test_installed_kvrtos_outside_a_checkout(tmp_path):
+    # the wheel carries what the commands read (scenarios too), writes its state into a
+    # user folder (never its install folder), names its models from any folder, and the
+    # tasks that need the repository say so in one line
+    site = _wheel_site(tmp_path)
+    exe = str(site / "bin" / "kvrtos")
+    assert (site / "scenarios" / "voice-assistant.json").exists()
+    (tmp_path / "shared" / "models").mkdir(parents=True)  # a stray ../shared beside site-packages
+    work, home = tmp_path / "elsewhere", tmp_path / "home"
+    work.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(site), KVRTOS_HOME=str(home))
+    for k in ("KVRTOS_CALLER_CWD", "KVRTOS_VBOARD_HOME", "KVRTOS_SHARED_MODELS"):
+        env.pop(k, None)
+    before = _files(site)
+
+    def kvrtos(*args, **kw):
+        return subprocess.run([exe, *args], cwd=work, env=kw.get("env", env), capture_output=True, text=True, timeout=180)
+
+    r = kvrtos("emulate", "--scenario", "voice-assistant", "--tokens", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["tokens"] >= 2
+    r = kvrtos("emulate", "--model", "kvrtos-tiny", "--tokens", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    for args in (["bench", "--help"], ["bench", "-h"]):
+        r = kvrtos(*args)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "Usage: kvrtos" in r.stdout and "--json" in r.stdout and "collection" not in r.stdout + r.stderr
+    for name in ("test", "lint", "bench-docs"):
+        r = kvrtos(name)
+        assert r.returncode == 2 and r.stderr.strip() == (
+            "kvrtos %s: needs a checkout of the repository (git clone it, then ./kv %s there)" % (name, name)), r.stderr
+    r = subprocess.run([sys.executable, "-m", "host.mip", "--check"], cwd=work, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "needs a checkout" in r.stderr
+    # every default place to write is under KVRTOS_HOME; no ../shared beside site-packages
+    probe = ("from host import paths, sweep, mp32, demo, vboard\n"
+             "print(paths.CHECKOUT, paths.shared_models())\n"
+             "for p in (paths.VBOARD_HOME, vboard.state_dir('x'), sweep.default_cache(), sweep.default_out(), mp32.CACHE,\n"
+             "          demo.OUT_BASE, paths.BUILD): print(p)\n")
+    r = subprocess.run([sys.executable, "-c", probe], cwd=work, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    first, *places = r.stdout.splitlines()
+    assert first == "False None"
+    assert places and all(p.startswith(str(home) + os.sep) for p in places), places
+    xdg = dict(env, XDG_CACHE_HOME=str(tmp_path / "xdg"))
+    del xdg["KVRTOS_HOME"]
+    shared = tmp_path / "mine"
+    shared.mkdir()
+    r = subprocess.run([sys.executable, "-c", "from host import paths\nprint(paths.STATE)\nprint(paths.shared_models())"],
+                       cwd=work, env=dict(xdg, KVRTOS_SHARED_MODELS=str(shared)), capture_output=True, text=True, timeout=60)
+    assert r.stdout.split() == [str(tmp_path / "xdg" / "kvrtos"), str(shared)], r.stdout + r.stderr
+    assert _files(site) == before  # nothing written into the install folder
+
+
+def test_kv_bench_help_and_model_names_in_the_checkout(tmp_path):
+    # ./kv bench -h: the running program's help (exit 0); kvrtos-tiny is a name from any folder
+    r = subprocess.run([os.path.join(ROOT, "kv"), "bench", "-h"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "Usage: ./kv" in r.stdout and "--json" in r.stdout, r.stdout + r.stderr
+    from host import boardmodel
+
+    env = dict(os.environ, KVRTOS_CALLER_CWD=str(tmp_path))
+    code = "from host import generate\nprint(generate.resolve('kvrtos-tiny', '')[0])"
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == os.path.join(ROOT, "models", "kvrtos-tiny", "model.bin"), r.stdout + r.stderr
+    assert paths.CHECKOUT and paths.STATE == ROOT and boardmodel.named("some/path.bin") is None
+    shared = paths.shared_models()
+    if shared and os.path.isfile(os.path.join(shared, "stories260K.bin")):  # ../shared/models beside the checkout
+        assert boardmodel.named("stories260K") == (os.path.join(shared, "stories260K.bin"), os.path.join(shared, "tok512.bin"))
