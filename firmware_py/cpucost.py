@@ -23,9 +23,15 @@ KIND_TITLES = {
 # the parameters every kind of a profile gives (docs/calibration.md has their meaning)
 PARAMS = ("mac_f32_mcyc", "mac_i8_mcyc", "row_mcyc", "matvec_mcyc", "attn_mac_mcyc", "attn_pos_mcyc",
           "exp_mcyc", "div_mcyc", "norm_el_mcyc", "rope_el_mcyc", "elem_mcyc", "sample_el_mcyc",
-          "layer_mcyc", "token_mcyc", "cores", "split_permille")
+          "layer_mcyc", "token_mcyc", "cores", "split_permille",
+          "kv_rd_fp16_mcyc", "kv_rd_int8_mcyc", "kv_rd_int4_mcyc", "kv_rd_int4tok_mcyc",
+          "kv_wr_fp16_mcyc", "kv_wr_int8_mcyc", "kv_wr_int4_mcyc", "kv_wr_int4tok_mcyc")
 SOURCE_KINDS = ("measured", "published", "estimate", "fit")  # a source starts with one of these and ":"
 WEIGHT_DTYPES = ("fp32", "int8", "int4")
+# KV element types (kvlayout.DTYPES): each but fp32 adds kv_rd_<type>_mcyc per K/V element
+# read (dequantized) and kv_wr_<type>_mcyc per K/V element written (quantized), over the
+# fp32 copy the other figures already price
+KV_DTYPES = ("fp32", "fp16", "int8", "int4", "int4tok")
 PARAM_MAX = 10 ** 12  # millicycles (1,000 s at 1 MHz): past it a figure is a typo
 
 
@@ -44,11 +50,13 @@ def source_kind(src):
 
 class CostModel:
     # one board's figures for one kind of kernel, applied to one model shape
-    def __init__(self, board, kind, cfg, weights_dtype="fp32"):
+    def __init__(self, board, kind, cfg, weights_dtype="fp32", kv_dtype="fp32"):
         if kind not in KINDS:
             raise CostError("cpu cost kind must be one of %s, got %r" % (", ".join(KINDS), kind))
         if weights_dtype not in WEIGHT_DTYPES:
             raise CostError("weights dtype must be one of %s, got %r" % (", ".join(WEIGHT_DTYPES), weights_dtype))
+        if kv_dtype not in KV_DTYPES:
+            raise CostError("kv dtype must be one of %s, got %r" % (", ".join(KV_DTYPES), kv_dtype))
         costs = getattr(board, "cpu_cost", None) or {}
         if not costs:
             raise CostError("board %s has no cpu cost figures (its profile has no cpu.cost block)" % board.name)
@@ -61,10 +69,13 @@ class CostModel:
         self.v = costs[kind]  # {param: int}
         self.src = board.cpu_cost_source[kind]  # {param: source}
         self.weights_dtype = weights_dtype
+        self.kv_dtype = kv_dtype
         self.cfg = cfg
         v = self.v
         d, hd, kvd, h = cfg.dim, cfg.hidden_dim, cfg.kv_dim, cfg.n_heads
         mac = v["mac_f32_mcyc"] if weights_dtype == "fp32" else v["mac_i8_mcyc"]
+        kv_rd = v["kv_rd_%s_mcyc" % kv_dtype] if kv_dtype != "fp32" else 0
+        kv_wr = v["kv_wr_%s_mcyc" % kv_dtype] if kv_dtype != "fp32" else 0
         cores = v["cores"]
         sp = v["split_permille"]
         # parallel work is scaled by ((1000 - sp) * cores + sp) / (1000 * cores)
@@ -75,14 +86,16 @@ class CostModel:
         rows = 3 * d + 2 * kvd + 2 * hd
         self._layer_par = macs * mac + rows * v["row_mcyc"]  # split over the cores
         # serial: two rmsnorms, RoPE on q and k, residual adds + SwiGLU product, SiLU's
-        # exp and division per hidden element, the dispatch of 7 matvecs, the layer's fixed cost
+        # exp and division per hidden element, the dispatch of 7 matvecs, the layer's fixed
+        # cost, and the new token's K and V row quantized into the KV element type
         self._layer_ser = (2 * d * v["norm_el_mcyc"] + (d + kvd) * v["rope_el_mcyc"]
                            + (2 * d + hd) * v["elem_mcyc"] + hd * (v["exp_mcyc"] + v["div_mcyc"])
-                           + 7 * v["matvec_mcyc"] + v["layer_mcyc"])
+                           + 7 * v["matvec_mcyc"] + v["layer_mcyc"] + 2 * kvd * kv_wr)
         # attention per cached position (all heads): q.k and the weighted sum of V, the
-        # per-position work, one exp and two divisions (score scale, softmax normalize)
-        self._pos_par = h * (2 * cfg.head_dim * v["attn_mac_mcyc"] + v["attn_pos_mcyc"]
-                             + v["exp_mcyc"] + 2 * v["div_mcyc"])
+        # per-position work, one exp and two divisions (score scale, softmax normalize),
+        # and the position's K and V row dequantized once (kv_dim elements each)
+        self._pos_par = (h * (2 * cfg.head_dim * v["attn_mac_mcyc"] + v["attn_pos_mcyc"]
+                              + v["exp_mcyc"] + 2 * v["div_mcyc"]) + 2 * kvd * kv_rd)
         # final: rmsnorm, the classifier (vocab rows of dim), sampling over the vocabulary
         self._final_par = cfg.vocab_size * (d * mac + v["row_mcyc"])
         self._final_ser = (d * v["norm_el_mcyc"] + cfg.vocab_size * v["sample_el_mcyc"]
@@ -134,6 +147,7 @@ class CostModel:
 
     def figures(self):
         # every parameter used: {name: {"value", "source", "kind"}}, plus the board clock
+        # (the kv_rd/kv_wr figures of every KV type: the model uses its kv_dtype's, fp32 none)
         out = {}
         for p in PARAMS:
             s = self.src[p]
@@ -143,13 +157,15 @@ class CostModel:
         return out
 
 
-def for_config(board, kind, cfg, weights_dtype="fp32"):
-    # the cost model of a model shape cfg (llama2c.Config) with weights_dtype weights
-    return CostModel(board, kind, cfg, weights_dtype)
+def for_config(board, kind, cfg, weights_dtype="fp32", kv_dtype="fp32"):
+    # the cost model of a model shape cfg (llama2c.Config) with weights_dtype weights and
+    # a KV cache of kv_dtype elements
+    return CostModel(board, kind, cfg, weights_dtype, kv_dtype)
 
 
 def for_session(board, kind, session):
-    # the cost model of a loaded decode.Session (its shape and weight type)
+    # the cost model of a loaded decode.Session (its shape, weight type and KV element type)
     w = session.weights
     dt = "int8" if getattr(w, "dtype", "fp32") == "int8" else "fp32"
-    return CostModel(board, kind, session.cfg, dt)
+    lay = getattr(session, "layout", None)
+    return CostModel(board, kind, session.cfg, dt, lay.dtype if lay is not None else "fp32")

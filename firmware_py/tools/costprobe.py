@@ -9,7 +9,7 @@
 import json
 import math
 
-from firmware_py import compat, kernels, kernels_q
+from firmware_py import compat, kernels, kernels_q, kvkivi, kvlayout, quant
 from firmware_py.compat import ticks_diff, ticks_us
 
 ROWS = 64
@@ -102,9 +102,93 @@ def exp_ns(n=2000):
     return 1000 * (_best(with_exp, 5) - _best(without, 5)) / n
 
 
+class _V:
+    # what Plain._vec and Plain.store's fp32 loop read of their self, for one dtype
+    def __init__(self, dtype, heads=4, hd=16):
+        self.lay = lay = kvlayout.Layout(1, heads, hd, dtype)
+        self.kv_dim = kd = lay.kv_dim
+        self.kf = compat.new_array("f", kd)
+        self.rowf = compat.new_array("f", lay.layer_row // 4 + 1)
+        for i in range(len(self.rowf)):
+            self.rowf[i] = 0.5 + (i % 5) * 0.125
+        self.rowb = bytearray(lay.layer_row)
+        for i in range(len(self.rowb)):
+            self.rowb[i] = (i * 37 + 11) & 0x3B  # finite halves, mixed nibbles
+        self.k = compat.new_array("f", kd)
+        self.v = compat.new_array("f", kd)
+        for i in range(kd):
+            self.k[i] = ((i * 13) % 23 - 11) * 0.0625
+            self.v[i] = ((i * 7) % 19 - 9) * 0.125
+
+
+def _reads(o, iters):
+    for _ in range(iters):
+        kernels.Plain._vec(o, 0)
+        kernels.Plain._vec(o, 1)
+
+
+def _packs(o, iters):
+    for _ in range(iters):
+        quant.pack_layer(o.lay, o.k, o.v, o.rowb, 0)
+
+
+def _copies(o, iters):
+    # Plain.store's fp32 branch: K and V copied element by element into the row
+    rf = o.rowf
+    kd = o.kv_dim
+    for _ in range(iters):
+        for i in range(kd):
+            rf[i] = o.k[i]
+            rf[kd + i] = o.v[i]
+
+
+def _kivi_deq(arena, kc, dst, iters):
+    for _ in range(iters):
+        kvkivi.dequant(arena, kc, dst, 0, 0, 0, 0)
+
+
+def _pack_v(row, q, kd, hd, iters):
+    for _ in range(iters):
+        kernels_q.pack(row, 0, kd, q, kd, hd, 0, 127)
+
+
+def kv_ns(iters=20):
+    # ns per K/V element (2 x kv_dim per row) of each KV type's read and write in bytecode,
+    # over fp32's; KIVI's key dequantization and the int8 viper pack per element
+    out = {}
+    base = None
+    for dt in kvlayout.DTYPES:
+        o = _V(dt)
+        n = iters * 2 * o.kv_dim
+        rd = _best(_reads, 5, o, iters) * 1000 / n
+        wr = (_best(_copies, 5, o, iters) if dt == "fp32" else _best(_packs, 5, o, iters)) * 1000 / n
+        if base is None:
+            base = (rd, wr)
+        out["bytecode_rd_" + dt + "_ns"] = round(rd - base[0], 1)
+        out["bytecode_wr_" + dt + "_ns"] = round(wr - base[1], 1)
+    lay = kvlayout.Layout(1, 4, 16, "int4")
+    kc = kvkivi.shape(lay, compat.new_array)
+    arena = bytearray(lay.block_bytes)
+    for i in range(len(arena)):
+        arena[i] = (i * 29 + 3) & 0x7F
+    dst = bytearray(4 * lay.kv_dim)
+    out["viper_kivi_deq_ns"] = round(_best(_kivi_deq, 5, arena, kc, dst, 50 * iters) * 1000
+                                     / (50 * iters * lay.kv_dim), 2)
+    lay8 = kvlayout.Layout(1, 4, 16, "int8")
+    q = compat.new_array("i", lay8.kv_dim)
+    for i in range(len(q)):
+        q[i] = (i * 331) % 4001 - 2000
+    row = bytearray(lay8.layer_row)
+    out["viper_pack_i8_ns"] = round(_best(_pack_v, 5, row, q, lay8.kv_dim, 16, 50 * iters) * 1000
+                                    / (50 * iters * lay8.kv_dim), 2)
+    return out
+
+
 def main():
-    print(json.dumps({"viper_mac_i8_ns": round(viper_ns(), 3), "bytecode_mac_f32_ns": round(bytecode_ns(), 1),
-                  "exp_ns": round(exp_ns(), 1)}))
+    r = {"viper_mac_i8_ns": round(viper_ns(), 3), "bytecode_mac_f32_ns": round(bytecode_ns(), 1),
+         "exp_ns": round(exp_ns(), 1)}
+    r.update(kv_ns())
+    print(json.dumps(r))
 
 
 if __name__ == "__main__":

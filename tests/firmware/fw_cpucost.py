@@ -23,11 +23,23 @@ for _ in range(100):
     s += m2.layer_us(200)
 eq(s, 100 * m2.layer_ns(200) // 1000, "100 layer_us calls == their ns total")
 
+# the KV element type's dequantization (per cached position) and quantization (per layer)
+for kind in cpucost.KINDS:
+    k32 = cpucost.for_config(b, kind, cfg, "int8", "fp32")
+    for kvd in cpucost.KV_DTYPES[1:]:
+        mk = cpucost.for_config(b, kind, cfg, "int8", kvd)
+        check(mk.layer_ns(100) >= k32.layer_ns(100), "%s %s: no cheaper than fp32 KV" % (kind, kvd))
+        check(mk.layer_ns(100) - mk.layer_ns(99) >= k32.layer_ns(100) - k32.layer_ns(99), "%s %s per position" % (kind, kvd))
+    eq(k32.layer_ns(50), cpucost.for_config(b, kind, cfg, "int8").layer_ns(50), "fp32 KV is the default")
+check(cpucost.for_config(b, "c", cfg, "fp32", "fp16").layer_ns(100) > cpucost.for_config(b, "c", cfg).layer_ns(100),
+      "fp16 KV costs more than fp32 in C")
+
 models = []
 for shape in (cfg, c15):
     for kind in cpucost.KINDS:
         for dt in ("fp32", "int8"):
-            models.append(cpucost.for_config(b, kind, shape, dt))
+            for kvd in cpucost.KV_DTYPES:
+                models.append(cpucost.for_config(b, kind, shape, dt, kvd))
 out = [0]
 
 
@@ -44,6 +56,6 @@ def hot():
         out[0] = acc
 
 
-no_alloc("layer_us / final_us, stories260K and stories15M, every kind, fp32 and int8", hot)
+no_alloc("layer_us / final_us, stories260K and stories15M, every kind, fp32 and int8 weights, every KV type", hot)
 print("tokens", m.token_ns(100), m.final_us())
 done()
