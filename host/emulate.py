@@ -920,9 +920,13 @@ def summary(rep):
         if d["bytes"]:
             L.append("  bandwidth   %-6s busy %.1f %%, %s B moved, peak window %d permille, waits %d" % (
                 name, 100 * d["utilization"], "{:,}".format(d["bytes"]), d["peak_permille"], d["waits"]))
+    failed = inv.get("no_faults", {}).get("failed_tasks") or {}
     for name, d in rep["tasks"].items():
-        L.append("  task        %-10s prio %d  cpu %5.1f %%  deadline misses %d  worst wake latency %d us" % (
-            name, d["priority"], 100 * d["cpu_share"], d["deadline_misses"], d["max_wake_latency_us"]))
+        L.append("  task        %-10s prio %d  cpu %5.1f %%  deadline misses %d  worst wake latency %d us%s" % (
+            name, d["priority"], 100 * d["cpu_share"], d["deadline_misses"], d["max_wake_latency_us"],
+            "  FAILED: " + failed[name] if name in failed else ""))
+    for name in sorted(n for n in failed if n not in rep["tasks"]):  # a task the table does not list
+        L.append("  task        %-10s FAILED: %s" % (name, failed[name]))
     ev = rep["events"]
     L.append("  events      evictions %d, throttled waits %d, refusals %d, thermal changes %d; telemetry %s" % (
         ev["evictions"], ev["throttled_waits"], ev["refusals"], ev["thermal_events"],

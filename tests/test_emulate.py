@@ -312,6 +312,11 @@ def test_module_task_errors_one_line(tmp_path):
                        "cost": "c"})
     nf = rep["invariants"]["no_faults"]
     assert not nf["ok"] and nf["failed_tasks"] == {"mine": "IndexError: mid run"} and rep["tokens"] == 3
+    # the text summary marks the failed task in its row of the task table, only that row
+    rows = [ln for ln in emulate.summary(rep) if ln.startswith("  task ")]
+    mine = [ln for ln in rows if ln.split()[1] == "mine"]
+    assert len(mine) == 1 and mine[0].endswith("FAILED: IndexError: mid run"), rows
+    assert len(rows) > 1 and all("FAILED" not in ln for ln in rows if ln not in mine), rows
 
 
 def test_c_firmware_options_reproduce_a_calibration_case():
