@@ -95,3 +95,52 @@ def test_committed_calibration_recomputes_and_meets_the_goal():
     assert r["host_probe"]["runs"] >= 3 and r["host_probe"]["viper_mac_i8_ns"] > 0
     for c in r["cases"]:
         assert c["within_goal"] == (abs(c["predicted_tok_s"] - c["published_tok_s"]) <= 0.25 * c["published_tok_s"])
+
+
+def test_kv_dtype_compute():
+    # review item 5: a KV type other than fp32 adds its per-element dequantization (per cached
+    # position) and quantization (the new row) in every kind; fp32 is the figures as before
+    from types import SimpleNamespace
+
+    from firmware_py import kvlayout
+    b = boards.load("esp32s3_n8r8")
+    assert cpucost.KV_DTYPES == kvlayout.DTYPES
+    for kind in cpucost.KINDS:
+        wd = "int8" if kind == "viper" else "fp32"
+        m32 = cpucost.for_config(b, kind, CFG, wd)
+        assert cpucost.for_config(b, kind, CFG, wd, "fp32").token_ns(100) == m32.token_ns(100)
+        v = b.cpu_cost[kind]
+        for dt in cpucost.KV_DTYPES[1:]:
+            m = cpucost.for_config(b, kind, CFG, wd, dt)
+            # the per-position slope grows by 2 x kv_dim elements x kv_rd at the board clock
+            slope = (m.layer_ns(201) - m.layer_ns(1)) - (m32.layer_ns(201) - m32.layer_ns(1))
+            want = 200 * 2 * CFG.kv_dim * v["kv_rd_%s_mcyc" % dt] * m._pnum // (m._pden * b.cpu_mhz)
+            assert abs(slope - want) <= 200, (kind, dt, slope, want)
+            # the layer's fixed part grows by 2 x kv_dim elements x kv_wr (within rounding)
+            fixed = m.layer_ns(0) - m32.layer_ns(0)
+            assert abs(fixed - 2 * CFG.kv_dim * v["kv_wr_%s_mcyc" % dt] // b.cpu_mhz) <= 2, (kind, dt, fixed)
+            for op in ("rd", "wr"):
+                src = b.cpu_cost_source[kind]["kv_%s_%s_mcyc" % (op, dt)]
+                assert cpucost.source_kind(src) == "estimate"
+                if kind in ("viper", "bytecode") and v["kv_%s_%s_mcyc" % (op, dt)]:
+                    assert "costprobe.py kv_ns" in src
+    # MicroPython decodes fp16 much slower than it copies fp32; C on the S3 pays a little
+    t = {k: {dt: cpucost.for_config(b, k, CFG, "fp32", dt).token_ns(128) for dt in cpucost.KV_DTYPES}
+         for k in ("c", "bytecode")}
+    assert t["bytecode"]["fp16"] > 1.1 * t["bytecode"]["fp32"]
+    assert t["c"]["fp32"] < t["c"]["int8"] < t["c"]["fp16"]
+    # for_session reads the session's layout and weights
+    sess = SimpleNamespace(cfg=CFG, weights=SimpleNamespace(dtype="int8"),
+                           layout=kvlayout.Layout(CFG.n_layers, CFG.n_kv_heads, CFG.head_dim, "int4tok"))
+    ms = cpucost.for_session(b, "viper", sess)
+    assert ms.kv_dtype == "int4tok" and ms.weights_dtype == "int8"
+    assert ms.token_ns(64) == cpucost.for_config(b, "viper", CFG, "int8", "int4tok").token_ns(64)
+    with pytest.raises(cpucost.CostError, match="kv dtype must be one of"):
+        cpucost.for_config(b, "c", CFG, "fp32", "int2")
+
+
+def test_a_profile_without_the_kv_figures_is_refused():
+    d = json.load(open(os.path.join(ROOT, "boards", "esp32s3_n8r8.json")))
+    del d["cpu"]["cost"]["viper"]["kv_rd_fp16_mcyc"]
+    with pytest.raises(fb.BoardError, match="kv_rd_fp16_mcyc"):
+        fb.Board(d)

@@ -336,3 +336,12 @@ def test_c_firmware_options_reproduce_a_calibration_case():
                                                      "does not fit")):
         with pytest.raises(UserError, match=word):
             emulate.run(dict({"board": "esp32_wroom32", "cost": "dsp", "tokens": 2}, **bad))
+
+
+def test_kv_dtype_compute_is_charged():
+    # review item 5: the KV element type's dequantization/quantization is in the emulated time
+    # (viper: fp16 runs the bytecode attention; C: fp16 is a bit-field decode on the S3)
+    r = {dt: emulate.run({"tokens": 8, "kv_dtype": dt}) for dt in ("fp32", "fp16")}
+    assert r["fp16"]["ms_per_token"] > r["fp32"]["ms_per_token"]
+    figs = r["fp16"]["cost"]["cpu"]["figures"]
+    assert figs["kv_rd_fp16_mcyc"]["value"] > 0 and figs["kv_rd_fp16_mcyc"]["kind"] == "estimate"
