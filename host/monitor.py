@@ -26,6 +26,11 @@ from host.errors import UserError
 
 RETRY_S = 0.2  # how often a lost port is looked for again
 DONE_GRACE_S = 0.5  # --until-done: read this long after the last done event (its last periodic frames)
+# serve has ended on the board (its requests never will): the raw REPL's end of a run
+# ("\x04" then its error text then "\x04>"), a soft reboot (sys.exit: serve's one-line error
+# exits 2; a board's raw REPL then soft-resets), the raw REPL's banner
+_RAW_END = b"\x04>"
+_ENDED = ("soft reboot", "raw REPL; CTRL-B to exit")
 _UNSAFE = re.compile(r"[^\t\x20-\x7e]")  # what may need escaping on the console (ASCII printable and tab pass)
 
 
@@ -199,6 +204,10 @@ class Monitor:
         self.cmd_seq = 0  # sequence number of the next command sent
         self.on_frame = None  # fn(frame dict) after each frame, or None (tests, tools)
         self.quiet = False  # --until matched: what follows is still logged, no longer shown
+        self.serve_ended = None  # why serve on the board has ended (its error line), once seen
+        self.serve_line = None  # the last "serve: ..." line the board printed
+        self.error_line = None  # the last line of a traceback the board printed
+        self._traceback = False  # inside a traceback: its first unindented line is the error
 
     # one line to the console and the log
     def emit(self, text, note=False):
@@ -339,6 +348,7 @@ class Monitor:
             buf = buf[i + 1 :]
             self.lines += 1
             self.emit(text)
+            self._watch(text)
             if self.view == "dashboard" and not self.quiet:
                 self.board_text.append(console_text(text))
                 del self.board_text[:-50]
@@ -346,7 +356,30 @@ class Monitor:
                 hit = text
                 self.quiet = True
         self.partial = buf
+        if _RAW_END in buf and self.serve_ended is None:
+            self._ended("the raw REPL came back")
         return hit
+
+    # the board's lines that say serve has ended (or why): kept for run()'s stop_on_end
+    def _watch(self, text):
+        t = text.replace("\x04", "").strip()
+        if "Traceback (most recent call last)" in t:
+            self._traceback = True
+        elif self._traceback and t and not text[:1].isspace():
+            self.error_line = t
+            self._traceback = False
+        if t.startswith("serve: "):
+            self.serve_line = t
+        if self.serve_ended is None and ("\x04" in text or any(t.startswith(e) or t.endswith(e) for e in _ENDED)):
+            self._ended("the raw REPL came back" if "\x04" in text else t)
+
+    def _ended(self, how):
+        self.serve_ended = how
+
+    # the board's error line for a serve that ended: its traceback's last line or its
+    # last "serve: ..." line (serve's one-line error), else how it was seen to end
+    def serve_error(self):
+        return self.error_line or self.serve_line or self.serve_ended
 
     # flush a partial line so nothing received is lost (a frame cut by the loss is
     # counted as truncated)
@@ -374,8 +407,12 @@ class Monitor:
 
     # read until `until` (a regex, text or compiled) matches a line, `until_done`
     # requests have ended (done events), or `timeout` s pass; returns the matching line
-    # (or "done") or None. on_open(monitor) runs once the port is open (commands)
-    def run(self, until=None, timeout=None, ser=None, until_done=0, on_open=None):
+    # (or "done") or None. on_open(monitor) runs once the port is open (commands).
+    # stop_on_end: serve was started for these requests, so serve ending on the board
+    # (its error line, the raw REPL or a soft reboot back, the port lost: the board's
+    # process ended) stops the run at once (after DONE_GRACE_S for the rest of its error
+    # text): self.serve_ended says so, serve_error() the board's line
+    def run(self, until=None, timeout=None, ser=None, until_done=0, on_open=None, stop_on_end=False):
         pattern = pattern_of(until) if isinstance(until, str) else until
         deadline = time.monotonic() + timeout if timeout else None
         self.quiet = False
@@ -398,6 +435,9 @@ class Monitor:
                     except Exception:
                         pass
                     self.ser = None
+                    if stop_on_end:
+                        self._ended("port %s lost: the board reset or went away" % self.port)
+                        break
                     if not self.reconnect:
                         raise UserError("port %s vanished" % self.port)
                     if not self._wait_for_port(deadline):
@@ -408,8 +448,10 @@ class Monitor:
                     return hit  # the rest of what was read is logged (feed_text); the logs flushed below
                 if data and until_done and self.done_events >= until_done and grace is None:
                     grace = time.monotonic() + DONE_GRACE_S  # the frames sent after the done event
+                if stop_on_end and self.serve_ended is not None and grace is None:
+                    grace = time.monotonic() + DONE_GRACE_S  # the rest of the board's error text
                 if grace is not None and time.monotonic() >= grace:
-                    return "done"
+                    return "done" if until_done and self.done_events >= until_done else None
             return None
         finally:
             self.flush_partial("monitor stopped")
@@ -577,13 +619,17 @@ def main(port=None, board=None, log=None, until=None, timeout=None, jsonl=None, 
                 if stop:
                     mon.send_command("stop")
 
-            hit = m.run(until=pattern, timeout=timeout, until_done=until_done, on_open=commands if sends else None)
+            # serve started here, or a prompt sent: serve ending on the board ends the wait
+            hit = m.run(until=pattern, timeout=timeout, until_done=until_done, on_open=commands if sends else None,
+                        stop_on_end=bool(until_done) and (start or prompt is not None))
     finally:
         m.close()
     if as_json:
         print(json.dumps(m.summary(), indent=1, sort_keys=True))
     if pattern is not None and hit is None and replay is None:
         raise UserError("no line matched --until %r within %g s" % (until, timeout or 0))
+    if until_done and m.done_events < until_done and replay is None and m.serve_ended is not None:
+        raise UserError("serve ended on the board after %d of %d requests: %s" % (m.done_events, until_done, m.serve_error()))
     if until_done and m.done_events < until_done and replay is None:
         raise UserError("%d of %d requests ended within %g s" % (m.done_events, until_done, timeout or 0))
     return m

@@ -590,3 +590,34 @@ def test_start_on_a_board_that_does_not_answer_says_to_reset_it(monkeypatch):
         os.close(slave)
     msg = str(e.value)
     assert "\n" not in msg and "--timeout" not in msg and "reset it" in msg and "twice" in msg, msg
+
+
+# a user's module task whose factory raises: serve on the board prints its one-line
+# error and exits (review r5 item 3)
+BOOM = """
+def make(kernel, env, **args):
+    raise ValueError("boom in factory")
+"""
+BOOM_CONFIG = {"name": "b", "tasks": [{"kind": "module", "name": "meter", "module": "boom", "factory": "make"}]}
+
+
+@vboard
+@pytest.mark.parametrize("timeout", [None, "60"])
+def test_until_done_stops_at_once_when_serve_ends_on_the_board(tmp_path, timeout):
+    # the config is put on the board's filesystem directly (./kv flash --config refuses
+    # it on the host): monitor --start --until-done returns with serve's own error line
+    # and a non-zero exit, neither waiting for --timeout nor, without one, forever (the
+    # subprocess timeout below is far under 60 s)
+    with start(tmp_path) as vb:
+        r = kv("flash", "--port", vb.port)
+        assert r.returncode == 0, r.stdout + r.stderr
+        with open(fs_path(tmp_path, "kvrtos.json"), "w") as f:
+            json.dump(BOOM_CONFIG, f)
+        with open(fs_path(tmp_path, "boom.py"), "w") as f:
+            f.write(BOOM)
+        args = ["monitor", "--port", vb.port, "--start", "--prompt", "Once", "--tokens", "4", "--until-done", "1", "--plain"]
+        r = kv(*args + (["--timeout", timeout] if timeout else []), timeout=40)
+    assert one_line_error(r) and r.returncode == 1, (r.returncode, r.stdout[-2000:], r.stderr)
+    assert r.stderr.startswith("kv monitor: serve ended on the board after 0 of 1 requests: serve: kvrtos.json: config: "
+                               "task 'meter': its factory boom.make raised ValueError: boom in factory"), r.stderr
+    assert "boom in factory" in r.stdout  # the board's line, shown as it came
