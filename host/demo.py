@@ -53,12 +53,35 @@ def fresh_dir(base=OUT_BASE):
             p = "%s-%d" % (stem, i)
 
 
+# the files a run writes into its folder (the plots: host/trace.py's; one may be missing
+# when its figures are): a folder used before has these removed first, so it holds one run
+OUTPUTS = ("kvrtos.json", "telemetry.jsonl", "serial.log", "capture.bin", "summary.json", "trace.json",
+           "kv_bytes.png", "pool.png", "bandwidth.png")
+
+
 def _out_dir(out_dir):
     # the folder the demo writes to: out_dir (made with its parents when missing: paths.out_folder),
     # else a fresh one under out/
     if out_dir is None:
         return fresh_dir()
     return paths.out_folder(out_dir)
+
+
+def clear_outputs(d):
+    # remove an earlier run's files (OUTPUTS) from folder d: the monitor appends to its
+    # logs (as monitor --jsonl/--log/--capture do), so a folder used twice would hold both
+    # runs and the trace be built from the mix. Other files are left alone. One line
+    # (exit 2) when one is a folder or cannot be removed
+    for name in OUTPUTS:
+        p = os.path.join(d, name)
+        if os.path.isdir(p) and not os.path.islink(p):
+            raise UserError("--out %s: %s is a folder; the demo writes a file there" % (d, name), 2)
+        try:
+            os.remove(p)
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise UserError("--out %s: %s from an earlier run cannot be removed: %s" % (d, name, e.strerror or e), 2) from None
 
 
 class _DemoMonitor(monitor.Monitor):
@@ -138,6 +161,7 @@ def run(board_name=paths.DEFAULT_BOARD, out=print, timeout=60.0, tokens=TOKENS, 
         raise UserError("board %s is a %s: the demo runs on a microcontroller profile" % (b.name, b.kind), 2)
     boardmodel.resolve(model)  # a model that does not exist: one line before anything starts
     d = _out_dir(out_dir)
+    clear_outputs(d)  # one run per folder
     cfg_path = os.path.join(d, "kvrtos.json")
     with open(cfg_path, "w") as f:
         json.dump(DEMO_CONFIG, f, indent=1)
@@ -171,11 +195,14 @@ def run(board_name=paths.DEFAULT_BOARD, out=print, timeout=60.0, tokens=TOKENS, 
         m = _DemoMonitor(port, log_path=os.path.join(d, "serial.log"), out=stream or sys.stdout, jsonl_path=jsonl,
                          capture_path=os.path.join(d, "capture.bin"), view="plain" if plain else "auto")
         try:
-            m.run(until_done=1, timeout=decode_s, on_open=lambda mon: mon.send_command("prompt", text=prompt, tokens=tokens))
+            m.run(until_done=1, timeout=decode_s, on_open=lambda mon: mon.send_command("prompt", text=prompt, tokens=tokens),
+                  stop_on_end=True)
         finally:
             m.close()
         if m.refused:
             raise UserError("the board refused the request: %s" % m.refused[0])
+        if m.done_events < 1 and m.serve_ended is not None:
+            raise UserError("serve ended on the board before the request was done: %s" % m.serve_error())
         if m.done_events < 1:
             raise UserError("the request did not end within %.0f s (see %s)" % (decode_s, os.path.join(d, "serial.log")))
         s = summarize(m.summary_line, m.workloads)

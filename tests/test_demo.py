@@ -192,6 +192,14 @@ def test_flash_config_files_are_the_config_and_its_modules():
         assert files[1][1] == f.read()
 
 
+def test_demo_out_folder_used_before_a_folder_in_the_way_is_one_line(tmp_path):
+    (tmp_path / "trace.json").mkdir()
+    env = dict(os.environ, KVRTOS_VBOARD_HOME=str(tmp_path / "home"))
+    r = kv("demo", "--tokens", "2", "--out", str(tmp_path), env=env)
+    assert one_line_error(r) and r.returncode == 2 and "trace.json is a folder" in r.stderr, r.stderr
+    assert not (tmp_path / "home").exists()  # refused before a board was started
+
+
 def test_demo_mistakes_are_one_line():
     for args, word in ((["--tokens", "0"], "--tokens"), (["--tokens", "x"], "--tokens"),
                        (["--board", "rpi4b_4gb"], "microcontroller"), (["--out", ""], "--out")):
@@ -202,9 +210,24 @@ def test_demo_mistakes_are_one_line():
 @pytest.mark.vboard
 def test_demo_end_to_end_on_a_virtual_board(tmp_path):
     out = tmp_path / "out"
+    # a folder used before (review r5 item 1): an earlier run's files are replaced, not
+    # appended to; the user's own file there is left alone
+    out.mkdir()
+    stale = {"telemetry.jsonl": '{"type": "event", "events": [{"event": "done"}], "stale": 1}\n',
+             "serial.log": "[00:00:00.000] STALE-EARLIER-RUN\n", "capture.bin": "STALE-EARLIER-RUN\n",
+             "bandwidth.png": "STALE", "summary.json": "{}", "notes.txt": "mine"}
+    for name, text in stale.items():
+        (out / name).write_text(text)
     env = dict(os.environ, KVRTOS_VBOARD_HOME=str(tmp_path / "home"))  # a virtual board of its own
     r = kv("demo", "--tokens", "8", "--plain", "--out", str(out), env=env, timeout=240)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+    assert (out / "notes.txt").read_text() == "mine"
+    for name in ("telemetry.jsonl", "serial.log", "capture.bin"):
+        assert b"stale" not in (out / name).read_bytes().lower(), name
+    assert (out / "serial.log").read_text().count("[monitor] connected to") == 1
+    assert not (out / "bandwidth.png").exists() or (out / "bandwidth.png").read_bytes()[:4] == b"\x89PNG"
+    rep = kv("monitor", "--replay", str(out / "capture.bin"), "--json")
+    assert rep.returncode == 0 and json.loads(rep.stdout)["requests_done"] == 1, rep.stdout + rep.stderr
     m = re.search(r"^demo: summary: 8 tokens, ([\d.]+) tok/s, time to first token ([\d.]+) ms, KV (\d+) B, "
                   r"pool high-water (\d+)/(\d+) blocks \((\d+) B\), audio deadline misses (\d+) of (\d+) periods$",
                   r.stdout, re.M)
