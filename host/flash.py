@@ -344,14 +344,123 @@ def _remove_stale(t, dests, out):
     return stale
 
 
+GUARD_S = 10.0  # s a module's import or factory may take in the host check (one that never returns: one line)
+
+
+class _TooLong(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _time_guard(seconds):
+    # raise _TooLong in the block after seconds (SIGALRM: the main thread of a POSIX host;
+    # elsewhere no guard)
+    import signal
+    import threading
+
+    if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def ring(signum, frame):
+        raise _TooLong()
+
+    old = signal.signal(signal.SIGALRM, ring)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _board_only(e, folder):
+    # the name an ImportError e is about when the host cannot have it (so the module is
+    # not checkable on the host), else None: a module not importable here and not beside
+    # the config (machine, esp32, neopixel, network, micropython ...), or a name missing
+    # from a host module that is not the user's (time.ticks_ms: MicroPython's own)
+    import importlib.util
+
+    name = getattr(e, "name", None)
+    if not name:
+        return None
+    top = name.split(".")[0]
+    if top == "firmware_py" or os.path.isfile(os.path.join(folder, top + ".py")) or os.path.isdir(os.path.join(folder, top)):
+        return None  # kvrtos's own package, or the user's module beside the config: its error is theirs
+    if isinstance(e, ModuleNotFoundError):
+        try:
+            return name if importlib.util.find_spec(top) is None else None
+        except (ImportError, ValueError):
+            return name
+    what = getattr(e, "name_from", None) or (str(e).split("'") + ["", ""])[1]  # "cannot import name 'X' from 'M'"
+    return "%s from %s" % (what, name) if what else name  # M is the host's, not MicroPython's
+
+
+def _cfg_err(appcfg, msg):
+    raise appcfg.AppConfigError("config: " + msg)  # as firmware_py.appcfg words its errors
+
+
+def _module_task(appcfg, k, env, t, folder):
+    # a module task built as firmware_py.appcfg builds it, without running any of its code
+    # that may not return: the import and the factory under a time guard, task() only when
+    # it is a generator function (making the generator runs none of its body), stats() not
+    # called (it reports a task that ran). Returns None when built, else the note why the
+    # module is not checkable on the host (a board-only import). AppConfigError: one line
+    import importlib
+    import inspect
+
+    nm, m = t["name"], t["module"]
+    try:
+        with _time_guard(GUARD_S):
+            mod = importlib.import_module(m)
+    except _TooLong:
+        _cfg_err(appcfg, "task %r: its module %s (import) did not return within %.0f s on the host" % (nm, m, GUARD_S))
+    except ImportError as e:
+        other = _board_only(e, folder)
+        if other is None:
+            _cfg_err(appcfg, "task %r: its module %s (import) raised %s: %s" % (nm, m, type(e).__name__, str(e).split("\n")[0]))
+        return "its module %s imports %s, which the host does not have (a board-only module or name)" % (m, other)
+    except Exception as e:  # noqa: BLE001 - the user's code: any exception is its mistake
+        _cfg_err(appcfg, "task %r: its module %s (import) raised %s: %s" % (nm, m, type(e).__name__, str(e).split("\n")[0]))
+    f = getattr(mod, t["factory"], None)
+    if f is None:
+        _cfg_err(appcfg, "task %r: module %s has no %s" % (nm, m, t["factory"]))
+    what = "factory %s.%s" % (m, t["factory"])
+    try:
+        with _time_guard(GUARD_S):
+            obj = f(k, env, **t.get("args", {}))
+    except _TooLong:
+        _cfg_err(appcfg, "task %r: its %s did not return within %.0f s on the host" % (nm, what, GUARD_S))
+    except Exception as e:  # noqa: BLE001
+        _cfg_err(appcfg, "task %r: its %s raised %s: %s" % (nm, what, type(e).__name__, str(e).split("\n")[0]))
+    if not hasattr(obj, "stats") or not hasattr(obj, "task"):
+        _cfg_err(appcfg, "task %r: its object has no task() and stats()" % nm)
+    if not inspect.isgeneratorfunction(obj.task):
+        _cfg_err(appcfg, "task %r: task() must be a generator function (def task(self): ... yield ...), got %s"
+                    % (nm, type(obj.task).__name__))
+    if not callable(obj.stats):
+        _cfg_err(appcfg, "task %r: stats() must be a method returning a dict" % nm)
+    try:
+        gen = obj.task()
+    except Exception as e:  # noqa: BLE001 - a generator function's arguments
+        _cfg_err(appcfg, "task %r: its task() raised %s: %s" % (nm, type(e).__name__, str(e).split("\n")[0]))
+    try:
+        k.spawn(nm, t["priority"], gen)
+    except ValueError as e:
+        _cfg_err(appcfg, "task %r: %s" % (nm, e))
+    return None
+
+
 def _dry_build(cfg, board, folder, modules):
     # every task of cfg built once on a VirtualClock with the board's profile, as ./kv
     # emulate builds them: the built-in workloads' own checks (a period, a tier), and each
     # module task's module imported from folder (beside the config, where the board has
     # it), its factory called with the config's args (unknown args are the factory's
-    # TypeError), its task() and stats() called. The modules are on the path for this
-    # call only: the modules imported from folder are dropped after, a module of the same name already
-    # imported is put back. Raises AppConfigError (one line) naming the task
+    # TypeError), its task() checked to be a generator function (never run: _module_task).
+    # The modules are on the path for this call only: the modules imported from folder are
+    # dropped after, a module of the same name already imported is put back. Returns
+    # [(task name, note)] for module tasks not checkable on the host (a board-only import);
+    # raises AppConfigError (one line) naming the task
     from firmware_py import appcfg, bandwidth
     from firmware_py.clock import VirtualClock
     from firmware_py.sched import Kernel
@@ -360,10 +469,16 @@ def _dry_build(cfg, board, folder, modules):
     for m in modules:
         sys.modules.pop(m, None)  # an earlier import of that name (another config's) is not this one
     sys.path.insert(0, folder)
+    notes = []
     try:
         k = Kernel(VirtualClock(), max_tasks=appcfg.max_tasks(cfg))
         env = appcfg.make_env(k, bandwidth.Bandwidth(board, kernel=k, user_categories=appcfg.categories(cfg)), cfg, board)
-        appcfg.stats(appcfg.spawn(k, cfg, env))
+        appcfg.stats(appcfg.spawn(k, dict(cfg, tasks=[t for t in cfg["tasks"] if t["kind"] != "module"]), env))
+        for t in cfg["tasks"]:
+            if t["kind"] == "module":
+                note = _module_task(appcfg, k, env, t, folder)
+                if note is not None:
+                    notes.append((t["name"], note))
     finally:
         if folder in sys.path:
             sys.path.remove(folder)
@@ -374,9 +489,10 @@ def _dry_build(cfg, board, folder, modules):
         for m in modules:
             if m in before:
                 sys.modules[m] = before[m]
+    return notes
 
 
-def config_files(path, board):
+def config_files(path, board, out=print):
     # [(device path, bytes)] for `flash --config FILE`: the file as kvrtos.json, validated
     # first with firmware_py.appcfg.load, then every task built once on a virtual clock
     # with the board's profile, module tasks too (_dry_build: as ./kv emulate does), and
@@ -417,9 +533,11 @@ def config_files(path, board):
         if (m + ".py", src) not in files:
             files.append((m + ".py", src))
     try:
-        _dry_build(cfg, board, folder, [t["module"] for t in cfg["tasks"] if t["kind"] == "module"])
-    except (ValueError, TypeError) as e:  # AppConfigError (a module's import, factory, task() or stats()); the tracker
+        notes = _dry_build(cfg, board, folder, [t["module"] for t in cfg["tasks"] if t["kind"] == "module"])
+    except (ValueError, TypeError) as e:  # AppConfigError (a module's import, factory or task()); the tracker
         raise UserError("--config %s: %s" % (path, str(e).split("\n")[0]), 2) from None
+    for nm, why in notes:
+        out("flash: note: task %r not built on the host: %s; the board builds it at boot" % (nm, why))
     return files
 
 
@@ -434,7 +552,7 @@ def flash(port=None, board_name=paths.DEFAULT_BOARD, src=paths.FIRMWARE, out=pri
     if board.kind != "mcu":
         raise UserError("board %s is a %s: kvrtos flashes microcontrollers only" % (board.name, board.kind), 2)
     check_firmware_src(src)
-    extra = config_files(config, board) if config is not None else []  # checked before any board is looked for
+    extra = config_files(config, board, out=out) if config is not None else []  # checked before any board is looked for
     model_files = []
     if model is not None:
         # checked (files, then the budget) before a board is even looked for: a model

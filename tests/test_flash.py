@@ -213,3 +213,85 @@ def test_flash_config_module_check_leaves_the_host_path_as_it_was(tmp_path):
         flash.config_files(str(p2), BOARD)  # the other folder's boom.py, not the one imported before
     assert e.value.code == 2 and "the other boom.py" in str(e.value) and "\n" not in str(e.value)
     assert sys.path == path and "boom" not in sys.modules
+
+
+def _user_task(tmp_path, prepend="", append="", factory="make"):
+    # examples/user-task copied to tmp_path, its meter.py with lines before / after
+    import json
+
+    d = tmp_path / "c"
+    shutil.copytree(os.path.join(paths.ROOT, "examples", "user-task"), d)
+    src = (d / "meter.py").read_text()
+    (d / "meter.py").write_text(prepend + src + append)
+    cfg = json.loads((d / "kvrtos.json").read_text())
+    for t in cfg["tasks"]:
+        if t["kind"] == "module":
+            t["factory"] = factory
+    (d / "kvrtos.json").write_text(json.dumps(cfg))
+    return d / "kvrtos.json"
+
+
+@pytest.mark.parametrize("line, name", [
+    ("from machine import Pin\n", "machine"),
+    ("import esp32, neopixel\n", "esp32"),
+    ("from time import ticks_ms\n", "ticks_ms"),  # MicroPython's name in a module the host has
+])
+def test_flash_config_board_only_import_is_a_note_not_a_refusal(tmp_path, capsys, line, name):
+    # review r6 item 1: a module importing a board-only library at the top is not
+    # checkable on the host: flashed all the same, with one note line naming the task and why
+    p = _user_task(tmp_path, prepend=line)
+    assert [d for d, _ in flash.config_files(str(p), BOARD)] == ["kvrtos.json", "meter.py"]
+    notes = capsys.readouterr().out.splitlines()
+    assert len(notes) == 1 and "task 'meter' not built on the host" in notes[0] and name in notes[0], notes
+
+
+@pytest.mark.parametrize("line, words", [
+    ("x = undefined_name\n", "NameError"),
+    ("from firmware_py.compat import no_such_name\n", "ImportError"),  # kvrtos's own package: on the board too
+])
+def test_flash_config_other_import_errors_stay_one_line(tmp_path, line, words):
+    p = _user_task(tmp_path, prepend=line)
+    with pytest.raises(UserError) as e:
+        flash.config_files(str(p), BOARD)
+    assert e.value.code == 2 and "\n" not in str(e.value) and words in str(e.value) and "meter" in str(e.value)
+
+
+SPIN = """
+
+class Spin:
+    def task(self):
+        while True:
+            pass
+    def stats(self):
+        while True:
+            pass
+def spin(kernel, env, **kw):
+    return Spin()
+"""
+
+
+def test_flash_config_task_that_never_yields_is_one_line_not_a_hang(tmp_path):
+    # review r6 item 4: task() a plain function that loops: refused (not a generator
+    # function) without being called; the dry build never runs task() or stats()
+    p = _user_task(tmp_path, append=SPIN, factory="spin")
+    env = dict(os.environ, KVRTOS_VBOARD_HOME=str(tmp_path / "home"))
+    r = kv("flash", "--config", str(p), env=env, timeout=60)
+    assert one_line_error(r) and r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert "task 'meter'" in r.stderr and "task() must be a generator function" in r.stderr, r.stderr
+    assert not (tmp_path / "home").exists()
+
+
+def test_flash_config_generator_task_is_not_run_on_the_host(tmp_path):
+    # a generator task() whose body loops without yielding is fine to check: making the
+    # generator runs none of it (the board's scheduler would; that is the user's design)
+    p = _user_task(tmp_path, append=SPIN.replace("            pass\n    def stats", "            pass\n        yield\n    def stats"),
+                   factory="spin")
+    assert [d for d, _ in flash.config_files(str(p), BOARD)] == ["kvrtos.json", "meter.py"]
+
+
+def test_flash_config_import_that_never_returns_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(flash, "GUARD_S", 0.5)
+    p = _user_task(tmp_path, prepend="while True:\n    pass\n")
+    with pytest.raises(UserError) as e:
+        flash.config_files(str(p), BOARD)
+    assert e.value.code == 2 and "did not return within" in str(e.value) and "\n" not in str(e.value)
