@@ -54,9 +54,12 @@ def fresh_dir(base=OUT_BASE):
 
 
 # the files a run writes into its folder (the plots: host/trace.py's; one may be missing
-# when its figures are): a folder used before has these removed first, so it holds one run
+# when its figures are): a folder a demo used before has these removed first, so it holds
+# one run. MARKER, written by the demo as it starts a run there, is what says the folder is
+# a demo's: a user's own kvrtos.json (or summary.json ...) is never removed or overwritten
 OUTPUTS = ("kvrtos.json", "telemetry.jsonl", "serial.log", "capture.bin", "summary.json", "trace.json",
            "kv_bytes.png", "pool.png", "bandwidth.png")
+MARKER = ".kvrtos-demo"
 
 
 def _out_dir(out_dir):
@@ -68,20 +71,35 @@ def _out_dir(out_dir):
 
 
 def clear_outputs(d):
-    # remove an earlier run's files (OUTPUTS) from folder d: the monitor appends to its
-    # logs (as monitor --jsonl/--log/--capture do), so a folder used twice would hold both
-    # runs and the trace be built from the mix. Other files are left alone. One line
-    # (exit 2) when one is a folder or cannot be removed
-    for name in OUTPUTS:
+    # ready folder d for one run and mark it as the demo's (MARKER). A folder holding none
+    # of OUTPUTS (new, empty, or only other files) is used as it is; a folder a demo used
+    # before (MARKER there) has that run's files removed (the monitor appends to its logs,
+    # as monitor --jsonl/--log/--capture do, so a folder used twice would hold both runs
+    # and the trace be built from the mix); other files are left alone. Refused in one line
+    # (exit 2), with nothing removed: a folder holding an output's name without MARKER (a
+    # user's own kvrtos.json), a folder where a file goes, a folder that cannot be written
+    present = [n for n in OUTPUTS if os.path.lexists(os.path.join(d, n))]
+    marked = os.path.isfile(os.path.join(d, MARKER))
+    if present and not marked:
+        raise UserError("--out %s holds %s (not from a demo): choose an empty or new folder" % (d, present[0]), 2)
+    for name in present:
         p = os.path.join(d, name)
         if os.path.isdir(p) and not os.path.islink(p):
             raise UserError("--out %s: %s is a folder; the demo writes a file there" % (d, name), 2)
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise UserError("--out %s cannot be written (permission denied)" % d, 2)
+    for name in present:
         try:
-            os.remove(p)
+            os.remove(os.path.join(d, name))
         except FileNotFoundError:
             pass
         except OSError as e:
             raise UserError("--out %s: %s from an earlier run cannot be removed: %s" % (d, name, e.strerror or e), 2) from None
+    try:
+        with open(os.path.join(d, MARKER), "w") as f:
+            f.write("a kvrtos demo's output folder: ./kv demo --out clears its files (%s) before a run\n" % ", ".join(OUTPUTS))
+    except OSError as e:
+        raise UserError("--out %s cannot be written: %s" % (d, e.strerror or e), 2) from None
 
 
 class _DemoMonitor(monitor.Monitor):

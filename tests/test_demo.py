@@ -13,7 +13,8 @@ import pytest
 from conftest import ROOT
 from firmware_py import appcfg, board, serve
 from firmware_py.clock import VirtualClock
-from host import console, flash
+from host import console, demo, flash
+from host.errors import UserError
 from vboard_util import kv, one_line_error
 
 EXAMPLE = os.path.join(ROOT, "examples", "user-task")
@@ -193,11 +194,47 @@ def test_flash_config_files_are_the_config_and_its_modules():
 
 
 def test_demo_out_folder_used_before_a_folder_in_the_way_is_one_line(tmp_path):
+    (tmp_path / demo.MARKER).write_text("")
     (tmp_path / "trace.json").mkdir()
     env = dict(os.environ, KVRTOS_VBOARD_HOME=str(tmp_path / "home"))
     r = kv("demo", "--tokens", "2", "--out", str(tmp_path), env=env)
     assert one_line_error(r) and r.returncode == 2 and "trace.json is a folder" in r.stderr, r.stderr
     assert not (tmp_path / "home").exists()  # refused before a board was started
+
+
+def test_demo_out_never_touches_a_users_own_files(tmp_path):
+    # review r6 item 2: a folder holding a file named like an output (a user's app config
+    # kvrtos.json) that no demo made is refused in one line before a board starts, untouched
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "kvrtos.json").write_text('{"name": "mine"}')
+    env = dict(os.environ, KVRTOS_VBOARD_HOME=str(tmp_path / "home"))
+    r = kv("demo", "--tokens", "2", "--plain", "--out", str(app), env=env)
+    assert one_line_error(r) and r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert "holds kvrtos.json (not from a demo): choose an empty or new folder" in r.stderr, r.stderr
+    assert (app / "kvrtos.json").read_text() == '{"name": "mine"}' and sorted(os.listdir(app)) == ["kvrtos.json"]
+    assert not (tmp_path / "home").exists()
+
+
+def test_demo_clear_outputs_checks_every_name_before_removing_any(tmp_path):
+    # review r6 item 3: a previous demo folder with one output in the way: refused with
+    # nothing removed; without it, the earlier run's files go and the others stay
+    (tmp_path / demo.MARKER).write_text("")
+    for name in ("kvrtos.json", "serial.log", "notes.txt"):
+        (tmp_path / name).write_text(name)
+    (tmp_path / "trace.json").mkdir()
+    with pytest.raises(UserError) as e:
+        demo.clear_outputs(str(tmp_path))
+    assert e.value.code == 2 and "trace.json is a folder" in str(e.value)
+    assert sorted(os.listdir(tmp_path)) == sorted([demo.MARKER, "kvrtos.json", "serial.log", "notes.txt", "trace.json"])
+    (tmp_path / "trace.json").rmdir()
+    demo.clear_outputs(str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == sorted([demo.MARKER, "notes.txt"])
+    new = tmp_path / "new"
+    new.mkdir()
+    (new / "mine.txt").write_text("x")  # no output's name: used as it is, marked
+    demo.clear_outputs(str(new))
+    assert sorted(os.listdir(new)) == sorted([demo.MARKER, "mine.txt"])
 
 
 def test_demo_mistakes_are_one_line():
@@ -215,7 +252,7 @@ def test_demo_end_to_end_on_a_virtual_board(tmp_path):
     out.mkdir()
     stale = {"telemetry.jsonl": '{"type": "event", "events": [{"event": "done"}], "stale": 1}\n',
              "serial.log": "[00:00:00.000] STALE-EARLIER-RUN\n", "capture.bin": "STALE-EARLIER-RUN\n",
-             "bandwidth.png": "STALE", "summary.json": "{}", "notes.txt": "mine"}
+             "bandwidth.png": "STALE", "summary.json": "{}", "notes.txt": "mine", demo.MARKER: ""}
     for name, text in stale.items():
         (out / name).write_text(text)
     env = dict(os.environ, KVRTOS_VBOARD_HOME=str(tmp_path / "home"))  # a virtual board of its own
