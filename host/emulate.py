@@ -403,17 +403,8 @@ def run(spec, out_dir=None, progress=None):
     folder = os.path.dirname(n["scenario"]) if n["scenario"] else ""
     if not folder:
         return _run(n, out_dir, progress)
-    before = set(sys.modules)
-    sys.path.insert(0, folder)
-    try:
+    with paths.import_folder(folder):
         return _run(n, out_dir, progress)
-    finally:
-        if folder in sys.path:
-            sys.path.remove(folder)
-        for name in set(sys.modules) - before:
-            f = getattr(sys.modules[name], "__file__", None) or ""
-            if os.path.abspath(f).startswith(folder + os.sep):
-                del sys.modules[name]
 
 
 def _run(n, out_dir, progress):

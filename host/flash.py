@@ -465,12 +465,8 @@ def _dry_build(cfg, board, folder, modules):
     from firmware_py.clock import VirtualClock
     from firmware_py.sched import Kernel
 
-    before = dict(sys.modules)
-    for m in modules:
-        sys.modules.pop(m, None)  # an earlier import of that name (another config's) is not this one
-    sys.path.insert(0, folder)
     notes = []
-    try:
+    with paths.import_folder(folder, modules):  # an earlier import of a name (another config's) is not this one
         k = Kernel(VirtualClock(), max_tasks=appcfg.max_tasks(cfg))
         env = appcfg.make_env(k, bandwidth.Bandwidth(board, kernel=k, user_categories=appcfg.categories(cfg)), cfg, board)
         appcfg.stats(appcfg.spawn(k, dict(cfg, tasks=[t for t in cfg["tasks"] if t["kind"] != "module"]), env))
@@ -479,16 +475,6 @@ def _dry_build(cfg, board, folder, modules):
                 note = _module_task(appcfg, k, env, t, folder)
                 if note is not None:
                     notes.append((t["name"], note))
-    finally:
-        if folder in sys.path:
-            sys.path.remove(folder)
-        for name in set(sys.modules) - set(before):
-            f = getattr(sys.modules[name], "__file__", None) or ""
-            if os.path.abspath(f).startswith(folder + os.sep):
-                del sys.modules[name]
-        for m in modules:
-            if m in before:
-                sys.modules[m] = before[m]
     return notes
 
 

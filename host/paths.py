@@ -1,5 +1,6 @@
 # Where things are: the repository, its firmware and boards, and the tools the
 # project installs into its own environment (.venv), found next to this Python.
+import contextlib
 import hashlib
 import os
 import shutil
@@ -105,3 +106,27 @@ def out_folder(out_dir):
     if not os.access(out_dir, os.W_OK):
         raise UserError("--out %s is not writable" % out_dir, 2)
     return out_dir
+
+
+@contextlib.contextmanager
+def import_folder(folder, modules=()):
+    # a config's module tasks import from its folder (where a board keeps them beside
+    # kvrtos.json): the folder is on sys.path inside the block only; the modules imported
+    # from it are dropped after; each name in modules imported earlier from elsewhere is
+    # set aside meanwhile (that one is not this folder's) and put back after
+    before = dict(sys.modules)
+    for m in modules:
+        sys.modules.pop(m, None)
+    sys.path.insert(0, folder)
+    try:
+        yield
+    finally:
+        if folder in sys.path:
+            sys.path.remove(folder)
+        for name in set(sys.modules) - set(before):
+            f = getattr(sys.modules[name], "__file__", None) or ""
+            if os.path.abspath(f).startswith(folder + os.sep):
+                del sys.modules[name]
+        for m in modules:
+            if m in before:
+                sys.modules[m] = before[m]
