@@ -5,7 +5,8 @@
 #     they became ready; a yielder goes behind every task that became ready before its
 #     slice ended, timers that fell due during the slice included;
 #   - every service first makes ready the tasks whose timers are due (due-time order,
-#     equal times in the order the timers were set);
+#     equal times in the order the timers were set); so does a slice's end, whether the
+#     task yielded or ended (its joiners and mutex waiters whose timeouts fell due first);
 #   - wait lists: highest priority first, then arrival (a priority change re-arrives);
 #   - handoff: a put to a waiting getter / a give to a waiting taker / an unlock with
 #     waiters goes straight to that task; it counts against capacity / maximum until the
@@ -390,6 +391,7 @@ class Model:
                 end = r[0]
                 break
             if end is None:
+                self.expire()  # an ending task's due timers first, as a yielder's (docs/kernel.md)
                 if self.park:
                     self.block(t, "park", "park", -1)
                 else:

@@ -430,16 +430,18 @@ class Kernel(Timers, Priorities, Watchdog, Notify, Stats):
                 t = t1
                 if acct(st, d, task.budget):  # stats row update, one viper call
                     tot[T_OVERRUNS] += 1
+                # Timers that fell due during the slice are served first, whatever ended
+                # it (the tick came before the yield, the return or the watchdog's stop):
+                # a joiner or a mutex waiter whose timeout fell due in that slice times out
+                # before the task's end can wake it or hand it the mutex
+                h = self.thead
+                if h is not None and td(h.wake, t) <= 0:
+                    self._expire(t)
+                timed = True
                 if wdon and (d > wd or self.bitten is task):
                     self._stop_bitten(task)  # hung past the watchdog: reported by name, stopped
                 elif state == running:
-                    # it yielded. Timers that fell due during its slice join the ready lists
-                    # first (the tick came before the yield), then it goes to the tail of its
-                    # priority (inlined TaskList.push)
-                    h = self.thead
-                    if h is not None and td(h.wake, t) <= 0:
-                        self._expire(t)
-                    timed = True
+                    # it yielded: to the tail of its priority (inlined TaskList.push)
                     q = task.prio
                     if q != p:  # its priority changed in its slice (inheritance)
                         lst = ready[q]
@@ -479,9 +481,13 @@ class Kernel(Timers, Priorities, Watchdog, Notify, Stats):
     # slice, then finish it (a fault is reported and counted). Not on the switch path.
     def _ended(self, task, t, state):
         self.current = None
-        d = ticks_diff(self.clock.now(), t)
+        t1 = self.clock.now()
+        d = ticks_diff(t1, t)
         if account(task.st, d, task.budget):
             self.totals[T_OVERRUNS] += 1
+        h = self.thead
+        if h is not None and ticks_diff(h.wake, t1) <= 0:
+            self._expire(t1)  # the timers due in its last slice first, as on the yield path
         if task.state == KILLED:
             self._finish(task, KILLED)
         elif d > self.wd_limit or self.bitten is task:
