@@ -213,10 +213,13 @@ class Kernel(Timers, Priorities, Watchdog, Notify, Stats):
         self.clock.charge(us)
 
     # wait until task u finishes; resumes with its final state (DONE/FAILED/KILLED) or
-    # TIMEOUT; E_STATE when u is the caller itself
+    # TIMEOUT; E_STATE when u is the caller itself; E_RANGE when u is not a task of this
+    # kernel (its end would wake the caller on the other kernel's lists)
     def join(self, u, timeout_us=FOREVER):
         t = self._cur()
         self._tick()
+        if not isinstance(u, Task) or u.k is not self:
+            return self._done_now(t, E_RANGE)
         if u is t:
             return self._done_now(t, E_STATE)
         if u.state >= DONE:
@@ -225,8 +228,11 @@ class Kernel(Timers, Priorities, Watchdog, Notify, Stats):
 
     # stop task u now: its generator is closed (finally blocks run), an item or token it was
     # handed goes back, mutexes it holds pass on, joiners wake with KILLED. OK, or E_STALE
-    # when u had already finished. A task killing itself ends at its next yield.
+    # when u had already finished, E_RANGE when u is not a task of this kernel. A task
+    # killing itself ends at its next yield.
     def kill(self, u):
+        if not isinstance(u, Task) or u.k is not self:
+            return E_RANGE
         if u.state >= DONE:
             return E_STALE
         self._tick()

@@ -26,9 +26,11 @@ class Notify:
     # the Kernel's notification services (a base class of Kernel)
 
     # OR bits (1 .. 2**30-1) into task t's notification value and wake it if it waits.
-    # OK; E_STALE when t has finished; E_RANGE for bits out of range. O(1), no allocation
+    # OK; E_STALE when t has finished; E_RANGE for bits out of range or t not a task of
+    # this kernel (another kernel's task would be made ready on lists this one never
+    # runs, and wait on forever). O(1), no allocation
     def notify(self, t, bits=1):
-        if bits.__class__ is not int or bits <= 0 or bits > _NVAL_MAX:
+        if not isinstance(t, Task) or t.k is not self or bits.__class__ is not int or bits <= 0 or bits > _NVAL_MAX:
             return E_RANGE
         if t.state >= DONE:
             return E_STALE
@@ -38,8 +40,11 @@ class Notify:
         return OK
 
     # add 1 to task t's notification value (a counting semaphore private to t) and wake it
-    # if it waits. OK; E_STALE when t has finished; E_FULL at 2**30-1. O(1), no allocation
+    # if it waits. OK; E_STALE when t has finished; E_FULL at 2**30-1; E_RANGE when t is
+    # not a task of this kernel. O(1), no allocation
     def notify_give(self, t):
+        if not isinstance(t, Task) or t.k is not self:
+            return E_RANGE
         if t.state >= DONE:
             return E_STALE
         if t.nval >= _NVAL_MAX:

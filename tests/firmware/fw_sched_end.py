@@ -5,7 +5,7 @@
 # the not-yielded blocking call.
 from fwtest import eq, done
 from firmware_py.clock import VirtualClock
-from firmware_py.sched import Kernel, Mutex, Queue, TIMEOUT, DONE, FAILED, KILLED
+from firmware_py.sched import Kernel, Mutex, Queue, TIMEOUT, DONE, FAILED, KILLED, E_RANGE, E_STALE
 
 
 def ending(how):
@@ -80,4 +80,35 @@ k.spawn("j", 1, joiner2())
 k.spawn("l", 1, locker2())
 k.run()
 eq(sorted(log), [("join", 6, DONE), ("lock", 6, 0)], "an end before the timeouts wakes the joiner and hands on the mutex")
+
+# a task of another kernel is refused by notify, notify_give, join and kill (E_RANGE, as
+# notify_from_isr already was): nothing is marked ready on lists its kernel never runs
+k1 = Kernel(VirtualClock(), verbose=False)
+k2 = Kernel(VirtualClock(), verbose=False)
+got = []
+
+
+def waiter1():
+    v = yield k1.wait_notify(50)
+    got.append(("woke", k1.now(), v))
+
+
+def other2():
+    got.append(("join", (yield k2.join(w1, 5))))
+    yield
+
+
+w1 = k1.spawn("w1", 1, waiter1())
+k2.spawn("o2", 1, other2())
+eq(k2.notify(w1, 1), E_RANGE, "notify of another kernel's task")
+eq(k2.notify_give(w1), E_RANGE, "notify_give of another kernel's task")
+eq(k2.notify(None, 1), E_RANGE, "notify of something that is no task")
+eq(k2.notify_from_isr(w1, 1), E_RANGE, "notify_from_isr of another kernel's task (as before)")
+eq(k2.kill(w1), E_RANGE, "kill of another kernel's task")
+k2.run()
+eq(got, [("join", E_RANGE)], "join of another kernel's task returns E_RANGE at once")
+k1.run()
+eq(got[-1], ("woke", 50, TIMEOUT), "the other kernel's task was never notified: it times out on its own kernel")
+eq(w1.nval, 0, "and its notification value was never touched")
+eq((k1.notify(w1, 1), k1.kill(w1)), (E_STALE, E_STALE), "its own kernel still answers E_STALE once it has finished")
 done()
