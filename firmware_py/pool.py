@@ -380,6 +380,8 @@ class Pool:
         if region < 0 or region >= self.n_regions or tier < 0 or tier >= self.n_tiers:
             return 0
         q = self.quota[region] - self.region_used[region]
+        if q <= 0:
+            return 0  # over its quota (set_quota lowered it, exchange moved blocks in): none, not a status
         f = self.blocks_free if self.tier is None else self.tier[tier * TF + T_FREE]
         return q if q < f else f
 
@@ -437,6 +439,8 @@ class Pool:
         if region < 0 or region >= self.n_regions:
             return 0
         q = self.quota[region] - self.region_used[region]
+        if q <= 0:
+            return 0  # over its quota (set_quota lowered it, exchange moved blocks in): none, not a status
         f = self.blocks_free
         return q if q < f else f
 

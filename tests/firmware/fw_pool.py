@@ -254,4 +254,27 @@ def swap_owners():
 no_alloc("exchange of two blocks' owners (and its refusals)", swap_owners)
 eq((xres[0], fp.owner[fb], fp.owner[fb2], fp.region_used[rf], fp.region_used[rf2]), (status.OK, rf2, rf, 1, 1), "owners swapped")
 eq((xres[1], xres[2]), (status.E_NO_BLOCK, status.E_STATE), "transfer over a lowered quota and exchange of a shared block refused")
+
+# available() is never negative (issue 17): a region holding more blocks than its quota
+# (set_quota lowered it, or exchange moved blocks in) has 0 available, never a figure
+# that reads as a status code
+P = pool.Pool(16, 4)
+r = P.add_region(4)
+P.alloc(r)
+P.alloc(r)
+P.alloc(r)
+P.set_quota(r, 0)  # quota lowered below what the region holds
+eq(P.available(r), 0, "available after set_quota below the held blocks")
+eq(P.available_in(r, 0), 0, "available_in likewise")
+eq(P.alloc(r), status.E_NO_BLOCK, "and an allocation is refused")
+P = pool.Pool(16, 4)
+r1 = P.add_region(1)
+r2 = P.add_region(3)
+b1 = P.alloc(r1)
+b2 = P.alloc(r2)
+b3 = P.alloc(r2)
+P.set_quota(r2, 1)  # r2 holds 2
+eq(P.available(r2), 0, "over quota: 0")
+eq(P.exchange(b1, b2), status.OK, "exchange")
+eq((P.available(r1), P.available(r2)), (0, 0), "after exchange neither goes negative")
 done()
