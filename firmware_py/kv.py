@@ -150,8 +150,10 @@ class KVCache:
         self.max_seqs = max_seqs  # sequence slots
         self.max_blocks = mb  # block-table entries per sequence
         self.max_slots = mb * t  # most cached tokens one sequence can hold
-        # a handle is g * max_seqs + slot, g = generation * _TAGS + tag: handles of two caches
-        # on one pool never coincide; one slot's handles repeat after gen_limit closes
+        # a handle is (generation * max_seqs + slot) * _TAGS + tag: its low part is the cache's
+        # tag, so handles of two caches on one pool never coincide whatever their max_seqs;
+        # one slot's handles repeat after gen_limit closes. The slot's _F_GEN word holds its
+        # next handle's base, generation * max_seqs * _TAGS + tag (the handle: + slot * _TAGS)
         self.gen_limit = _HMAX // (max_seqs * _TAGS)  # generations per slot before they wrap
         self.handle_limit = self.gen_limit * _TAGS * max_seqs  # every handle is 0 .. handle_limit - 1
         self.table = filled("h", max_seqs * mb, _NONE)  # [seq][block] pool block or -1
@@ -182,7 +184,7 @@ class KVCache:
         self.flags = bytearray(max_seqs * t if layout.kivi else 0)  # [seq][T] 1: slot r's K is residual
         self.kc = kvkivi.shape(layout, new_array) if layout.kivi else new_array("i", 0)  # kvkivi's shape words
         for i in range(max_seqs):
-            m[_CFG + i * _NF + _F_GEN] = tag  # generation 0, tagged
+            m[_CFG + i * _NF + _F_GEN] = tag  # generation 0's base, tagged
         # h2o: [seq][M] slot of position p at p % M (M = 2 * max_slots > any budget, so
         # two cached positions collide only when M apart; the older one is then evicted).
         # array('i'): slots above 32,767 are valid
@@ -253,7 +255,7 @@ class KVCache:
         m[o + _F_WMF] = 0
         m[o + _F_SLOT] = 0
         m[o + _F_EV] = 0
-        h = m[o + _F_GEN] * self.max_seqs + i
+        h = m[o + _F_GEN] + i * _TAGS
         m[o + _F_H] = h + 1
         return h
 
@@ -265,12 +267,19 @@ class KVCache:
                 return i
         return _NONE
 
+    # the sequence slot handle h names, open or closed (a handle of this cache's range and
+    # tag), or E_STALE (not an int, out of range, another cache's tag); O(1)
+    def slot_of(self, h):
+        if h.__class__ is not int or h < 0 or h >= self.handle_limit or h % _TAGS != self.tag:
+            return E_STALE
+        return (h // _TAGS) % self.max_seqs
+
     # the slot index of handle h, or E_STALE when h is not an open handle of this cache
     # (a non-int included); O(1)
     def _idx(self, h):
         if h.__class__ is not int or h < 0 or h >= self.handle_limit:  # before %: a big int would allocate
             return E_STALE
-        i = h % self.max_seqs
+        i = (h // _TAGS) % self.max_seqs
         if self.meta[_CFG + i * _NF + _F_H] - 1 != h:
             return E_STALE
         return i
@@ -320,7 +329,7 @@ class KVCache:
         pm = self.pos_map
         for k in range(mm):
             pm[i * mm + k] = pm[src * mm + k]
-        nh = m[o + _F_GEN] * self.max_seqs + i
+        nh = m[o + _F_GEN] + i * _TAGS
         m[o + _F_H] = nh + 1
         return nh
 
@@ -349,8 +358,8 @@ class KVCache:
         m[o + _F_CUR] = 0
         for k in range(i * self.t, i * self.t + len(self.flags) // self.max_seqs):
             self.flags[k] = 0
-        g = m[o + _F_GEN] + _TAGS  # the next generation, same tag
-        m[o + _F_GEN] = g if g < self.gen_limit * _TAGS else self.tag
+        g = m[o + _F_GEN] + self.max_seqs * _TAGS  # the next generation's base, same tag
+        m[o + _F_GEN] = g if g < self.handle_limit else self.tag
         return OK
 
     # reserve the slot for the next position of h, evicting per its policy, and zero its
@@ -368,12 +377,13 @@ class KVCache:
     @micropython.viper
     def append(self, h, src) -> int:
         m = ptr32(self.meta)
-        # as objects first: int() would truncate a big int and raise for a float
-        if h < _ZERO_OBJ or h > _HMAX_OBJ or h.__class__ is not _INT:
+        # as objects first, the type before any compare (None < 0 raises): int() would
+        # truncate a big int and raise for a float
+        if h.__class__ is not _INT or h < _ZERO_OBJ or h > _HMAX_OBJ:
             m[_C_ST] = _E_STALE + _ST_BIAS
             return _E_STALE
         hi = int(h)
-        i = hi % int(m[_C_MS])
+        i = (hi // _TAGS) % int(m[_C_MS])
         o = _CFG + i * _NF
         if int(m[o + _F_H]) != hi + 1:
             m[_C_ST] = _E_STALE + _ST_BIAS
@@ -578,7 +588,7 @@ class KVCache:
             return _E_STALE
         m = ptr32(self.meta)
         hi = int(h)
-        i = hi % int(m[_C_MS])
+        i = (hi // _TAGS) % int(m[_C_MS])
         o = _CFG + i * _NF
         if int(m[o + _F_H]) != hi + 1:
             return _E_STALE

@@ -313,8 +313,8 @@ class Tiers:
     def _slot(self, h):
         i = self.cache._idx(h)
         if i < 0:
-            if h.__class__ is int and 0 <= h < self.cache.handle_limit:
-                j = h % self.ms
+            j = self.cache.slot_of(h)
+            if j >= 0:
                 if self.sh[j] == h + 1:
                     self._forget(j)
             return E_STALE

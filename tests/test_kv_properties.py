@@ -88,7 +88,7 @@ class KVMachine(RuleBasedStateMachine):
         refs = [0] * N_BLOCKS
         for s in self.seqs:
             for i in range(c.max_blocks):
-                b = c.table[(s % c.max_seqs) * c.max_blocks + i]
+                b = c.table[c.slot_of(s) * c.max_blocks + i]
                 if b >= 0:
                     refs[b] += 1
         for b in range(N_BLOCKS):

@@ -232,7 +232,7 @@ no_alloc("calls on a closed sequence", closed_calls)
 eq(stale[0], 12 * status.E_STALE, "every call on a closed handle is E_STALE")
 check(p.blocks_used < used, "close returned the blocks (no leak from add_score)")
 fd = c.open(r0, "full", 8)
-eq(fd % c.max_seqs, fb % c.max_seqs, "the new sequence reuses the closed slot")
+eq(c.slot_of(fd), c.slot_of(fb), "the new sequence reuses the closed slot")
 check(fd != fb, "with a new generation: a different handle")
 eq(c.length(fb), status.E_STALE, "the old handle does not alias the new sequence")
 eq(c.slot_pos(fd, 0), status.E_EMPTY, "an empty slot reads E_EMPTY, not a previous owner's position")
@@ -515,7 +515,7 @@ pn.ref[cn.block_at(hn, 0)] = 1
 hw = cm.open(rm, "window", 4)
 for _ in range(5):
     cm.append(hw, lrow + lrow)
-hi = hw % 4
+hi = cm.slot_of(hw)  # the slot (handle = (gen * max_seqs + slot) * 4 + tag)
 cm.meta[10 + hi * 13 + 1] = 0x3FFFFFFE - 1  # _CFG + slot * _NF + _F_N: one position left
 cm.events = 0x3FFFFFFF
 PR = [0, 0, 0]
@@ -588,4 +588,34 @@ hh = ch.open(rh, "h2o", 12, sinks=1, recent=4)
 for i in range(6):
     ch.append(hh, rows[i])
 eq(ch.retarget(hh, 0, ch.block_at(hh, 0), -1), status.E_STATE, "h2o: a block may not leave the pool (its victim scan reads them all)")
+
+# issue 17: handles of two caches on one pool never coincide, whatever their max_seqs (the
+# tag is the handle's low part), and a handle that is not an int is E_STALE in every call,
+# append and reserve included (the type is checked before any compare: None < 0 raises)
+lay = kv.Layout(1, 1, 4, "fp32", tokens_per_block=2)
+P = pool.Pool(lay.block_bytes, 8)
+r = P.add_region(8)
+ca = kv.KVCache(P, lay, max_seqs=5)
+cb = kv.KVCache(P, lay, max_seqs=2)
+ha = [ca.open(r) for _ in range(3)]
+hb = cb.open(r)
+eq(cb.append(hb, bytearray(lay.row_bytes)), 0, "b appends")
+eq((ca.length(hb), cb.length(ha[2])), (status.E_STALE, status.E_STALE), "each cache's handle is E_STALE in the other")
+check(hb not in ha, "no handle of b is one of a's: %r %r" % (ha, hb))
+seen = set()
+for c, n in ((ca, 5), (cb, 2)):
+    hs = [c.open(r) for _ in range(n)]
+    for h in hs:
+        if h >= 0:
+            c.close(h)
+    for h in [c.open(r) for _ in range(n)]:
+        if h >= 0:
+            seen.add((h, c.tag))
+eq(len(set(h for h, _ in seen)), len(seen), "after closes and reopens, still no handle of one cache is another's")
+eq((cb.slot_of(hb), ca.slot_of(hb), cb.slot_of(None)), (0, status.E_STALE, status.E_STALE), "slot_of: the slot, or E_STALE for another cache's handle or a non-int")
+for bad in (None, 1.0, True, "0", -1, 2 ** 40):
+    eq(cb.append(bad, bytearray(lay.row_bytes)), status.E_STALE, "append(%r, row)" % (bad,))
+    eq(cb.reserve(bad), status.E_STALE, "reserve(%r)" % (bad,))
+    eq(cb.write(bad, 0, bytearray(lay.row_bytes), 0), status.E_STALE, "write(%r, ...)" % (bad,))
+    eq(cb.length(bad), status.E_STALE, "length(%r)" % (bad,))
 done()

@@ -85,7 +85,7 @@ class RefKV:
         self.seqs = {}  # handle -> Seq
         self.gen = [0] * max_seqs  # generation of each slot's next handle
         self.tag = 0  # the cache's number on its pool (the first cache: 0); docs: handles of
-        # two caches on one pool differ in it. handle = (gen * 4 + tag) * max_seqs + slot
+        # two caches on one pool differ in it. handle = (gen * max_seqs + slot) * 4 + tag
         self.gen_limit = (2 ** 30 - 1) // (max_seqs * 4)  # generations wrap here (docs/memory.md)
         self.open_idx = [None] * max_seqs  # handle open in each slot
 
@@ -157,7 +157,7 @@ class RefKV:
                 return E_NO_BLOCK
             for ti in range(nb):
                 s.blocks[ti] = self.alloc(region)
-        h = (self.gen[idx] * 4 + self.tag) * self.max_seqs + idx
+        h = (self.gen[idx] * self.max_seqs + idx) * 4 + self.tag
         self.open_idx[idx] = h
         self.seqs[h] = s
         return h
@@ -182,7 +182,7 @@ class RefKV:
         for ti, b in src.blocks.items():
             s.blocks[ti] = b
             self.refs[b] += 1
-        nh = (self.gen[idx] * 4 + self.tag) * self.max_seqs + idx
+        nh = (self.gen[idx] * self.max_seqs + idx) * 4 + self.tag
         self.open_idx[idx] = nh
         self.seqs[nh] = s
         return nh
@@ -193,7 +193,7 @@ class RefKV:
         s = self.seqs.pop(h)
         for b in s.blocks.values():
             self.unref(b)
-        idx = h % self.max_seqs
+        idx = (h // 4) % self.max_seqs
         self.open_idx[idx] = None
         self.gen[idx] = (self.gen[idx] + 1) % self.gen_limit
         return OK
