@@ -539,6 +539,7 @@ class Telemetry:
         self.periodic_bytes_g = 0  # ... times CARRY_N
         self.periodic_max = 0  # the largest one
         self.write_errors = 0  # write() raised OSError
+        self.short_writes = 0  # frames write() took only part of (or none, or raised): not sent, counted here
         # tok/s over about one second: tokens and ms at each of the last rate_hz ticks
         self.tok_hist = array("i", bytes(4 * (rate_hz + 1)))
         self.ms_hist = array("i", bytes(4 * (rate_hz + 1)))
@@ -888,7 +889,14 @@ class Telemetry:
         self.n = HDR
 
     # CRC, COBS and write the payload built: the wire bytes sent, or E_FULL when the
-    # link credit does not cover them (nothing sent, the sequence number not used)
+    # link credit does not cover them, or when the write was short or failed (nothing
+    # counted as sent, the sequence number not used: the caller keeps the frame's
+    # events and text for a later frame, and counts a periodic frame skipped). write()
+    # returns the bytes it wrote (a MicroPython stream's write: a UART or USB-CDC may
+    # write fewer; None from stream_writer's streams means none) or None when it does
+    # not say (then all of them). The bytes of a cut frame that did go out are charged
+    # to the credit; the receiver drops them as one corrupt frame and finds the next at
+    # its opening 0x00
     def _send(self):
         n = self.n
         wl = wire_len(n)
@@ -897,10 +905,17 @@ class Telemetry:
         crc_put(self.pay, 0, n, CRC_TABLE)
         wl = cobs_encode(self.pay, n + CRC_BYTES, self.wire)
         try:
-            self.write(self.wire, wl)
+            r = self.write(self.wire, wl)
         except OSError:
+            r = 0
             if self.write_errors < INT_MAX:
                 self.write_errors += 1
+        if r is not None and r.__class__ is int and r < wl:
+            if r > 0:
+                self.credit -= r
+            if self.short_writes < INT_MAX:
+                self.short_writes += 1
+            return E_FULL
         self.credit -= wl
         self.seq = (self.seq + 1) & 0xFFFF
         if self.sent < INT_MAX:
@@ -1279,19 +1294,28 @@ class Telemetry:
                 "periodic_max": self.periodic_max, "skipped": self.skipped, "tokens": self.tokens_g * CARRY_N + self.tokens,
                 "requests": self.requests_g * CARRY_N + self.requests,
                 "events_dropped": self.events_dropped, "text_dropped": self.text_dropped, "layouts": self.layouts,
-                "frame_max": self.frame_max, "write_errors": self.write_errors}
+                "frame_max": self.frame_max, "write_errors": self.write_errors, "short_writes": self.short_writes}
 
 
-# a write(buf, n) for a stream: a MicroPython stream's own write (it takes the length);
-# on CPython a wrapper that writes the first n bytes and flushes (allocates: host side)
+# a write(buf, n) for a stream, returning the bytes written: on MicroPython the stream's
+# own write (it takes the length; a UART's returns None on a timeout: 0 here), made once
+# (no allocation per call); on CPython a wrapper that writes the first n bytes and
+# flushes (allocates: host side)
 def stream_writer(stream):
     if IS_MICROPYTHON:
-        return stream.write
+        sw = stream.write
+
+        def write(buf, n):
+            r = sw(buf, n)
+            return 0 if r is None else r
+
+        return write
 
     def write(buf, n):
-        stream.write(bytes(buf[:n]))
+        r = stream.write(bytes(buf[:n]))
         fl = getattr(stream, "flush", None)
         if fl is not None:
             fl()
+        return 0 if r is None else r
 
     return write

@@ -462,7 +462,10 @@ def link_fails(buf, n):
 
 t3.write = link_fails
 t3.tick()  # the layout frame allocates: not locked
+eq((t3.write_errors, t3.layouts), (INT_MAX, NEAR), "write_errors saturated; a layout the link refused is not counted sent")
 t3.write = link
+t3.clock.t += 1000000  # a second later: the credit refilled
+t3.tick()  # the layout goes now
 eq((t3.write_errors, t3.layouts), (INT_MAX, INT_MAX), "write_errors and layouts saturated")
 # the frames: every header time below MS_WRAP and wrapping once; every record value a small int
 fr3 = frames(CAP, capn[0])
@@ -536,6 +539,54 @@ for i in range(len(parts4)):
     lines4.extend(ls[1:])
 eq(b"\n".join(lines4), body4, "the parts' lines are the layout's, whole, in order")
 check(any(f[0] == tm.T_PERIODIC for f in fs4[:-1]), "periodic frames went on between the parts")
+
+# --- a short write (a UART or USB-CDC taking part of a frame) is not a frame sent ---
+SW = array("i", [0, 0])  # [bytes each write may take (-1: all), writes cut short]
+
+
+def short_link(buf, n):
+    m = SW[0]
+    if m < 0 or m >= n:
+        link(buf, n)
+        return n
+    link(buf, m)
+    SW[1] += 1
+    return m
+
+
+capn[0] = 0
+clk5 = VirtualClock()
+t5 = tm.Telemetry(short_link, clock=clk5, heap=False)
+t5.tick()  # the layout (allocates)
+sent0, seq0, short0 = t5.sent, t5.seq, t5.short_writes
+SW[0] = 7
+t5.event(tm.EV_EVICT, 3, 0, 0)
+R5 = array("i", [0, 0])
+
+
+def short_tick():
+    clk5.t += 100000
+    R5[0] = t5.tick()
+    R5[1] = t5.ev_n
+
+
+no_alloc("a tick whose frames the link cuts short", short_tick)
+eq((R5[0], t5.sent, t5.seq), (OK, sent0, seq0), "cut frames are not counted sent, their sequence numbers not used")
+check(t5.short_writes - short0 >= 2, "the cut event and periodic frames counted as short writes: %d" % (t5.short_writes - short0))
+eq(R5[1], 1, "the event stays queued for the next frame")
+check(t5.skipped >= 1, "the periodic frame counted skipped")
+SW[0] = -1
+clk5.t += 100000
+t5.tick()
+eq(t5.ev_n, 0, "the link takes whole frames again: the event sent")
+check(t5.sent - sent0 >= 2 and t5.seq - seq0 == t5.sent - sent0, "frames sent again, sequence numbers without a gap")
+sent1 = t5.sent
+SW[0] = 0
+clk5.t += 100000
+t5.tick()  # a write that takes nothing at all (a UART's timeout: None from stream_writer, 0 here)
+eq(t5.sent, sent1, "a write of 0 bytes is not a frame sent")
+eq(t5.stats()["short_writes"], t5.short_writes, "short_writes in stats()")
+SW[0] = -1
 
 # --- the same bytes on every interpreter: a fresh deterministic run ---
 capn[0] = 0
