@@ -24,14 +24,20 @@ _ran = {"micropython": [0, 0], "micropython32": [0, 0], "cpython": [0, 0]}  # in
 _mp32 = []  # [(binary or None, why)] once host/mp32.py has been asked
 
 
+REQUIRE_MP32 = "KVRTOS_REQUIRE_MP32"  # set (to 1) by .ci/run: a missing 32-bit build fails, never skips
+
+
 def mp32_or_skip():
     # the 32-bit MicroPython unix port (built once, cached), or skip saying why it is absent
+    # (fail instead when $KVRTOS_REQUIRE_MP32 is set: CI must run every firmware test on it)
     from host import mp32
 
     if not _mp32:
         _mp32.append(mp32.available())
     binary, why = _mp32[0]
     if binary is None:
+        if os.environ.get(REQUIRE_MP32, "") not in ("", "0"):
+            pytest.fail("32-bit MicroPython unavailable and %s is set: %s" % (REQUIRE_MP32, why), pytrace=False)
         pytest.skip("32-bit MicroPython unavailable: %s" % why)
     return binary
 
