@@ -125,6 +125,52 @@ def load():
     return out
 
 
+def deterministic(name):
+    # True when host/bench/<name>.py gives the same figures on every run (a VirtualClock
+    # benchmark: its module sets DETERMINISTIC = True); its HOST_MEASURED keys (host timings
+    # kept beside the figures, e.g. calibration's host_probe) are the exception
+    mod = _module(name)
+    return bool(mod is not None and getattr(mod, "DETERMINISTIC", False))
+
+
+def _diff(want, got, path, out):
+    # the field paths where got differs from want ("a.b[2].c: committed 1 vs now 2")
+    if isinstance(want, dict) and isinstance(got, dict):
+        for k in sorted(set(want) | set(got), key=str):
+            p = "%s.%s" % (path, k) if path else str(k)
+            if k not in got:
+                out.append("%s: committed, no longer produced" % p)
+            elif k not in want:
+                out.append("%s: produced now, not committed" % p)
+            else:
+                _diff(want[k], got[k], p, out)
+    elif isinstance(want, list) and isinstance(got, list):
+        if len(want) != len(got):
+            out.append("%s: committed %d items, now %d" % (path, len(want), len(got)))
+            return
+        for i, (x, y) in enumerate(zip(want, got, strict=True)):
+            _diff(x, y, "%s[%d]" % (path, i), out)
+    elif want != got or type(want) is not type(got):
+        out.append("%s: committed %r, now %r" % (path, want, got))
+
+
+def stale_fields(name, committed=None):
+    # rerun the deterministic benchmark `name` and compare its figures with the committed
+    # docs/bench/<name>.json (or `committed`, a figures dict): the fields that differ,
+    # each "path: committed X, now Y" (empty: the committed figures are current). The
+    # module's HOST_MEASURED top-level keys are not compared
+    mod = _module(name)
+    if committed is None:
+        with open(os.path.join(JSON_DIR, name + ".json")) as f:
+            committed = json.load(f)["figures"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        now = json.loads(json.dumps(mod.run(as_json=True)))  # as the JSON file holds it (tuples as lists)
+    skip = set(getattr(mod, "HOST_MEASURED", ()))
+    out = []
+    _diff({k: v for k, v in committed.items() if k not in skip}, {k: v for k, v in now.items() if k not in skip}, "", out)
+    return out
+
+
 def fmt(v):
     # a figure in a table cell: thousands separators, 3 significant digits for ratios
     if v is None:

@@ -18,6 +18,8 @@ from host import boards
 from host.bench import budget as budget_bench
 from host.bench import emit
 
+DETERMINISTIC = True  # VirtualClock figures: the suite reruns it against docs/bench/costmodel.json (tests/test_bench_fresh.py)
+
 BOARDS = ("esp32s3_n8r8", "esp32s3_n4r2")  # octal PSRAM (measured figures), quad PSRAM (estimates)
 PUBLISHED = {"esp32-llm (DaveBben), ESP32-S3 with 2 MB PSRAM": 19.13,
              "esp32-llm fork (eric-humane), ESP32-S3FH4R2, PSRAM 80 MHz": 32.83}

@@ -13,6 +13,8 @@ from firmware_py import decode, kv
 from host import budget, emulate, models
 from host.bench import emit
 
+DETERMINISTIC = True  # VirtualClock figures: the suite reruns it against docs/bench/devicecases.json (tests/test_bench_fresh.py)
+
 SLOPE_TOKENS = 256  # tokens of each emulated decode (stories260K's context is 512)
 SLOPE_DTYPES = ("fp32", "int8", "int4")
 SEED_WAR = "edge-llm-kv-cache-memory-war.zh.txt"  # the field report: every case below is from it

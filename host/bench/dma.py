@@ -21,6 +21,8 @@ from host import boards, paths
 from host.errors import UserError
 from host.bench import emit
 
+DETERMINISTIC = True  # VirtualClock figures: the suite reruns it against docs/bench/dma.json (tests/test_bench_fresh.py)
+
 BOARD = paths.DEFAULT_BOARD
 FALLBACK = (5, 4, 8, 512)  # stories260K: n_layers, n_kv_heads, head_dim, seq_len
 SLOTS = 32  # the queue's ring (dma.DEFAULT_SLOTS)

@@ -20,6 +20,8 @@ from host import boards, paths
 from host.errors import UserError
 from host.bench import emit
 
+DETERMINISTIC = True  # VirtualClock figures: the suite reruns it against docs/bench/tiers.json (tests/test_bench_fresh.py)
+
 BOARD = "esp32s3_n8r8"
 TOKENS = 512  # forwards decoded (1 prompt token, BOS, + 511 new): the model's whole context
 MODEL, TOKENIZER = "stories260K.bin", "tok512.bin"  # in ../shared/models
