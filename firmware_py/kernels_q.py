@@ -10,6 +10,10 @@
 # two give the same bits as long as no intermediate leaves int32, and every bound below
 # is chosen so none does (tests/firmware/fw_kernels_q.py compares them on random and
 # extreme inputs under the 64- and the 32-bit build, where a wrap would show). The
+# twins' sums go through `reg` (i32: what a 32-bit register holds), so they wrap as the
+# chip would; with reg=wide they are exact, and the tests compare the two on every
+# interpreter. matvec splits any row so it cannot overflow (MV_CHUNK, mv_shift); the
+# dimensions no kernel can split are refused at load (limits, QForward). The
 # public NAME is the viper one on MicroPython, the twin on CPython.
 #
 # Viper facts used: ptr8 loads are unsigned (sign-extend int8 by (b ^ 128) - 128),
