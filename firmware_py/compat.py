@@ -8,6 +8,15 @@ import time
 
 IS_MICROPYTHON = sys.implementation.name == "micropython"
 
+
+class AlignmentFault(OSError):
+    # what the ESP32-S3 does on a 32-bit (16-bit) load or store at an address that is not a
+    # multiple of 4 (2): a LoadStoreAlignment exception. CPython's ptr32 / ptr16 raise it so
+    # that a path which would fault on the chip fails on the host too (the unix ports on x86
+    # cannot: their viper accesses just work)
+    pass
+
+
 if IS_MICROPYTHON:
     import micropython  # firmware modules import this name from compat
 
@@ -75,6 +84,13 @@ if IS_MICROPYTHON:
         import uctypes  # noqa: PLC0415 - boot-time check only
 
         return uctypes.addressof(buf)
+
+    @micropython.viper
+    def misaligned(buf, mask: int) -> int:
+        # the low bits (address & mask) of buf's first byte: 0 when a ptr32 (mask 3) or a
+        # ptr16 (mask 1) access to it is aligned. A memoryview window starts where its
+        # offset puts it. O(1), no allocation (viper's cast of the buffer's pointer)
+        return int(ptr8(buf)) & mask
 
 else:
     TICKS_PERIOD = 1 << 30  # as on the ESP32 port (31-bit small ints)
@@ -174,23 +190,59 @@ else:
 
     def ptr16(buf):
         # viper's ptr16(buf) on CPython: the buffer seen as uint16 (a trailing odd byte is
-        # not addressable, as on MicroPython where viper ignores the length)
+        # not addressable, as on MicroPython where viper ignores the length). A buffer at an
+        # odd address raises AlignmentFault, as the chip faults on its first access
         b = memoryview(buf).cast("B")
+        c = buf.__class__
+        if c is not bytearray and c is not array.array and buffer_address(b) & 1:
+            raise AlignmentFault("ptr16 on a buffer at an odd address (a memoryview window at an odd offset)")
         return b[:len(b) & ~1].cast("H")
 
     def ptr32(buf):
         # viper's ptr32(buf) on CPython: the buffer seen as uint32 (its whole words: a
-        # length that is not a multiple of 4 is accepted, as viper accepts it)
+        # length that is not a multiple of 4 is accepted, as viper accepts it). A buffer
+        # whose address is not a multiple of 4 raises AlignmentFault, as the chip faults
         b = memoryview(buf).cast("B")
+        c = buf.__class__
+        if c is not bytearray and c is not array.array and buffer_address(b) & 3:
+            raise AlignmentFault("ptr32 on a buffer whose address is not a multiple of 4 (a memoryview window "
+                                 "at an offset that is not)")
         return b[:len(b) & ~3].cast("I")
 
-    def buffer_address(buf):
-        # address of buf's first byte (a memoryview window: where the window starts);
-        # buf must be writable (boot-time check only)
-        import ctypes  # noqa: PLC0415 - boot-time check only
+    import ctypes as _ct
 
-        mv = memoryview(buf).cast("B")
-        return ctypes.addressof((ctypes.c_char * len(mv)).from_buffer(mv))
+    class _PyBuffer(_ct.Structure):
+        # CPython's Py_buffer (Include/pybuffer.h): buf is the address of the first byte
+        _fields_ = [("buf", _ct.c_void_p), ("obj", _ct.c_void_p), ("len", _ct.c_ssize_t),
+                    ("itemsize", _ct.c_ssize_t), ("readonly", _ct.c_int), ("ndim", _ct.c_int),
+                    ("format", _ct.c_char_p), ("shape", _ct.c_void_p), ("strides", _ct.c_void_p),
+                    ("suboffsets", _ct.c_void_p), ("internal", _ct.c_void_p)]
+
+    _get_buffer = _ct.pythonapi.PyObject_GetBuffer
+    _get_buffer.argtypes = [_ct.py_object, _ct.POINTER(_PyBuffer), _ct.c_int]
+    _release_buffer = _ct.pythonapi.PyBuffer_Release
+    _release_buffer.argtypes = [_ct.POINTER(_PyBuffer)]
+    _PYBUF_RECORDS_RO = 0x1C  # PyBUF_STRIDES | PyBUF_FORMAT: any buffer, read-only or not
+
+    def buffer_address(buf):
+        # address of buf's first byte (a memoryview window: where the window starts), for
+        # any buffer, read-only or not (PyObject_GetBuffer); TypeError for a non-buffer
+        v = _PyBuffer()
+        _get_buffer(buf, _ct.byref(v), _PYBUF_RECORDS_RO)  # raises the buffer's TypeError
+        try:
+            return v.buf or 0
+        finally:
+            _release_buffer(_ct.byref(v))
+
+    def misaligned(buf, mask):
+        # the low bits (address & mask) of buf's first byte, as on MicroPython: 0 when a
+        # ptr32 (mask 3) or ptr16 (mask 1) access is aligned. A bytearray or an array is
+        # placed by the allocator (aligned on every interpreter); anything else, a
+        # memoryview window above all, by its real address. O(1)
+        c = buf.__class__
+        if c is bytearray or c is array.array:
+            return 0
+        return buffer_address(buf) & mask
 
 
 # True when buf is a writable buffer (bytearray, array, a memoryview of one; not bytes);

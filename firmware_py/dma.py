@@ -32,14 +32,16 @@
 # Alignment enforced (E_RANGE otherwise): on a side whose buffer lives in PSRAM, the offset
 # and the length are multiples of 32 bytes (ESP32-S3 GDMA external-memory block size), so
 # the largest PSRAM descriptor is 4,064 bytes; SRAM sides take any offset. The buffer's own
-# start counts as aligned (MicroPython cannot place a bytearray; the emulator models it).
+# start counts as aligned (MicroPython cannot place a bytearray; the emulator models it);
+# add_buffer refuses a window whose address is not a multiple of 4 (the engine's word copy
+# would fault on the chip), on every interpreter.
 # A descriptor whose source and destination overlap in one buffer is E_RANGE.
 #
 # Hot paths (submit, submit_nowait, wait, done, the engine's loop, snapshot) allocate
 # nothing on MicroPython: tests/firmware/fw_dma.py runs them with the heap locked.
 from array import array
 
-from firmware_py.compat import const, micropython, ptr8, ptr32, ticks_diff, buffer_writable
+from firmware_py.compat import const, micropython, misaligned, ptr8, ptr32, ticks_diff, buffer_writable
 from firmware_py.status import OK, E_FULL, E_RANGE, INT_MAX, CARRY_N
 from firmware_py.sched.task import FOREVER, TIMEOUT, SchedError, TaskList  # noqa: F401 - TIMEOUT re-exported
 
@@ -145,10 +147,12 @@ def _copy32(dst, dword: int, src, sword: int, n: int):
         sword += 1
 
 
-# bytes src[soff:] -> dst[doff:], words when all three are multiples of 4, forward (the
-# same result as copying the merged descriptors one after another); no allocation
+# bytes src[soff:] -> dst[doff:], words when all three and both buffers' addresses are
+# multiples of 4 (a word access at an unaligned address faults on the chip: a window at an
+# odd offset is copied byte by byte), forward (the same result as copying the merged
+# descriptors one after another); no allocation
 def copy_bytes(dst, doff, src, soff, n):
-    if (doff | soff | n) & 3:
+    if (doff | soff | n) & 3 or misaligned(dst, 3) or misaligned(src, 3):
         _copy8(dst, doff, src, soff, n)
     else:
         _copy32(dst, doff >> 2, src, soff >> 2, n >> 2)
@@ -269,7 +273,8 @@ class DMAQueue:
 
     # register buf (a bytearray, a memoryview window of one, a pool's arena) as living in tier
     # number `tier`; returns its id. align: overrides the tier's alignment. DMAError on a
-    # read-only, empty or non-byte buffer (an array: register a bytearray view instead), a bad tier, or more than MAX_BUFFERS buffers
+    # read-only, empty or non-byte buffer (an array: register a bytearray view instead), a window that does not start on
+    # a 4-byte boundary, a bad tier, or more than MAX_BUFFERS buffers
     def add_buffer(self, buf, tier, align=None):
         if len(self.bufs) >= MAX_BUFFERS:
             raise DMAError("dma: at most %d buffers" % MAX_BUFFERS)
@@ -282,6 +287,9 @@ class DMAQueue:
         n = len(buf)
         if n < 1:
             raise DMAError("dma: a buffer must not be empty")
+        if misaligned(buf, 3):  # the engine moves whole words: an unaligned word access faults on the chip
+            raise DMAError("dma: a buffer must start on a 4-byte boundary (a window memoryview(buf)[a:b] needs "
+                           "a %% 4 == 0), this one is %d B past one" % misaligned(buf, 3))
         if n > INT_MAX:
             raise DMAError("dma: buffer larger than %d bytes" % INT_MAX)
         a = self.tier_align[tier] if align is None else align

@@ -10,6 +10,10 @@
 # two give the same bits as long as no intermediate leaves int32, and every bound below
 # is chosen so none does (tests/firmware/fw_kernels_q.py compares them on random and
 # extreme inputs under the 64- and the 32-bit build, where a wrap would show). The
+# twins' sums go through `reg` (i32: what a 32-bit register holds), so they wrap as the
+# chip would; with reg=wide they are exact, and the tests compare the two on every
+# interpreter. matvec splits any row so it cannot overflow (MV_CHUNK, mv_shift); the
+# dimensions no kernel can split are refused at load (limits, QForward). The
 # public NAME is the viper one on MicroPython, the twin on CPython.
 #
 # Viper facts used: ptr8 loads are unsigned (sign-extend int8 by (b ^ 128) - 128),
@@ -117,10 +121,31 @@ def float_me(f):
 
 # --- matvec ---------------------------------------------------------------------------
 
+# columns of one group summed into one int32 (a longer group is summed in chunks of this
+# many): 512 x 128 x 2**14 = 2**30, so no int8 x q14 sum of a chunk leaves int32
+MV_CHUNK = const(512)
+MV_COLS = const(1024)  # columns matvec sums at full scale: |out| < MV_COLS x 2**20 = 2**30
+HD_MAX = const(1023)  # head_dim: hd x 128 x 2**14 < 2**31 (attend's dot of int8 keys and q14 queries)
+DIM_MAX = const(24999)  # dim: dim x 1e-5 x 2**32 < 2**30 (rmsnorm's eps0, a small int on the ESP32)
+SLOTS_MAX = const(65535)  # cached slots: slots x 2**15 < 2**31 (attend's sum of exp weights, Q15 each)
+
+
+# the right shift matvec applies to a row of `cols` columns so that |out| < 2**30 (what
+# quant, add and rescale take) whatever the inputs: 0 up to MV_COLS columns, then one bit
+# per doubling; the caller's exponent drops by it. O(log cols)
+def mv_shift(cols):
+    s = 0
+    while cols > (MV_COLS << s):
+        s += 1
+    return s
+
+
 @micropython.viper
 def matvec_v(out, w, woff: int, rows: int, cols: int, group: int, gp, goff: int, x):
-    # out[r] = sum over groups g of floor(acc_g * m_g / 2**(16 + d_g)), acc_g = the int8
-    # row of w at woff . x (q14 int32); |out| < cols * 2**20. O(rows * cols), no allocation
+    # out[r] = sum over groups g, chunks k of floor(acc_gk * m_g / 2**(16 + d_g + s)),
+    # acc_gk = chunk k (MV_CHUNK columns at most) of group g of the int8 row of w at woff
+    # . x (q14 int32), s = mv_shift(cols); |out| < 2**30 at any cols: no sum leaves int32
+    # on a 32-bit word. O(rows * cols), no allocation
     o = ptr32(out)
     px = ptr32(x)
     pg = ptr32(gp)
@@ -129,7 +154,12 @@ def matvec_v(out, w, woff: int, rows: int, cols: int, group: int, gp, goff: int,
     m31 = one << 31
     msk = (m31 << 1) - 1
     ng = cols // group
-    g4 = group - 3
+    ch = group  # columns per int32 sum
+    if ch > MV_CHUNK:
+        ch = MV_CHUNK
+    s = 0  # mv_shift(cols)
+    while cols > (MV_COLS << s):
+        s += 1
     gi = goff
     r = 0
     base = woff
@@ -139,22 +169,32 @@ def matvec_v(out, w, woff: int, rows: int, cols: int, group: int, gp, goff: int,
         c0 = 0
         while g < ng:
             pw = ptr8(wb + base + c0)
-            acc = 0
-            c = 0
-            while c < g4:
-                xc = c0 + c
-                acc += ((int(pw[c]) ^ 128) - 128) * int(px[xc])
-                acc += ((int(pw[c + 1]) ^ 128) - 128) * int(px[xc + 1])
-                acc += ((int(pw[c + 2]) ^ 128) - 128) * int(px[xc + 2])
-                acc += ((int(pw[c + 3]) ^ 128) - 128) * int(px[xc + 3])
-                c += 4
-            while c < group:
-                acc += ((int(pw[c]) ^ 128) - 128) * int(px[c0 + c])
-                c += 1
-            acc = ((acc & msk) ^ m31) - m31  # the int32 the sum is mod 2**32
             gv = int(pg[gi])
             m = gv & 0xFFFF
-            tot += ((acc >> 16) * m + (((acc & 0xFFFF) * m) >> 16)) >> (gv >> 16)
+            sft = (gv >> 16) + s
+            if sft > 31:
+                sft = 31  # a shift by >= 32 differs between ports; |floor(acc * m / 2**16)| < 2**30 is 0 or -1 by then
+            cs = 0
+            while cs < group:
+                ce = cs + ch
+                if ce > group:
+                    ce = group
+                e4 = ce - 3
+                acc = 0
+                c = cs
+                while c < e4:
+                    xc = c0 + c
+                    acc += ((int(pw[c]) ^ 128) - 128) * int(px[xc])
+                    acc += ((int(pw[c + 1]) ^ 128) - 128) * int(px[xc + 1])
+                    acc += ((int(pw[c + 2]) ^ 128) - 128) * int(px[xc + 2])
+                    acc += ((int(pw[c + 3]) ^ 128) - 128) * int(px[xc + 3])
+                    c += 4
+                while c < ce:
+                    acc += ((int(pw[c]) ^ 128) - 128) * int(px[c0 + c])
+                    c += 1
+                acc = ((acc & msk) ^ m31) - m31  # the int32 the sum is mod 2**32
+                tot += ((acc >> 16) * m + (((acc & 0xFFFF) * m) >> 16)) >> sft
+                cs = ce
             gi += 1
             c0 += group
             g += 1
@@ -163,22 +203,55 @@ def matvec_v(out, w, woff: int, rows: int, cols: int, group: int, gp, goff: int,
         r += 1
 
 
-# twin of matvec_v in plain Python integers; O(rows * cols)
-def matvec_py(out, w, woff, rows, cols, group, gp, goff, x):
+# None when a model of this dim, head_dim and cache slots runs with no sum leaving a
+# 32-bit word on the chip (matvec splits any row: mv_shift), else one line naming the
+# dimension and its limit; QForward refuses such a model at load. O(1)
+def limits(dim, head_dim, slots):
+    if head_dim > HD_MAX:
+        return "head_dim %d is above %d: attention's int8 key x q14 query dot would leave a 32-bit word" % (
+            head_dim, HD_MAX)
+    if dim > DIM_MAX:
+        return "dim %d is above %d: rmsnorm's eps term (dim x eps x 2**32) would leave a small int" % (dim, DIM_MAX)
+    if slots > SLOTS_MAX:
+        return "the cache holds %d slots per sequence, above %d: attention's sum of Q15 weights would leave a " \
+               "32-bit word" % (slots, SLOTS_MAX)
+    return None
+
+
+# a value as a 32-bit register holds it: v mod 2**32, signed (the twins' default `reg`)
+def i32(v):
+    return ((v + 0x80000000) & 0xFFFFFFFF) - 0x80000000
+
+
+# the wide (exact) result: a twin given reg=wide computes in unbounded integers, and
+# tests compare it with the 32-bit twin, so an overflow fails on the host
+def wide(v):
+    return v
+
+
+# twin of matvec_v in plain Python integers, each int32 sum through reg (i32: wrapped
+# as a 32-bit word, as viper's; wide: exact); O(rows * cols)
+def matvec_py(out, w, woff, rows, cols, group, gp, goff, x, reg=i32):
     ng = cols // group
+    ch = min(group, MV_CHUNK)
+    s = mv_shift(cols)
     gi = goff
     base = woff
     for r in range(rows):
         tot = 0
         for g in range(ng):
-            acc = 0
-            b = base + g * group
-            for c in range(group):
-                acc += w[b + c] * x[g * group + c]
             gv = gp[gi]
-            tot += (acc * (gv & 0xFFFF)) >> (16 + (gv >> 16))
+            m = gv & 0xFFFF
+            sft = 16 + (gv >> 16) + s
+            b = base + g * group
+            xb = g * group
+            for cs in range(0, group, ch):
+                acc = 0
+                for c in range(cs, min(cs + ch, group)):
+                    acc += w[b + c] * x[xb + c]
+                tot += (reg(acc) * m) >> sft
             gi += 1
-        out[r] = tot
+        out[r] = reg(tot)
         base += cols
 
 
@@ -340,15 +413,15 @@ def rmsnorm_v(dst, x, n: int, g, goff: int, b: int, eps0: int, sn: int, eg: int)
     return p - 4 + eg - sh
 
 
-# twin of rmsnorm_v; O(n)
-def rmsnorm_py(dst, x, n, g, goff, b, eps0, sn, eg):
+# twin of rmsnorm_v; the sum of squares through reg (i32 as the 32-bit word, wide: exact); O(n)
+def rmsnorm_py(dst, x, n, g, goff, b, eps0, sn, eg, reg=i32):
     mx = max(abs(x[i]) for i in range(n))
     k = max(bitlen(mx) - b, 0)
     ss = 0
     for i in range(n):
         v = x[i] >> k
         ss += v * v
-    v = max(ss + (eps0 >> min(2 * k, 31)), 1)
+    v = max(reg(ss + (eps0 >> min(2 * k, 31))), 1)
     r = _isqrt(v)
     p = bitlen(r) + 14 - bitlen(sn)
     c = (sn << p) // r if p >= 0 else (sn >> -p) // r
@@ -986,8 +1059,9 @@ def _word(buf, o):
     return buf[o] | buf[o + 1] << 8 | buf[o + 2] << 16 | buf[o + 3] << 24
 
 
-# twin of attend_v; O(slots * dim)
-def attend_py(out, q, arena, bases, prm, sc, hacc, e2t, hexp, ranks, cs):
+# twin of attend_v; each dot and sum of exp weights through reg (i32 as the 32-bit word,
+# wide: exact); O(slots * dim)
+def attend_py(out, q, arena, bases, prm, sc, hacc, e2t, hexp, ranks, cs, reg=i32):
     tpb, loff, lrow, voff, ksoff, vsoff, nh, rep, hd, eq, nslot, nblk, h2o, rot, ksh, rlen = prm[:PRM_LEN]
     kadj = 14 - ksh if rot else 0
     slots = []  # (j, row byte offset) of the filled slots
@@ -1017,6 +1091,7 @@ def attend_py(out, q, arena, bases, prm, sc, hacc, e2t, hexp, ranks, cs):
             else:
                 for d in range(hd):
                     dot += s8(arena[kp + d]) * q[qo + d]
+            dot = reg(dot)
             kb = _word(arena, ro + ksoff + 4 * kvh)
             e = (kb >> 23) & 0xFF
             sco = 0
@@ -1040,6 +1115,7 @@ def attend_py(out, q, arena, bases, prm, sc, hacc, e2t, hexp, ranks, cs):
                     ex = v >> -(y >> 12)
             sc[j] = ex
             tot += ex
+        tot = reg(tot)
         inv = (1 << 30) // tot if tot > 0 else 0
         for d in range(hd):
             out[qo + d] = 0

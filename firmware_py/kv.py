@@ -37,7 +37,7 @@
 # unsigned on 64-bit and on CPython): "none" is stored as 0, a value as value + 1.
 from array import array
 
-from firmware_py.compat import const, micropython, ptr8, ptr16, ptr32
+from firmware_py.compat import const, micropython, misaligned, ptr8, ptr16, ptr32
 from firmware_py.kvlayout import (  # noqa: F401 - re-exported: kv.Layout, kv.SINKS, kv.blocks_for ...
     BOOT_BYTES, DTYPES, GROUP, H2O_RECENT_PCT, HDR_BYTES, KV_FIXED_BYTES, POLICIES, SINKS, TOKENS_PER_BLOCK,
     WATERMARK_PCT, KVError, Layout, blocks_for, blocks_for_board, boot_reserve, bytes_per_block, fixed_bytes, heap_for,
@@ -46,7 +46,7 @@ from firmware_py import kvh2o, kvkivi
 from firmware_py.compat import new_array
 from firmware_py.kvh2o import h2o_victim
 from firmware_py.pool import copy32, copy_rows, filled, get32, set32, zero32, zero_rows
-from firmware_py.status import E_EMPTY, E_FULL, E_NO_BLOCK, E_NO_SLOT, E_RANGE, E_STALE, E_STATE, INT_MAX, OK
+from firmware_py.status import E_ALIGN, E_EMPTY, E_FULL, E_NO_BLOCK, E_NO_SLOT, E_RANGE, E_STALE, E_STATE, INT_MAX, OK
 
 _SCORE_MAX = const(0x1FFFFFFF)  # scores saturate here, 2**29 - 1 (stay a small int on the ESP32)
 _NONE = const(-1)  # table entry / map entry: nothing
@@ -70,7 +70,9 @@ _E_NO_BLOCK = const(-2)
 _E_STALE = const(-3)
 _E_RANGE = const(-5)
 _E_STATE = const(-6)
-if (_E_FULL, _E_NO_BLOCK, _E_STALE, _E_RANGE, _E_STATE) != (E_FULL, E_NO_BLOCK, E_STALE, E_RANGE, E_STATE):
+_E_ALIGN = const(-8)
+if (_E_FULL, _E_NO_BLOCK, _E_STALE, _E_RANGE, _E_STATE, _E_ALIGN) != (E_FULL, E_NO_BLOCK, E_STALE, E_RANGE, E_STATE,
+                                                                    E_ALIGN):
     raise ImportError("kv: status codes differ from firmware_py/status.py")
 _ZERO_OBJ = 0  # 0 and _HMAX as objects: viper compares an argument with these before int()
 _HMAX_OBJ = _HMAX
@@ -393,6 +395,10 @@ class KVCache:
             m[o + _F_SLOT] = 0  # a refusal ends the earlier reservation
             m[_C_ST] = _E_RANGE + _ST_BIAS
             return _E_RANGE
+        if not zero and int(misaligned(src, 3)) != 0:  # words from an unaligned address fault on the chip
+            m[o + _F_SLOT] = 0
+            m[_C_ST] = _E_ALIGN + _ST_BIAS
+            return _E_ALIGN
         pol = int(m[o + _F_POL])
         if pol == _H2O or int(m[_C_KV]) != 0:
             return int(self._put_slow(i, src))  # the position map and the victim scan; int4's residual
@@ -600,6 +606,8 @@ class KVCache:
         off = int(src_off)
         if ly >= int(m[_C_L]) or (off & 3) != 0 or off + int(m[_C_LR]) > int(len(src)):
             return _E_RANGE
+        if int(misaligned(src, 3)) != 0:  # words from an unaligned address fault on the chip
+            return _E_ALIGN
         slot = int(m[o + _F_SLOT]) - 1
         if slot < 0:
             return _E_STATE
@@ -669,6 +677,8 @@ class KVCache:
             return i
         if self.bad_dst(layer, dst, dst_off):
             return E_RANGE
+        if misaligned(dst, 3):  # words to an unaligned address fault on the chip
+            return E_ALIGN
         slot = self._locate(i, pos)
         if slot < 0:
             return slot
@@ -686,6 +696,8 @@ class KVCache:
             return i
         if self.bad_dst(layer, dst, dst_off):
             return E_RANGE
+        if misaligned(dst, 3):  # words to an unaligned address fault on the chip
+            return E_ALIGN
         hw = self._hdr(i, slot)
         if hw < 0:
             return hw

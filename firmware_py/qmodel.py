@@ -41,6 +41,7 @@ class QMat:
         self.group = m.group  # int8 values per scale along a row
         self.goff = goff  # offset of its first group in QForward.gp
         self.emin = emin  # W = q * m * 2**-(emin + d) (kernels_q: weights)
+        self.shift = K.mv_shift(m.cols)  # matvec's output is the sum shifted right by this (wide rows)
 
 
 # zero-filled array('i') of n ints (boot only)
@@ -63,6 +64,9 @@ class QForward:
         if lay.dtype != "int8":
             raise QModelError("the integer path reads int8 KV rows, this cache holds %s: give --kv-dtype int8" % lay.dtype)
         d, hid, kvd, hd = cfg.dim, cfg.hidden_dim, cfg.kv_dim, cfg.head_dim
+        why = K.limits(d, hd, cache.max_slots)
+        if why is not None:  # a dimension whose sums would leave a 32-bit word on the chip
+            raise QModelError("%s: %s" % (weights.path, why))
         self.cfg = cfg  # llama2c.Config (static)
         self.weights = weights  # llama2c.Weights (read-only)
         self.cache = cache  # kv.KVCache written and read
@@ -254,11 +258,11 @@ class QForward:
         w3 = ws[6]
         ex = K.rmsnorm(xq, x, d, self.gains, self.g_att[layer], self.nb, self.eps0, self.sn, self.eg)
         K.matvec(q, q8, wq.off, wq.rows, wq.cols, wq.group, gp, wq.goff, xq)
-        eq = ex + wq.emin - 16 - K.quant(q, q, d)
+        eq = ex + wq.emin - 16 - wq.shift - K.quant(q, q, d)
         K.matvec(k, q8, wk.off, wk.rows, wk.cols, wk.group, gp, wk.goff, xq)
-        ek = ex + wk.emin - 16 - K.quant(k, k, kvd)
+        ek = ex + wk.emin - 16 - wk.shift - K.quant(k, k, kvd)
         K.matvec(v, q8, wv.off, wv.rows, wv.cols, wv.group, gp, wv.goff, xq)
-        ev = ex + wv.emin - 16 - K.quant(v, v, kvd)
+        ev = ex + wv.emin - 16 - wv.shift - K.quant(v, v, kvd)
         K.rope(q, d, hd, self.cs_q)
         if self.rope == "absolute":
             K.rope(k, kvd, hd, self.cs_k)
@@ -278,17 +282,17 @@ class QForward:
         ea = K.attend(att, q, self.cache.arena, self.bases, p, self.sc, self.hacc, self.e2t, self.hexp, self.ranks, self.rot)
         ea -= K.quant(att, att, d)
         K.matvec(o, q8, wo.off, wo.rows, wo.cols, wo.group, gp, wo.goff, att)
-        K.add(x, o, d, ea + wo.emin - 32)
+        K.add(x, o, d, ea + wo.emin - 32 - wo.shift)
         ex = K.rmsnorm(xq, x, d, self.gains, self.g_ffn[layer], self.nb, self.eps0, self.sn, self.eg)
         h1, h3 = self.h1, self.h3
         K.matvec(h1, q8, w1.off, w1.rows, w1.cols, w1.group, gp, w1.goff, xq)
-        e1 = ex + w1.emin - 16 - K.quant(h1, h1, hid)
+        e1 = ex + w1.emin - 16 - w1.shift - K.quant(h1, h1, hid)
         K.matvec(h3, q8, w3.off, w3.rows, w3.cols, w3.group, gp, w3.goff, xq)
-        e3 = ex + w3.emin - 16 - K.quant(h3, h3, hid)
+        e3 = ex + w3.emin - 16 - w3.shift - K.quant(h3, h3, hid)
         K.silu(h1, h1, h3, hid, e1 - 10, self.sig)
         eh = e1 + e3 - K.quant(h1, h1, hid)
         K.matvec(o, q8, w2.off, w2.rows, w2.cols, w2.group, gp, w2.goff, h1)
-        K.add(x, o, d, eh + w2.emin - 32)
+        K.add(x, o, d, eh + w2.emin - 32 - w2.shift)
         return OK
 
     # end the step: final norm, classifier, logits (Q16); feeds h2o scores. O(vocab x dim)
@@ -297,7 +301,7 @@ class QForward:
         w = self.wcls
         ex = K.rmsnorm(self.xq, self.x, cfg.dim, self.gains, self.g_fin, self.nb, self.eps0, self.sn, self.eg)
         K.matvec(self.l32, self.weights.q8, w.off, w.rows, w.cols, w.group, self.gp, w.goff, self.xq)
-        K.rescale(self.logits, self.l32, cfg.vocab_size, ex + w.emin - 16 - LOGIT_FRAC)
+        K.rescale(self.logits, self.l32, cfg.vocab_size, ex + w.emin - 16 - w.shift - LOGIT_FRAC)
         if self.h2o:
             c = self.cache
             h = self.h

@@ -21,6 +21,8 @@ E_NO_SLOT = const(-4)  # every slot (sequence, task) is in use
 E_RANGE = const(-5)  # an argument is outside its range (slot, layer, length, block, bits)
 E_STATE = const(-6)  # not valid in the current state (write without a reservation, double free)
 E_EMPTY = const(-7)  # the slot or position holds nothing now (never filled, or evicted)
+E_ALIGN = const(-8)  # a buffer a viper kernel reads or writes as 32-bit (16-bit) words does not start on a
+#                      4-byte (2-byte) boundary (a memoryview window at such an offset): the chip would fault
 
 
 # Integer limits shared by every module: values a hot path stores or returns stay small

@@ -57,9 +57,9 @@
 # Hot paths (step, hazard, append, block, begin_pass, read, completion, flush) allocate
 # nothing on MicroPython (tests/firmware/fw_tiers.py); configuration (Tiers, open) raises
 # TiersError with one line.
-from firmware_py.compat import const, ticks_add, ticks_diff
+from firmware_py.compat import const, misaligned, ticks_add, ticks_diff
 from firmware_py.pool import T_END, T_LO, TF, copy32, filled, same32, zero32
-from firmware_py.status import E_EMPTY, E_FULL, E_NO_BLOCK, E_RANGE, E_STALE, E_STATE, INT_MAX, OK
+from firmware_py.status import E_ALIGN, E_EMPTY, E_FULL, E_NO_BLOCK, E_RANGE, E_STALE, E_STATE, INT_MAX, OK
 
 KV_READ = const(0)  # bandwidth.py's category numbers (bwm.KV_READ, bwm.KV_WRITE)
 KV_WRITE = const(1)
@@ -842,6 +842,8 @@ class Tiers:
             return E_EMPTY
         if self.cache.bad_dst(layer, dst, dst_off):  # the cache's own rule (its arena is this pool's)
             return E_RANGE
+        if misaligned(dst, 3):  # as kv.read: words to an unaligned address fault on the chip
+            return E_ALIGN
         n = self.layer_row
         rv = self.fs.read_at(s, self.rows_off + (layer * t + slot - k * t) * self.store_row, self.rowbuf, n)
         if rv < 0:

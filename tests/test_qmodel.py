@@ -132,3 +132,78 @@ def test_tiny_int8_writes_stories_of_its_grammar(tmp_path):
         assert text.startswith(s["prompt"])
         assert T.tt.check_story(text) == [], text
     print("tiny int8: (first divergence, reference length, grammar problems):", report)
+
+
+def _dense_ref(path):
+    # llama_ref.Model of an int8 file's weights, dequantized (the fixed-point error alone)
+    w = llama2c.load(path)
+    dense = {"emb": w.np_dense(w.token_embedding), "rms_final": w.np_vec(w.rms_final, w.cfg.dim)}
+    for name in ("wq", "wk", "wv", "wo", "w1", "w2", "w3"):
+        dense[name] = np.stack([w.np_dense(getattr(ly, name)) for ly in w.layers])
+    for name in ("rms_att", "rms_ffn"):
+        dense[name] = np.stack([w.np_vec(getattr(ly, name), w.cfg.dim) for ly in w.layers])
+    dense["wcls"] = dense["emb"]
+    c = w.cfg
+    return R.Model((c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size, c.seq_len),
+                   {k: v.astype(np.float64) for k, v in dense.items()})
+
+
+@pytest.fixture(scope="module")
+def wide_q8(tmp_path_factory):
+    # a generated llama2.c model with hidden_dim 4096 (one layer, 32 tokens) whose w2 sums
+    # reach ~2**32 on a 32-bit word: w1 = w3 with rows near one vector, so every hidden unit
+    # is ~ the same silu(a) a >= 0 and quantizes near 2**14, and w2 all near its largest
+    # int8 value and multiplier. Before matvec split wide rows (kernels_q.mv_shift), its
+    # result wrapped on both ports and the twin raised OverflowError
+    import test_llama2c as L2
+
+    hdr, w = L2.random_model(dim=64, hidden=4096, layers=1, heads=4, kv_heads=4, vocab=32, seq_len=32, seed=3)
+    rng = np.random.default_rng(4)
+    base = rng.uniform(-1, 1, (1, 1, 64)).astype(np.float32)
+    w["w1"] = (base + 0.02 * rng.uniform(-1, 1, (1, 4096, 64))).astype(np.float32)
+    w["w3"] = w["w1"]
+    # int8 values 124..127 with a group scale just below 2**-7 (the largest multiplier)
+    w["w2"] = rng.uniform(0.97, 0.992, (1, 64, 4096)).astype(np.float32)
+    d = tmp_path_factory.mktemp("wide")
+    src = L2.write_legacy(str(d / "wide.bin"), hdr, w)
+    out = str(d / "wide_q8.bin")
+    convert.convert(src, out, "q8row")
+    return out
+
+
+@pytest.mark.micropython
+@pytest.mark.parametrize("interp_name", ["micropython32", "micropython", "cpython"])
+def test_hidden_dim_4096_decodes_as_the_numpy_reference(wide_q8, interp_name):
+    if interp_name == "micropython32":
+        mp32_or_skip()
+    seq = [1, 5, 9, 2, 30, 7, 7, 11]
+    q = np.array(_mp(["logits", wide_q8] + seq, interp_name)["logits"])
+    s = R.Session(_dense_ref(wide_q8))
+    ref = np.array([s.step(t) for t in seq])
+    err = float(np.abs(ref - q).max())
+    top = float(np.abs(ref).max())
+    print("%s: hidden_dim 4096, max |logit error| %.3g of max |logit| %.3g" % (interp_name, err, top))
+    assert err < 0.05 * top, (err, top)
+    assert (np.argmax(ref, 1) == np.argmax(q, 1)).all(), (np.argmax(ref, 1), np.argmax(q, 1))
+
+
+def test_a_model_whose_sums_would_leave_a_32_bit_word_is_refused_in_one_line(tmp_path):
+    # matvec splits any row, so the dimensions QForward refuses are the others kernels_q
+    # bounds (kernels_q.limits): here the cache's slots per sequence, over 65,535
+    from firmware_py import kernels_q as K
+    from firmware_py import kv, pool, qmodel
+
+    out = str(tmp_path / "tiny_q8.bin")
+    convert.convert(os.path.join(TINY, "model.bin"), out, "q8row")
+    w = llama2c.load(out)
+    cfg = w.cfg
+    lay = kv.Layout(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, "int8", tokens_per_block=4096)
+    p = pool.Pool(lay.block_bytes, 17)
+    c = kv.KVCache(p, lay, max_seqs=1, max_blocks_per_seq=17)
+    with pytest.raises(qmodel.QModelError) as e:
+        qmodel.QForward(w, c)
+    msg = str(e.value)
+    assert "\n" not in msg and "65,535" not in msg and "above 65535" in msg and "slots" in msg, msg
+    assert K.limits(64, 1024, 16).startswith("head_dim 1024 is above 1023")
+    assert K.limits(25000, 64, 16).startswith("dim 25000 is above 24999")
+    assert K.limits(4096, 128, 65535) is None  # stories110M-like and wider: matvec splits the rows

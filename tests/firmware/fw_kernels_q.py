@@ -57,7 +57,33 @@ for rows, cols, group, extreme in ((8, 64, 64, False), (5, 172, 43, False), (3, 
             gv = gp[r * cols // group + g]
             want += sum(w[r * cols + g * group + c] * x[g * group + c] for c in range(group)) * (gv & 0xFFFF) / 2.0 ** (16 + (gv >> 16))
         check(abs(op[r] - want) <= cols // group, "matvec row %d within one unit per group of the exact sum" % r)
-        check(abs(op[r]) < cols << 20, "matvec row %d inside the stated bound" % r)
+        check(abs(op[r]) < 1 << 30, "matvec row %d inside the stated bound (2**30)" % r)
+
+# ---- matvec on wide rows (llama2.c hidden_dim 4096, a group longer than MV_CHUNK): saturated
+# inputs (int8 127 or -127 everywhere, |x| = 2**14, the largest multiplier) whose exact sum is
+# ~2**32 (e.g. 4,261,282,816). The twin computes as a 32-bit word (kernels_q.i32) and must equal
+# the wide (exact) twin; the viper kernel must equal both on the 64- and the 32-bit build; the
+# result is the exact sum / 2**mv_shift(cols), inside 2**30 (what quant / add take)
+eq([K.mv_shift(c) for c in (64, 1024, 1025, 2048, 4096, 5632)], [0, 0, 1, 1, 2, 3], "mv_shift")
+for rows, cols, group, ws, xs in ((2, 4096, 64, 127, 16384), (2, 4096, 64, -127, 16384), (2, 4096, 4096, 127, -16384),
+                                  (1, 2048, 2048, -127, -16384), (3, 1376, 43, 127, 16384), (2, 1024, 1024, 127, 16384)):
+    w = array("b", [ws] * (rows * cols))
+    ng = rows * cols // group
+    gp = array("i", [32767] * ng)
+    x = array("i", [xs] * cols)
+    ov, op = array("i", [0] * rows), array("i", [0] * rows)
+    same("matvec %dx%d/%d saturated" % (rows, cols, group), K.matvec_v, K.matvec_py,
+         (ov, w, 0, rows, cols, group, gp, 0, x), (op, w, 0, rows, cols, group, gp, 0, x), (0,))
+    wide = [0] * rows
+    K.matvec_py(wide, w, 0, rows, cols, group, gp, 0, x, K.wide)
+    eq(list(op), wide, "matvec %dx%d/%d: the 32-bit twin equals the wide one (no overflow)" % (rows, cols, group))
+    s = K.mv_shift(cols)
+    exact = ws * xs * cols * 32767 / 2.0 ** (16 + s)
+    for r in range(rows):
+        check(abs(op[r] - exact) <= 1 + cols // min(group, K.MV_CHUNK), "matvec %d cols: the exact sum / 2**%d" % (cols, s))
+        check(abs(op[r]) < 1 << 30, "matvec %d cols: inside 2**30" % cols)
+check(K.i32(4261282816) == -33684480 and K.i32(-2 ** 31) == -2 ** 31 and K.i32(2 ** 31) == -2 ** 31,
+      "i32 wraps as a 32-bit word (the issue's example: 4,261,282,816 reads -33,684,480)")
 
 # ---- quant: to |v| <= 2**14 with rounding, both directions
 # (the stated input bound is |src| <= 2**30: at 2**31 - 1 the rounding add wraps on
@@ -82,6 +108,9 @@ for n, xlo in ((64, 2 ** 21), (172, 2 ** 26), (64, 300), (16, 2 ** 30 - 1)):
     dv, dp = array("i", [0] * n), array("i", [0] * n)
     e = same("rmsnorm n=%d" % n, K.rmsnorm_v, K.rmsnorm_py, (dv, x, n, g, 0, b, eps0, sn, 15),
              (dp, x, n, g, 0, b, eps0, sn, 15), (0,))
+    dw = array("i", [0] * n)
+    eq((K.rmsnorm_py(dw, x, n, g, 0, b, eps0, sn, 15, K.wide), list(dw)), (e, list(dp)),
+       "rmsnorm n=%d: the 32-bit twin equals the wide one" % n)
     xs = [v / 65536.0 for v in x]
     r = math.sqrt(sum(v * v for v in xs) / n + 1e-5)
     want = [xs[i] / r * g[i] / 32768.0 for i in range(n)]
@@ -191,6 +220,9 @@ for impl in ((K.attend_v,) if VIPER else ()) + (K.attend_py,):
     out, sc, hacc, hexp = array("i", [0] * (NH * HD)), array("i", [0] * T), array("i", [0] * T), array("i", [0] * NH)
     e = impl(out, q, arena, bases, prm, sc, hacc, e2t, hexp, array("i", [0] * T), array("h", [0] * 4))
     outs.append((e, list(out), list(hacc)))
+out, sc, hacc, hexp = array("i", [0] * (NH * HD)), array("i", [0] * T), array("i", [0] * T), array("i", [0] * NH)
+e = K.attend_py(out, q, arena, bases, prm, sc, hacc, e2t, hexp, array("i", [0] * T), array("h", [0] * 4), K.wide)
+eq((e, list(out), list(hacc)), outs[-1], "attend: the 32-bit twin equals the wide one")
 if VIPER:
     eq(outs[0], outs[1], "attend: viper and twin give the same output, exponent and h2o scores")
 e, out, hacc = outs[-1]

@@ -9,7 +9,7 @@ from fwtest import check, eq, raises, no_alloc, done
 from firmware_py import dma, flashkv, kv, pool, tiers
 from firmware_py.clock import VirtualClock
 from firmware_py.sched import Kernel
-from firmware_py.status import E_EMPTY, E_RANGE, E_STALE, E_STATE, INT_MAX, OK
+from firmware_py.status import E_ALIGN, E_EMPTY, E_RANGE, E_STALE, E_STATE, INT_MAX, OK
 
 TAG = "%s%d" % (sys.implementation.name, 64 if sys.maxsize > 2 ** 32 else 32)
 PATH = "/tmp/kvrtos_fw_tiers_%s.bin" % TAG
@@ -147,6 +147,12 @@ for j in range(LR):
 eq(c.read(h, 0, 0, dst, 0), E_EMPTY, "kv.read of a spilled position is E_EMPTY")
 eq(c.locate(h, 0), 0, "locate still names its slot (block_at / row_offset say E_EMPTY)")
 check(all(dst[j] == 0x5A for j in range(LR)), "... with nothing written to dst")
+# the tier-aware read of that flash row into a window at an odd offset: E_ALIGN (the row
+# buffer's word copy into it would fault on the chip), nothing written
+odd = bytearray(LR + 4)
+eq(T.read(h, 0, 0, memoryview(odd)[1:], 0), E_ALIGN, "T.read into a window 1 B past a word boundary is E_ALIGN")
+check(all(odd[j] == 0 for j in range(LR + 4)), "... with nothing written to it")
+eq(T.read(h, 0, 0, memoryview(odd)[4:], 0), OK, "... and into one on a word boundary it reads")
 eq(T.close(h), OK, "close")
 eq((fs.used, p.blocks_used), (0, 0), "close released the flash slots and every block")
 
