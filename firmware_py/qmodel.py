@@ -151,6 +151,11 @@ class QForward:
         p[K.P_ROT] = 1 if rope == "cache" else 0
         p[K.P_KSH] = K.bitlen(hd) + 5  # keeps hd * 2**13 * |rotated key| below 2**30
         p[K.P_RLEN] = slots
+        self.layer_off = [t * 8 + layer * t * lay.layer_row for layer in range(L)]  # row of (layer, slot 0) in a block
+        self.h = -1  # sequence of the step under way
+        self.slot = -1  # its reserved slot
+        self.nslot = 0  # slots attention scans this step
+
         self.model = None  # the model.Model running this (its slicer bounds forward's slices), or None
         # a sliced forward's matvec units: each matrix's views of its output array at every
         # unit's first row, made once here (no allocation per step)

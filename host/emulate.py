@@ -56,6 +56,7 @@ DEFAULTS = {
     "kv_dtype": "auto",
     "weights": "int8",
     "slice_us": decode.SLICE_US,
+    "weights_from": "",  # set by normalize: the fp32 file an int8 run was converted from (given: ignored)
     "tokens": 64,
     "prompt": "",
     "scenario": "",

@@ -132,3 +132,44 @@ def test_tiny_int8_writes_stories_of_its_grammar(tmp_path):
         assert text.startswith(s["prompt"])
         assert T.tt.check_story(text) == [], text
     print("tiny int8: (first divergence, reference length, grammar problems):", report)
+
+
+def test_sliced_integer_step_matches_the_whole_one(tmp_path):
+    # QForward with a slicer (a slice of 1 us: it yields model.SLICE after nearly every
+    # unit) computes the same logits as without one, token after token, and yields inside
+    # layers; the layer ends are still the plain yields the decode counts
+    from firmware_py import kv, llama2c, pool, qmodel
+    from firmware_py.model import SLICE, Slicer
+    from firmware_py.sched import Kernel
+
+    out = str(tmp_path / "tiny_q8.bin")
+    convert.convert(os.path.join(TINY, "model.bin"), out, "q8row")
+    w = llama2c.load(out)
+    cfg = w.cfg
+    runs = []
+    for sliced in (False, True):
+        lay = kv.Layout(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, "int8")
+        p = pool.Pool(lay.block_bytes, 8)
+        c = kv.KVCache(p, lay)
+        h = c.open(p.add_region(8))
+        qf = qmodel.QForward(w, c)
+        k = Kernel(verbose=False)
+        got = {"logits": [], "slices": 0, "ends": 0}
+
+        def task():
+            sl = Slicer(k, 1) if sliced else None
+            for pos, tok in enumerate((1, 7, 42, 9)):
+                for y in qf.forward(h, tok, pos, sl):
+                    if y == SLICE:
+                        got["slices"] += 1
+                    else:
+                        got["ends"] += 1
+                    yield
+                got["logits"].append(list(qf.logits))
+
+        k.spawn("t", 1, task())
+        k.run()
+        runs.append(got)
+    assert runs[0]["logits"] == runs[1]["logits"] and len(runs[0]["logits"]) == 4
+    assert runs[0]["slices"] == 0 and runs[1]["slices"] > 4 * cfg.n_layers
+    assert runs[0]["ends"] == runs[1]["ends"] == 4 * cfg.n_layers
