@@ -56,7 +56,6 @@ DEFAULTS = {
     "kv_dtype": "auto",
     "weights": "int8",
     "slice_us": decode.SLICE_US,
-    "weights_from": "",  # set by normalize: the fp32 file an int8 run was converted from (given: ignored)
     "tokens": 64,
     "prompt": "",
     "scenario": "",
@@ -211,15 +210,8 @@ def normalize(spec):
 
     mp, tp = generate.resolve(model, out["tokenizer"])
     out["model"], out["tokenizer"] = os.path.abspath(mp), os.path.abspath(tp)
-    fdt = _file_dtype(out["model"])
-    out["weights_from"] = ""
-    if out["weights"] == "int8" and fdt == "fp32":
-        from host import convert as conv  # noqa: PLC0415
-
-        src = out["model"]
-        out["model"], _ = conv.cached_q8row(src)
-        out["weights_from"] = _display(src)
-    elif out["weights"] == "fp32" and fdt != "fp32":
+    fdt = _file_dtype(out["model"])  # an fp32 file with weights int8 runs converted (_run: _model_file)
+    if out["weights"] == "fp32" and fdt != "fp32":
         _bad("--weights fp32: %s is already int8; give its fp32 checkpoint" % _display(out["model"]))
     if out["kv_dtype"] == "auto":  # what the weights' fastest path reads: int8 KV beside int8 weights
         out["kv_dtype"] = "int8" if out["weights"] == "int8" else "fp32"
@@ -241,6 +233,17 @@ def normalize(spec):
     if kt != "auto" and brd.tier(kt).kind == "flash":
         _bad("kv_tier: %s is %s's flash: the KV is written every token, it lives in RAM" % (kt, brd.name))
     return out
+
+
+def _model_file(n):
+    # the checkpoint a run loads: the spec's, or for weights int8 and an fp32 file its
+    # q8row copy, converted once into .kvrtos-cache/models (as kv flash --model does on
+    # the fly); each process (a sweep's workers too) converts from the spec's own file
+    if n["weights"] == "int8" and _file_dtype(n["model"]) == "fp32":
+        from host import convert as conv  # noqa: PLC0415
+
+        return conv.cached_q8row(n["model"])[0]
+    return n["model"]
 
 
 def _file_dtype(p):
@@ -440,8 +443,9 @@ def _run(n, out_dir, progress):
         paths.out_folder(out_dir)
     brd = boards.load(n["board"])
     cfg_app = _app_config(n)
+    mfile = _model_file(n)
     try:
-        mcfg, mlay = llama2c.plan(n["model"])
+        mcfg, mlay = llama2c.plan(mfile)
     except (llama2c.CheckpointError, OSError) as e:
         _bad("%s: %s" % (_display(n["model"]), e))
     w_tier, kv_tier, heap, reserve, why = _placement(brd, n, mcfg, mlay)
@@ -459,7 +463,7 @@ def _run(n, out_dir, progress):
     bw = bwm.Bandwidth(brd, kernel=k, carry_ns=True, user_categories=appcfg.categories(cfg_app),
                        window_us=_window_us(brd))
     try:
-        s = decode.Session(n["model"], n["tokenizer"], kv_dtype=n["kv_dtype"], policy=n["policy"], window=n["window"],
+        s = decode.Session(mfile, n["tokenizer"], kv_dtype=n["kv_dtype"], policy=n["policy"], window=n["window"],
                            backend="auto", heap=heap, reserve=reserve, temperature=n["temperature"], top_p=n["top_p"],
                            seed=n["seed"], sinks=n["sinks"], word_bytes=4, blocks=blocks, slice_us=n["slice_us"],
                            **({"seqs": len(chats)} if chats else {}))
@@ -572,7 +576,7 @@ def _run(n, out_dir, progress):
         if t is not None and getattr(t, "exc", None) is not None and id(t) not in user:
             raise TaskFault(t.name, t.exc)
     rep = _report(n, brd, k, bw, s, env, loads, guard, tel, sink, cost, w_tier, kv_tier, why, len(ids), runs, reasons,
-                  bt, marks, el, reads, seen, made[0])
+                  bt, marks, el, reads, seen, made[0], mfile)
     frames_jsonl = _frames(sink.buf, rep)
     if out_dir is not None:
         _write(out_dir, rep, frames_jsonl)
@@ -630,7 +634,7 @@ def _cut_line(n, made, asked):
 
 
 def _report(n, brd, k, bw, s, env, loads, guard, tel, sink, cost, w_tier, kv_tier, why, n_prompt, runs, reasons,
-            bt, marks, el, reads, seen, n_seen):
+            bt, marks, el, reads, seen, n_seen, mfile=None):
     # el: the run's length in board µs (it started at 0; _BoardTime: exact across tick wraps)
     tr = s.traffic
     q = env["dma"]
@@ -706,7 +710,9 @@ def _report(n, brd, k, bw, s, env, loads, guard, tel, sink, cost, w_tier, kv_tie
         "version": REPORT_VERSION,
         "spec": _spec_view(n),
         "board": brd.name,
-        "model": {"file": _display(n["model"]), "sha256": paths.sha256_file(n["model"]), "dim": s.cfg.dim, "layers": s.cfg.n_layers,
+        "model": {"file": _display(n["model"]), "sha256": paths.sha256_file(mfile or n["model"]),
+                  "converted": "int8 q8row, converted on the fly from the fp32 file" if mfile and mfile != n["model"] else "",
+                  "dim": s.cfg.dim, "layers": s.cfg.n_layers,
                   "heads": s.cfg.n_heads, "kv_heads": s.cfg.n_kv_heads, "vocab": s.cfg.vocab_size,
                   "seq_len": s.cfg.seq_len, "weights_dtype": s.weights.dtype, "weights_bytes": s.weights.nbytes},
         "placement": {"weights": w_tier, "kv": kv_tier, "why": why, "heap_bytes": s.heap,
@@ -999,9 +1005,9 @@ def _progress_fn(err):
 def summary(rep):
     # the readable summary lines of a report
     inv = rep["invariants"]
-    wf = rep["spec"].get("weights_from")
+    conv = rep["model"].get("converted")
     L = ["emulate: %s on %s, %s KV %s%s, cost %s%s" % (
-        "%s (int8 q8row, converted on the fly)" % wf if wf else rep["model"]["file"], rep["board"], rep["spec"]["policy"], rep["spec"]["kv_dtype"],
+        "%s (%s)" % (rep["model"]["file"], conv) if conv else rep["model"]["file"], rep["board"], rep["spec"]["policy"], rep["spec"]["kv_dtype"],
         " window %d" % rep["spec"]["window"] if rep["spec"]["window"] else "", rep["spec"]["cost"],
         ", scenario %s" % rep["spec"]["scenario"] if rep["spec"]["scenario"] else ""),
         "  tokens      %d of %d (prompt %d)%s" % (rep["tokens"], rep["tokens_requested"], rep["prompt_tokens"],

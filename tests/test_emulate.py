@@ -368,7 +368,7 @@ def test_scenario_defaults_meet_every_deadline(name):
     _stories()
     rep = emulate.run({"scenario": name, "tokens": 6})
     assert rep["model"]["weights_dtype"] == "int8" and rep["spec"]["kv_dtype"] == "int8"
-    assert rep["spec"]["weights_from"].endswith("stories260K.bin")
+    assert rep["model"]["file"].endswith("stories260K.bin") and "converted" in rep["model"]["converted"]
     assert rep["deadline_misses"] == 0 and rep["verdict"]["ok"], rep["verdict"]
     assert rep["invariants"]["ok"] and rep["invariants"]["deadlines"]["ok"]
     assert rep["slices"]["slice_us"] == 2000 and rep["slices"]["yields"] > 0
