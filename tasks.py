@@ -235,7 +235,7 @@ def vboard(c, board="esp32s3_n8r8", fs=None, stop=False):
             "tokenizer": "its tokenizer.bin (default: beside the model)",
             "config": "an application config (JSON, docs/user-guide.md) put on the board as kvrtos.json, with the modules of its module tasks (m.py beside it); checked first: a bad one is one line, nothing flashed"})
 @one_line_errors
-def flash(c, port=None, board="esp32s3_n8r8", src=None, timeout="10", model=None, tokenizer="", config=None):
+def flash(c, port=None, board="esp32s3_n8r8", src=None, timeout="10", model=None, tokenizer="", config=None, weights="int8"):
     """Compile firmware_py/ with mpy-cross and copy what changed to the board (mpremote), verify, soft-reset; --model puts a model there too, --config an application config."""
     from host import flash as fl
     from host import paths
@@ -244,9 +244,12 @@ def flash(c, port=None, board="esp32s3_n8r8", src=None, timeout="10", model=None
         raise UserError("--tokenizer needs --model (the tokenizer is flashed with its model)", 2)
     if config == "":
         raise UserError("--config needs a file (./kv flash --help)", 2)
+    if weights not in ("int8", "fp32"):
+        raise UserError("--weights must be int8 (the integer path: an fp32 model is converted to q8row on the fly) "
+                        "or fp32, got %r" % weights, 2)
     fl.flash(port=port and paths_user(port), board_name=board, src=paths_user(src) if src else paths.FIRMWARE,
              answer_timeout=_seconds(timeout, "--timeout"), model=model, tokenizer=tokenizer,
-             config=paths_user(config) if config else None)
+             config=paths_user(config) if config else None, weights=weights)
 
 
 @task(help={"bin": "MicroPython firmware image for the ESP32-S3 (.bin)", "port": "serial port", "board": "board profile name (its USB VID finds the port)",

@@ -46,6 +46,7 @@ PRIO_INPUT = 2
 PRIO_DECODE = 1
 CONFIG_FILE = "kvrtos.json"  # the application config `./kv flash --config` writes beside main.py
 WORKLOADS = "serve: workloads "  # the line after each request: JSON {task name: its stats}
+SLICES = "serve: slices "  # after a request whose tasks overran the slice bound or missed deadlines: who
 
 
 class ServeError(ValueError):
@@ -303,10 +304,33 @@ class Server:
     # after a request: the decode's summary line and, with a config's tasks, their stats
     def report(self, s):
         self.out(s.summary())
+        line = self.slice_line(s.slice_us)
+        if line:
+            self.out(line)
         if self.loads:
             import json  # noqa: PLC0415
 
             self.out(WORKLOADS + json.dumps(self.workload_stats()))
+
+    # "serve: slices ..." naming every task whose longest slice passed the decode's slice
+    # bound (its stats row's max slice), or "" when none did (allocates: reporting only)
+    def slice_line(self, bound):
+        if bound <= 0:
+            return ""
+        from firmware_py.sched import S_MAX_SLICE, S_MISSES  # noqa: PLC0415
+
+        over = []
+        for t in self.k.tasks:
+            if t is not None and t.st[S_MAX_SLICE] > bound:
+                over.append("%s %d us" % (t.name, t.st[S_MAX_SLICE]))
+        missed = [t.name for t in self.k.tasks if t is not None and t.st[S_MISSES]]
+        for nm, st in self.workload_stats().items():
+            if st.get("deadline_misses") and nm not in missed:
+                missed.append(nm)
+        if not over and not missed:
+            return ""
+        return "%sbound %d us; over it: %s; deadline misses: %s" % (
+            SLICES, bound, ", ".join(over) or "none", ", ".join(missed) or "none")
 
     # a request ended (made, stopped, refused by the cache, failed): its done event
     def _ended(self, req, made, reason):

@@ -434,3 +434,20 @@ def test_slice_option_checks():
         emulate.normalize({"weights": "int4"})
     n = emulate.normalize({"weights": "fp32"})
     assert n["kv_dtype"] == "fp32" and n["slice_us"] == 2000
+
+
+def test_board_names_the_task_that_overran_its_slice():
+    # serve's report after a request names each task past the decode's slice bound
+    from firmware_py import serve
+    from firmware_py.sched import S_MAX_SLICE
+
+    srv = serve.Server(lambda b, n: n, model="-", tokenizer="-")
+    assert srv.slice_line(2000) == "" and srv.slice_line(0) == ""
+
+    def idle():
+        yield
+
+    t = srv.k.spawn("decode", 1, idle())
+    t.st[S_MAX_SLICE] = 390000
+    line = srv.slice_line(2000)
+    assert line == "serve: slices bound 2000 us; over it: decode 390000 us; deadline misses: none", line
