@@ -160,9 +160,10 @@ class QForward:
         # a sliced forward's matvec units: each matrix's views of its output array at every
         # unit's first row, made once here (no allocation per step)
         win = {}
+        outs = (self.q, self.k, self.v, self.o, self.h1, self.o, self.h3)  # of wq, wk, wv, wo, w1, w2, w3
         for ws in self.layers:
-            for m, out in zip(ws, (self.q, self.k, self.v, self.o, self.h1, self.o, self.h3)):
-                self._windows(m, out, win)
+            for i in range(7):
+                self._windows(ws[i], outs[i], win)
         self._windows(self.wcls, self.l32, win)
 
     # rows of a matvec unit with cols columns (model.Q8_UNIT_MACS multiply-adds; at least one)
@@ -361,8 +362,6 @@ class QForward:
                 continue
             # layer(), in units (the same calls in the same order)
             cfg = self.cfg
-            q8 = self.weights.q8
-            gp = self.gp
             x = self.x
             xq = self.xq
             q = self.q

@@ -408,9 +408,6 @@ def test_slice_holds_on_a_board_three_times_slower(tmp_path, monkeypatch):
     # cost figure three times what the model assumes, each scenario still meets every
     # deadline and the decode's slices stay bounded
     _stories()
-    from firmware_py import board as board_mod
-    from host import boards
-
     src = json.load(open(os.path.join(ROOT, "boards", "esp32s3_n8r8.json")))
     for kind in ("viper", "bytecode"):
         for p, d in src["cpu"]["cost"][kind].items():

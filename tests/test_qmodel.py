@@ -156,7 +156,7 @@ def test_sliced_integer_step_matches_the_whole_one(tmp_path):
         k = Kernel(verbose=False)
         got = {"logits": [], "slices": 0, "ends": 0}
 
-        def task():
+        def task(k=k, sliced=sliced, qf=qf, h=h, got=got):
             sl = Slicer(k, 1) if sliced else None
             for pos, tok in enumerate((1, 7, 42, 9)):
                 for y in qf.forward(h, tok, pos, sl):
