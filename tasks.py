@@ -235,7 +235,7 @@ def vboard(c, board="esp32s3_n8r8", fs=None, stop=False):
             "tokenizer": "its tokenizer.bin (default: beside the model)",
             "config": "an application config (JSON, docs/user-guide.md) put on the board as kvrtos.json, with the modules of its module tasks (m.py beside it); checked first: a bad one is one line, nothing flashed"})
 @one_line_errors
-def flash(c, port=None, board="esp32s3_n8r8", src=None, timeout="10", model=None, tokenizer="", config=None):
+def flash(c, port=None, board="esp32s3_n8r8", src=None, timeout="10", model=None, tokenizer="", config=None, weights="int8"):
     """Compile firmware_py/ with mpy-cross and copy what changed to the board (mpremote), verify, soft-reset; --model puts a model there too, --config an application config."""
     from host import flash as fl
     from host import paths
@@ -244,9 +244,12 @@ def flash(c, port=None, board="esp32s3_n8r8", src=None, timeout="10", model=None
         raise UserError("--tokenizer needs --model (the tokenizer is flashed with its model)", 2)
     if config == "":
         raise UserError("--config needs a file (./kv flash --help)", 2)
+    if weights not in ("int8", "fp32"):
+        raise UserError("--weights must be int8 (the integer path: an fp32 model is converted to q8row on the fly) "
+                        "or fp32, got %r" % weights, 2)
     fl.flash(port=port and paths_user(port), board_name=board, src=paths_user(src) if src else paths.FIRMWARE,
              answer_timeout=_seconds(timeout, "--timeout"), model=model, tokenizer=tokenizer,
-             config=paths_user(config) if config else None)
+             config=paths_user(config) if config else None, weights=weights)
 
 
 @task(help={"bin": "MicroPython firmware image for the ESP32-S3 (.bin)", "port": "serial port", "board": "board profile name (its USB VID finds the port)",
@@ -304,7 +307,10 @@ def trace(c, log, out=None, json=False):
 @task(help={"board": "board profile name or path (default esp32s3_n8r8)",
             "model": "llama2.c checkpoint path, or stories260K (default: stories260K from ../shared/models when there, else models/kvrtos-tiny)",
             "tokenizer": "tokenizer.bin (default: beside the model)", "policy": "full, window, sinks or h2o",
-            "window": "tokens kept by window/sinks/h2o", "kv_dtype": "fp32, fp16, int8, int4 or int4tok",
+            "window": "tokens kept by window/sinks/h2o",
+            "kv_dtype": "auto (int8 beside int8 weights, else fp32), fp32, fp16, int8, int4 or int4tok",
+            "weights": "int8 (default: an fp32 file runs as q8row, converted on the fly, as kv flash --model puts it) or fp32",
+            "slice_us": "the longest the decode holds the CPU in one slice, us (default 2000; 0: unbounded)",
             "tokens": "new tokens to generate (default 64)", "scenario": "a scenario name (scenarios/) or a config file path",
             "seed": "sampling seed", "cost": "CPU cost kind: c, dsp, asm, viper, bytecode or none (default viper when the board has it)",
             "prompt": "prompt text", "sinks": "attention sinks of sinks/h2o", "temperature": "0 = greedy",
@@ -319,14 +325,15 @@ def trace(c, log, out=None, json=False):
 @one_line_errors
 def emulate(c, board=None, model=None, tokenizer=None, policy=None, window=None, kv_dtype=None, tokens=None, scenario=None,
             seed=None, cost=None, prompt=None, sinks=None, temperature=None, piece_bytes=None, weights_tier=None, out=None,
-            json=False, max_ms=None, kv_tier=None, kv_blocks=None, reserve=None):
+            json=False, max_ms=None, kv_tier=None, kv_blocks=None, reserve=None, weights=None, slice_us=None):
     """Run the firmware on the host with a board's cost model: tok/s, latency, memory, bandwidth, deadlines (docs/emulator.md)."""
     from host import emulate as emu
 
     spec = emu.spec_from_options(board=board, model=model, tokenizer=tokenizer, policy=policy, window=window,
                                  kv_dtype=kv_dtype, tokens=tokens, scenario=scenario, seed=seed, cost=cost, prompt=prompt,
                                  sinks=sinks, temperature=temperature, piece_bytes=piece_bytes, weights_tier=weights_tier,
-                                 max_ms=max_ms, kv_tier=kv_tier, kv_blocks=kv_blocks, reserve=reserve)
+                                 max_ms=max_ms, kv_tier=kv_tier, kv_blocks=kv_blocks, reserve=reserve, weights=weights,
+                                 slice_us=slice_us)
     if out == "":
         raise UserError("--out needs a folder", 2)
     emu.main(spec, out=paths_user(out) if out else None, as_json=json)

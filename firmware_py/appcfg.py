@@ -36,6 +36,7 @@ DECODE_KEYS = {
     "tokens": (int, 1, 1 << 20), "prompt": (str, None, None), "seed": (int, 0, 0x3FFFFFFF),
     "temperature": (float, 0.0, 10.0), "top_p": (float, 0.0, 1.0), "priority": (int, 0, 7),
     "piece_bytes": (int, 0, 1 << 24), "kv_blocks": (int, 0, 1 << 20), "prefix": (str, None, None), "chats": (list, None, None),
+    "slice_us": (int, 0, 10000000),
     "comment": (str, None, None),
 }
 CHAT_KEYS = {"name": (str, None, None), "prompt": (str, None, None), "tokens": (int, 1, 1 << 20),
@@ -133,8 +134,8 @@ def load(src):
     dec = dict(_check("decode", cfg.get("decode", {}), DECODE_KEYS))
     if "policy" in dec and dec["policy"] not in POLICIES:
         _err("decode: policy must be one of %s, got %r" % (", ".join(POLICIES), dec["policy"]))
-    if "kv_dtype" in dec and dec["kv_dtype"] not in KV_DTYPES:
-        _err("decode: kv_dtype must be one of %s, got %r" % (", ".join(KV_DTYPES), dec["kv_dtype"]))
+    if "kv_dtype" in dec and dec["kv_dtype"] not in KV_DTYPES and dec["kv_dtype"] != "auto":
+        _err("decode: kv_dtype must be one of %s or auto, got %r" % (", ".join(KV_DTYPES), dec["kv_dtype"]))
     if "chats" in dec:
         chats = []
         names = []

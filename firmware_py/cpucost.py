@@ -50,6 +50,10 @@ def source_kind(src):
 
 class CostModel:
     # one board's figures for one kind of kernel, applied to one model shape
+    def meter(self, kernel, slice_us):
+        # the metered slicer (Meter) a decode on kernel charges its units through
+        return Meter(self, kernel, slice_us)
+
     def __init__(self, board, kind, cfg, weights_dtype="fp32", kv_dtype="fp32"):
         if kind not in KINDS:
             raise CostError("cpu cost kind must be one of %s, got %r" % (", ".join(KINDS), kind))
@@ -169,3 +173,86 @@ def for_session(board, kind, session):
     dt = "int8" if getattr(w, "dtype", "fp32") == "int8" else "fp32"
     lay = getattr(session, "layout", None)
     return CostModel(board, kind, session.cfg, dt, lay.dtype if lay is not None else "fp32")
+
+
+class Meter:
+    # the emulator's slicer (model.Slicer's interface): each unit of a sliced decode step
+    # (model.U_*) is charged to the kernel's virtual clock at this cost model's price when
+    # the step reports it, then the slicer looks at the clock, so the slices the kernel
+    # sees are the ones the board's clock would give. What one token's units add up to is
+    # token_ns at its KV length: every figure of layer_ns and final_ns, each charged where
+    # the step does that work; the fixed costs spread over the step's matvec dispatches
+    # (layer_mcyc over its layer's seven, token_mcyc over all 7 x layers + 1). Sampling
+    # (vocab x sample_el_mcyc) is charged only for a token that is sampled. Runs on
+    # CPython (big ints): the emulator's; a board slices by its own clock
+    def __init__(self, cost, kernel, slice_us):
+        from firmware_py.model import Slicer  # noqa: PLC0415 - the emulator's only
+
+        self.cost = cost
+        self.k = kernel
+        self.sl = Slicer(kernel, slice_us)
+        v = cost.v
+        cfg = cost.cfg
+        pn, pd = cost._pnum, cost._pden
+        # prices in units of 1 / (2 x pd x mhz x 1000) µs: parallel work x pn, serial x pd,
+        # the x 2 so that each of attention's two passes takes half of a position's price
+        self.den = 2 * pd * cost.mhz * 1000
+        mac = v["mac_f32_mcyc"] if cost.weights_dtype == "fp32" else v["mac_i8_mcyc"]
+        kv_wr = v["kv_wr_%s_mcyc" % cost.kv_dtype] if cost.kv_dtype != "fp32" else 0
+        calls = 7 * cfg.n_layers + 1
+        self.p_mac = 2 * pn * mac
+        self.p_row = 2 * pn * v["row_mcyc"]
+        self.p_call = (2 * pd * (v["matvec_mcyc"] + v["layer_mcyc"] // 7 + v["token_mcyc"] // calls),
+                       2 * pd * (v["matvec_mcyc"] + v["token_mcyc"] // calls))  # [in a layer, the classifier]
+        self.p_norm = 2 * pd * v["norm_el_mcyc"]
+        self.p_rope = 2 * pd * v["rope_el_mcyc"]
+        self.p_kvw = 2 * pd * kv_wr
+        self.p_att = pn * cost._pos_par  # one pass over one slot: half a position
+        self.p_elem = 2 * pd * v["elem_mcyc"]
+        self.p_silu = 2 * pd * (v["exp_mcyc"] + v["div_mcyc"])
+        self.p_sample = 2 * pd * v["sample_el_mcyc"]
+        self.rem = 0  # what the charges so far rounded off (below one µs), carried
+        self.charged_us = 0  # µs charged in all
+
+    @property
+    def us(self):
+        return self.sl.us
+
+    @property
+    def yields(self):
+        return self.sl.yields
+
+    # the price of a unit (kind, a, b), in self.den-ths of a µs
+    def price(self, kind, a, b):
+        if kind == 3:  # U_ROWS: a rows of b columns
+            return a * (b * self.p_mac + self.p_row)
+        if kind == 6:  # U_ATT: a slots, one pass
+            return a * self.p_att
+        if kind == 2:  # U_CALL
+            return self.p_call[0 if a else 1]
+        if kind == 1:
+            return a * self.p_norm
+        if kind == 4:
+            return a * self.p_rope
+        if kind == 5:
+            return a * self.p_kvw
+        if kind == 7:
+            return a * self.p_elem
+        if kind == 8:
+            return a * self.p_silu
+        if kind == 9:
+            return a * self.p_sample
+        return 0
+
+    def ahead(self, n):
+        return self.sl.ahead(n)
+
+    def step(self, kind, a, b):
+        t = self.rem + self.price(kind, a, b)
+        us = t // self.den
+        self.rem = t - us * self.den
+        if us > 0:
+            self.charged_us += us
+            self.k.charge(us)
+        return self.sl.step(kind, a, b)
+

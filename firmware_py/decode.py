@@ -12,7 +12,7 @@ from firmware_py import bandwidth, compat, kv, llama2c, pool, tokenizer
 from firmware_py.clock import RealClock
 from firmware_py.compat import const, ticks_diff
 from firmware_py import model as fw_model
-from firmware_py.model import Model
+from firmware_py.model import SAMPLE_UNIT, U_NONE, U_SAMPLE, Model, Slicer
 from firmware_py.sample import Sampler
 from firmware_py.sched import DONE, EventFlags, Kernel  # imported before the pool takes the heap: compiling it later may not fit
 from firmware_py.status import E_FULL, E_NO_BLOCK, E_RANGE, OK
@@ -38,6 +38,12 @@ MODEL_FILE = "model.bin"  # where `kv flash --model` puts the checkpoint on the 
 TOKENIZER_FILE = "tokenizer.bin"  # ... and its tokenizer
 
 MAX_CHATS = const(64)  # sequences one Session may be sized for (seqs)
+# The longest the decode holds the CPU in one slice (µs) by default: the step yields
+# inside a layer (model.Slicer) whenever its slice reaches this, on every backend. 2 ms
+# fits the shipped scenarios' tightest deadline (sensor-gateway's IMU read: 5 ms) with
+# room for the higher-priority tasks that run first; 0: unbounded (a layer per slice)
+SLICE_US = const(2000)
+SLICE_MAX_US = const(10000000)  # the largest slice_us accepted (10 s)
 SUMMARY = "generate: "  # the summary line starts with this
 STOP = "generate: stopped: "  # a clear stop (budget, context) starts with this
 
@@ -54,7 +60,7 @@ class Session:
 
     def __init__(self, model_path, tok_path, kv_dtype="fp32", policy="full", window=0, backend="auto",
                  rope="absolute", heap=0, temperature=0.0, top_p=1.0, seed=0, sinks=kv.SINKS, reserve=0, blocks=0,
-                 word_bytes=0, seqs=1):
+                 word_bytes=0, seqs=1, slice_us=SLICE_US):
         # heap: the usable heap the pool is sized from (0: the board profile's, else this
         # interpreter's); reserve: the profile's firmware_reserved_bytes (0: the profile's
         # or none); blocks: a fixed pool size that bypasses the rule (measurements only);
@@ -68,6 +74,11 @@ class Session:
             raise DecodeError(str(e))
         cfg = self.weights.cfg
         self.cfg = cfg  # llama2c.Config
+        if kv_dtype == "auto":  # what the weights' fastest path reads: int8 KV for int8 weights
+            kv_dtype = "int8" if self.weights.dtype == "int8" else "fp32"
+        if slice_us.__class__ is not int or not 0 <= slice_us <= SLICE_MAX_US:
+            raise DecodeError("slice_us must be a whole number of µs in 0..%d (0: unbounded), got %r" % (SLICE_MAX_US, slice_us))
+        self.slice_us = slice_us  # the longest slice the decode holds the CPU (µs; 0: unbounded)
         try:
             lay = kv.Layout(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, kv_dtype)
         except kv.KVError as e:
@@ -169,6 +180,8 @@ class Session:
         # between pieces, so that higher-priority tasks (audio, the DMA engine) run within
         # one piece's time instead of one layer's; 0: each layer's traffic in one go
         self.piece_bytes = 0
+        self._pb = 0  # the piece size task() moves the traffic in (piece_bytes, or one that fits half a slice)
+        self.slicer = None  # the model.Slicer (or cpucost.Meter) of the running task, or None
         self.pieces = 0  # pieces moved so far (piece_bytes > 0)
         self._ns = 0  # sub-µs remainder of the pieces' priced ns, carried to the next piece
         self.carried_us = 0  # µs the carried remainders added to the pieces' time (the tier's own busy time lacks them)
@@ -301,15 +314,34 @@ class Session:
         cpu = self.cpu
         cache = self.cache
         t_tok = self.t_start  # when the token being made began (the thermal guard's pause is a share of its time)
+        # the slice bound: with a cost model (the emulator) its metered slicer, which charges
+        # each unit of the step to the virtual clock; else a Slicer on the kernel's clock
+        sl = None
+        if cpu is not None:
+            sl = cpu.meter(kernel, self.slice_us)
+        elif self.slice_us > 0:
+            sl = Slicer(kernel, self.slice_us)
+        self.slicer = sl
+        m.slicer = sl
+        pb = self.piece_bytes
+        if sl is not None and sl.us > 0 and tr is not None and tr.charge_time:
+            # the memory time charged to a virtual clock in pieces that fit half a slice
+            most = tr.bw.bw[tr.w_tier] * (sl.us // 2) // 1000000
+            if most < 64:
+                most = 64
+            if pb <= 0 or pb > most:
+                pb = most
+        self._pb = pb
         while self.n_new < n:
-            for _ in m.forward(h, feed, pos):
+            for y in m.forward(h, feed, pos):
+                if y:  # the slice is spent inside the layer: let whoever is due run
+                    yield
+                    continue
                 if self.layer_us:
                     kernel.charge(self.layer_us)
-                if cpu is not None:  # the layer's compute at this KV length (cached() includes the new row)
-                    us = cpu.layer_us(cache.cached(h))
-                    if us > 0:
-                        kernel.charge(us)
-                if tr is not None and self.piece_bytes > 0:
+                if sl is not None and sl.step(U_NONE, 0, 0):
+                    yield  # before the layer's memory traffic: the slice is spent
+                if tr is not None and pb > 0:
                     c = cache.cached(h)  # the new token's row included
                     for i in range(3):
                         if i == 0:
@@ -329,6 +361,8 @@ class Session:
                             us = self._move_piece(tr, tier, cat, kind, p, rv == OK)
                             if tr.charge_time and us > 0:
                                 kernel.charge(us)
+                            if sl is not None:
+                                sl.step(U_NONE, 0, 0)  # the piece is a unit the slicer sees
                             left -= p
                             if left > 0 or i < 2:
                                 yield  # between pieces: whoever is due runs now
@@ -362,11 +396,9 @@ class Session:
             if st < 0:
                 self.stop = "full" if st == E_FULL else "no_block" if st == E_NO_BLOCK else "status %d" % st
                 break
-            if cpu is not None:  # the final norm, the classifier and the sampler
-                us = cpu.final_us()
-                if us > 0:
-                    kernel.charge(us)
-            if tr is not None and self.piece_bytes > 0:
+            if sl is not None and sl.step(U_NONE, 0, 0):
+                yield  # before the final's memory traffic: the slice is spent
+            if tr is not None and pb > 0:
                 left = tr.final_w
                 while left > 0:
                     p = self._piece_size(tr, tr.w_tier, bandwidth.WEIGHTS, left, 1)
@@ -381,6 +413,8 @@ class Session:
                         kernel.charge(us)
                     left -= p
                     if left > 0:
+                        yield
+                    elif sl is not None and sl.step(U_NONE, 0, 0):  # the last piece: a unit the slicer sees
                         yield
             elif tr is not None:
                 if tr.admit:
@@ -406,7 +440,26 @@ class Session:
                 continue
             if prefill:
                 break
-            nxt = sampler.pick(m.logits, m.logit_frac_bits)
+            if sl is None:
+                nxt = sampler.pick(m.logits, m.logit_frac_bits)
+            elif sampler.temperature == 0.0:  # greedy: argmax in units, the slice looked at after each
+                lg = m.logits
+                nv = self.cfg.vocab_size
+                nxt = 0
+                bv = lg[0]
+                i = 0
+                while i < nv:
+                    e = i + SAMPLE_UNIT if i + SAMPLE_UNIT < nv else nv
+                    for j in range(i, e):
+                        if lg[j] > bv:
+                            bv = lg[j]
+                            nxt = j
+                    if sl.step(U_SAMPLE, e - i, 0):
+                        yield
+                    i = e
+            else:  # a draw is one unit
+                sl.step(U_SAMPLE, self.cfg.vocab_size, 0)
+                nxt = sampler.pick(m.logits, m.logit_frac_bits)
             if not self.n_new:
                 self.t_first = kernel.now()
             self.tokens[self.n_new] = nxt
@@ -431,7 +484,7 @@ class Session:
     # piece_bytes and (admitting) the category's largest admission, in whole units of
     # `unit` bytes (K/V rows) when that leaves at least one; no allocation
     def _piece_size(self, tr, tier, cat, left, unit):
-        p = self.piece_bytes
+        p = self._pb
         if tr.admit:
             most = tr.bw.piece(tier, cat)
             if 0 < most < p:
@@ -542,6 +595,9 @@ class Chat(Session):
         self.traffic = None
         self.cpu = None
         self.piece_bytes = 0
+        self.slice_us = 0
+        self._pb = 0
+        self.slicer = None
         self.thermal = None
         self.pieces = 0
         self._ns = 0
@@ -573,7 +629,7 @@ class Chat(Session):
         if not s.prefix_done:
             yield s.ready.wait(1)
         self.t_ready = kernel.now()
-        for a in ("layer_us", "on_token", "traffic", "cpu", "piece_bytes", "thermal"):
+        for a in ("layer_us", "on_token", "traffic", "cpu", "piece_bytes", "thermal", "slice_us"):
             if not getattr(self, a):
                 setattr(self, a, getattr(s, a))
         if self.h < 0:  # the prefix did not fit, or the fork was refused

@@ -20,6 +20,9 @@
 #   store(h, layer, k, v)          pack K and V into one layer row, cache.write it
 #   begin(h, n)                    per token: where the n cached slots of h live
 #   attention(out, q, h, layer)    out = softmax(q K^T / sqrt(D)) V over the slots, GQA
+#   matvec_rows(out, m, x, r0, r1) rows r0..r1-1 of matvec (a sliced step's unit)
+#   att_scores(q, layer, s0, s1), att_softmax(), att_values(out, layer, s0, s1)
+#                                  attention in parts over slot ranges (a sliced step's units)
 #   end(h)                         feed this token's attention to h2o (cache.add_score)
 #   logits_of(logits, x)           logits = wcls x
 # rope_mode "cache" (StreamingLLM): keys are stored before RoPE and each is rotated at
@@ -125,12 +128,16 @@ class Plain:
 
     # out = W x for Matrix m (fp32, or int8 values times their group scale); O(rows x cols)
     def matvec(self, out, m, x):
-        rows = m.rows
+        self.matvec_rows(out, m, x, 0, m.rows)
+
+    # rows r0 .. r1 - 1 of out = W x: the unit a sliced forward step runs between two
+    # looks at its slice (model.Slicer); the same sums as matvec. O((r1 - r0) x cols)
+    def matvec_rows(self, out, m, x, r0, r1):
         cols = m.cols
         f = self.f32
-        i = m.off
+        i = m.off + r0 * cols
         if not m.group:
-            for r in range(rows):
+            for r in range(r0, r1):
                 s = 0.0
                 for c in range(cols):
                     s += f[i + c] * x[c]
@@ -139,8 +146,8 @@ class Plain:
             return
         q = self.q8
         g = m.group
-        si = m.soff
-        for r in range(rows):
+        si = m.soff + r0 * (cols // g)
+        for r in range(r0, r1):
             s = 0.0
             c = 0
             while c < cols:
@@ -300,13 +307,20 @@ class Plain:
     # O(n x (dim + kv_dim)); the slot order does not matter
     def attention(self, out, q, h, layer):
         n = self.n
+        self.att_scores(q, layer, 0, n)
+        self.att_softmax()
+        self.att_values(out, layer, 0, n)
+
+    # attention in parts, the units a sliced forward step runs between looks at its slice
+    # (the same operations in the same order as attention()): the scores of slots s0 .. s1 - 1
+    def att_scores(self, q, layer, s0, s1):
         hd = self.hd
         rep = self.rep
         nh = self.n_heads
         ms = self.ms
         inv = 1.0 / math.sqrt(hd)
         att = self.att
-        for s in range(n):
+        for s in range(s0, s1):
             self._row(s, layer)
             kf = self._vec(0)
             if self.rope_cache:
@@ -318,7 +332,13 @@ class Plain:
                 for i in range(hd):
                     a += q[qb + i] * kf[kb + i]
                 att[j * ms + s] = a * inv
-        for j in range(nh):
+
+    # ... the softmax of every head's scores over the n slots
+    def att_softmax(self):
+        n = self.n
+        ms = self.ms
+        att = self.att
+        for j in range(self.n_heads):
             b = j * ms
             best = att[b]
             for s in range(1, n):
@@ -331,9 +351,18 @@ class Plain:
                 tot += e
             for s in range(n):
                 att[b + s] /= tot
-        for i in range(self.dim):
-            out[i] = 0.0
-        for s in range(n):
+
+    # ... the weighted sum of the values of slots s0 .. s1 - 1 into out (zeroed at s0 == 0)
+    def att_values(self, out, layer, s0, s1):
+        hd = self.hd
+        rep = self.rep
+        nh = self.n_heads
+        ms = self.ms
+        att = self.att
+        if s0 == 0:
+            for i in range(self.dim):
+                out[i] = 0.0
+        for s in range(s0, s1):
             self._row(s, layer)
             vf = self._vec(1)
             for j in range(nh):
@@ -398,6 +427,7 @@ class Numpy:
         self.res_slots = None  # (k,) slots whose K is in the residual
         self.res_idx = None  # (k, kv_dim) their residual words, layer 0
         self.n = 0  # cached slots of the current token
+        self._q = None  # the query att_scores was given (att_values computes the attention)
         self.kcos = self.ksin = None  # (n, 1, D/2) key rotation by rank (rope "cache")
         self.acc = None  # (n,) float64: this token's summed mean attention per slot (h2o)
         for lw in weights.layers:
@@ -425,6 +455,25 @@ class Numpy:
             x[:] = q[token]
         else:
             x[:] = (q[token] * s[token]).reshape(-1)
+
+    # rows r0 .. r1 - 1 of out = W x (a sliced step's unit): the whole product at r0 == 0,
+    # nothing after, so the float sums are matvec's own (the host's stand-in: the time is
+    # the cost model's, charged per unit by the slicer)
+    def matvec_rows(self, out, m, x, r0, r1):
+        if r0 == 0:
+            self.matvec(out, m, x)
+
+    # attention in parts (Plain's interface): the whole attention at the values' first part
+    def att_scores(self, q, layer, s0, s1):
+        if s0 == 0:
+            self._q = q
+
+    def att_softmax(self):
+        pass
+
+    def att_values(self, out, layer, s0, s1):
+        if s0 == 0:
+            self.attention(out, self._q, -1, layer)
 
     # out = W x; int8: per group sums of q * x, times the group's scale; O(rows x cols)
     def matvec(self, out, m, x):

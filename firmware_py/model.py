@@ -16,10 +16,100 @@
 #   "cache":    keys stored before RoPE, rotated at attention time by their rank among
 #               the cached positions; the query at the newest rank (StreamingLLM)
 from firmware_py import compat, kernels
+from firmware_py.compat import const, ticks_diff
 from firmware_py.status import E_RANGE, E_STATE, OK
 
 BACKENDS = ("auto", "numpy", "plain", "q8")  # what Model(backend=...) accepts
 ROPE_MODES = ("absolute", "cache")  # what Model(rope=...) accepts
+
+
+# A bounded slice: with a Slicer (Model.slicer, decode.Session sets it from slice_us), the
+# step does its work in units (a few rows of a matvec, a few slots of attention, a norm)
+# and after each asks slicer.step(kind, a, b) whether the slice is spent; when it is, the
+# step yields SLICE (the kernel runs whoever is due) and goes on where it was. A layer's
+# end still yields None (the decode charges the layer's memory traffic there). The unit
+# kinds (a, b: the unit's size), which the emulator's cost meter (cpucost.Meter) prices:
+U_NONE = const(0)  # nothing done: only look at the clock
+U_NORM = const(1)  # an rmsnorm of a elements
+U_CALL = const(2)  # a matvec's dispatch; a = 1 in a layer, 0 the classifier
+U_ROWS = const(3)  # a rows of a matvec of b columns
+U_ROPE = const(4)  # RoPE of a elements (the query's and the key's)
+U_KVW = const(5)  # the new K/V row stored (a elements)
+U_ATT = const(6)  # one attention pass (scores, or values) over a slots
+U_ELEM = const(7)  # a elementwise operations (residual adds, the SwiGLU product)
+U_SILU = const(8)  # SiLU of a elements (an exp and a division each)
+U_SAMPLE = const(9)  # the sampler scanned a logits
+SLICE = const(1)  # what a step yields when its slice is spent (a layer's end yields None)
+# units of the plain (bytecode) path: one matvec row, one attention slot (per pass);
+# of the integer path (qmodel.QForward, viper): Q8_UNIT_MACS multiply-adds of rows
+PLAIN_ROWS = const(1)
+PLAIN_SLOTS = const(1)
+Q8_UNIT_MACS = const(2048)
+SAMPLE_UNIT = const(64)  # logits the greedy sampler scans per unit (decode.Session.task)
+
+
+class Slicer:
+    # the decode's slice bound on one kernel: step() after each unit of work is True once
+    # the running slice (from kernel.t0, when the kernel resumed the task) would last
+    # slice_us or more after one more unit, foreseen as long as the longest recent one (or,
+    # at a matvec's start, as its rows at the last matvec unit's time per MAC). slice_us
+    # 0: unbounded (never True). By the kernel's clock: ticks_us on a board, the virtual
+    # clock in the emulator (where cpucost.Meter charges each unit first). No allocation
+    def __init__(self, kernel, slice_us):
+        self.k = kernel
+        self.now = kernel.clock.now
+        self.us = slice_us  # the bound (µs); 0: none
+        self.t0 = 0  # the slice the last unit ran in (kernel.t0 then)
+        self.prev = 0  # ticks at the end of the last unit
+        self.yields = 0  # slices given away (saturates below 2**30)
+        self.row_us = 0  # time of the last matvec unit (µs)
+        self.row_macs = 0  # its multiply-adds
+        self.att_slot_us = 0  # the last attention unit's time per slot (µs, rounded up)
+        self.big = 0  # the longest recent unit (µs), decaying
+
+    # before an attention unit over n slots: True when the slice would be spent by it (as
+    # long per slot as the last one); the caller yields first. No allocation
+    def ahead(self, n):
+        if self.us <= 0 or not self.att_slot_us:
+            return False
+        t0 = self.k.t0
+        if t0 != self.t0:
+            return False  # a fresh slice: the unit runs in it
+        return ticks_diff(self.now(), t0) + self.att_slot_us * n >= self.us
+
+    def step(self, kind, a, b):
+        us = self.us
+        if us <= 0:
+            return False
+        t = self.now()
+        t0 = self.k.t0
+        if t0 != self.t0:  # a new slice since the last unit
+            self.t0 = t0
+            self.prev = t0
+        d = ticks_diff(t, t0)
+        u = ticks_diff(t, self.prev)  # the last unit's time (the first: the slice so far)
+        self.prev = t
+        nxt = u  # the next unit's time, foreseen: as long as this one, but at a matvec's start
+        if kind == U_ROWS:  # its rows' time, to foresee the next matvec's units (b: their MACs)
+            self.row_us = u
+            self.row_macs = a * b
+        elif kind == U_ATT and a > 0:  # an attention unit's time per slot, to foresee the next (ahead)
+            self.att_slot_us = u // a + 1
+        elif kind == U_CALL and b > 0 and self.row_macs > 0:
+            m = self.row_macs
+            nxt = self.row_us * ((b + m - 1) // m) if b > m else self.row_us
+        g = self.big  # the longest recent unit (decays by an eighth a unit): the next may be one like it
+        g -= g >> 3
+        if u > g:
+            g = u
+        self.big = g
+        if nxt < g:
+            nxt = g
+        if d + nxt >= us:
+            if self.yields < 0x3FFFFFFF:
+                self.yields += 1
+            return True
+        return False
 
 
 class ModelError(ValueError):
@@ -68,13 +158,20 @@ class Model:
         self.rope = rope  # "absolute" or "cache"
         self.q = None  # qmodel.QForward doing the work for backend "q8", else None
         self._status = OK  # last forward: the cache's reserve flags (>= 0) or a refusal (< 0)
+        self.slicer = None  # Slicer bounding each slice of forward (decode.Session.task sets it), or None
+        # the units of a sliced step: the integer path's (an int8 model with int8 KV: the
+        # board runs qmodel.QForward), else the plain path's; the host's numpy backend
+        # takes the units of the path the board would run, so the emulator slices as it does
+        q8_units = backend == "q8" or (weights.dtype == "int8" and lay.dtype == "int8")
+        self.unit_macs = Q8_UNIT_MACS if q8_units else 0  # 0: PLAIN_ROWS rows a unit
+        self.unit_slots = 0 if q8_units else PLAIN_SLOTS  # 0: all slots one unit (QForward's one attend call)
         self.logit_frac_bits = None  # fixed-point logits: fractional bits (q8); None: floats
         if backend == "q8":
             qm = _qmodel()
             if qm is None:
                 raise ModelError("backend q8 needs firmware_py/qmodel.py (QForward), which is not in this firmware yet")
             self.q = qm.QForward(weights, cache, rope)
-            self.forward = self.q.forward  # its generator, unwrapped: no extra object per token
+            self.q.model = self  # its forward reads the slicer from here
             self.logits = self.q.logits  # array('i') of vocab_size fixed-point logits
             self.logit_frac_bits = self.q.logit_frac_bits
             return
@@ -108,9 +205,17 @@ class Model:
         return self.q.status if self.q is not None else self._status
 
     # one token through the model, one layer per step (a generator: `yield` between
-    # layers); on success self.logits holds the next-token logits; a refusal ends it
-    # early with self.status < 0. O(params + n_cached x dim) per token
+    # layers; with a slicer, SLICE too inside a layer whenever the slice is spent); on
+    # success self.logits holds the next-token logits; a refusal ends it early with
+    # self.status < 0. O(params + n_cached x dim) per token
     def forward(self, h, token, pos):
+        if self.q is not None:
+            return self.q.forward(h, token, pos, self.slicer)
+        if self.slicer is None:
+            return self._whole(h, token, pos)
+        return self._sliced(h, token, pos, self.slicer)
+
+    def _whole(self, h, token, pos):
         c = self.cache
         k = self.k
         cfg = self.cfg
@@ -156,3 +261,118 @@ class Model:
         k.end(h)
         k.rmsnorm(xb, x, w.rms_final)
         k.logits_of(self.logits, xb)
+
+    # rows of a matvec per unit (at least one)
+    def _rows(self, cols):
+        if not self.unit_macs:
+            return PLAIN_ROWS
+        r = self.unit_macs // cols
+        return r if r > 0 else 1
+
+    # out = W x in units of rows, a look at the slice after each (SLICE yielded when spent)
+    def _mv(self, out, m, x, sl, in_layer):
+        k = self.k
+        rows = m.rows
+        cols = m.cols
+        n = self._rows(cols)
+        if sl.step(U_CALL, in_layer, (n if n < rows else rows) * cols):  # b: its units' MACs, to foresee them
+            yield SLICE
+        r = 0
+        while r < rows:
+            e = r + n if r + n < rows else rows
+            k.matvec_rows(out, m, x, r, e)
+            if sl.step(U_ROWS, e - r, cols):
+                yield SLICE
+            r = e
+
+    # attention in units of slots: the scores, the softmax, the values
+    def _att(self, out, q, h, layer, n, sl):
+        k = self.k
+        if sl.ahead(n if not self.unit_slots else self.unit_slots):
+            yield SLICE
+        if not self.unit_slots:  # one unit, as the integer path's one attend call
+            k.att_scores(q, layer, 0, n)
+            k.att_softmax()
+            k.att_values(out, layer, 0, n)
+            if sl.step(U_ATT, n, 0) | sl.step(U_ATT, n, 1):
+                yield SLICE
+            return
+        u = self.unit_slots
+        for p in range(2):
+            if p == 1:
+                k.att_softmax()
+            s = 0
+            while s < n:
+                e = s + u if s + u < n else n
+                if p == 0:
+                    k.att_scores(q, layer, s, e)
+                else:
+                    k.att_values(out, layer, s, e)
+                if sl.step(U_ATT, e - s, p):
+                    yield SLICE
+                s = e
+
+    # forward with a slicer: the same operations as _whole, in units
+    def _sliced(self, h, token, pos, sl):
+        c = self.cache
+        k = self.k
+        cfg = self.cfg
+        w = self.weights
+        if pos != c.length(h) or token < 0 or token >= cfg.vocab_size:
+            self._status = E_RANGE if c.length(h) >= 0 else c.length(h)
+            return
+        slot = c.reserve(h)
+        if slot < 0:
+            self._status = slot
+            return
+        self._status = c.status
+        n = c.cached(h)
+        x, xb, xb2, hb, hb2, q, kv, vv = self.x, self.xb, self.xb2, self.hb, self.hb2, self.qv, self.kv, self.vv
+        absolute = self.rope == "absolute"
+        d = cfg.dim
+        hid = cfg.hidden_dim
+        kvd = cfg.kv_dim
+        k.embed(x, token)
+        k.rope_at(pos if absolute else n - 1)
+        for layer in range(cfg.n_layers):
+            lw = w.layers[layer]
+            k.rmsnorm(xb, x, lw.rms_att)
+            if sl.step(U_NORM, d, 0):
+                yield SLICE
+            yield from self._mv(q, lw.wq, xb, sl, 1)
+            yield from self._mv(kv, lw.wk, xb, sl, 1)
+            yield from self._mv(vv, lw.wv, xb, sl, 1)
+            k.rope(q, cfg.n_heads)
+            if absolute:
+                k.rope(kv, cfg.n_kv_heads)
+            if sl.step(U_ROPE, d + kvd, 0):
+                yield SLICE
+            st = k.store(h, layer, kv, vv)
+            if st != OK:
+                self._status = st if st < 0 else E_STATE
+                return
+            if layer == 0:
+                k.begin(h, n)
+            if sl.step(U_KVW, 2 * kvd, 0):
+                yield SLICE
+            yield from self._att(xb, q, h, layer, n, sl)
+            yield from self._mv(xb2, lw.wo, xb, sl, 1)
+            k.add(x, xb2)
+            k.rmsnorm(xb, x, lw.rms_ffn)
+            if sl.step(U_NORM, d, 0) | sl.step(U_ELEM, d, 0):
+                yield SLICE
+            yield from self._mv(hb, lw.w1, xb, sl, 1)
+            yield from self._mv(hb2, lw.w3, xb, sl, 1)
+            k.silu_mul(hb, hb2)
+            if sl.step(U_SILU, hid, 0) | sl.step(U_ELEM, hid, 0):
+                yield SLICE
+            yield from self._mv(xb2, lw.w2, hb, sl, 1)
+            k.add(x, xb2)
+            if sl.step(U_ELEM, d, 0):
+                yield SLICE
+            yield
+        k.end(h)
+        k.rmsnorm(xb, x, w.rms_final)
+        if sl.step(U_NORM, d, 0):
+            yield SLICE
+        yield from self._mv(self.logits, w.wcls, xb, sl, 0)

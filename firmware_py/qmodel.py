@@ -20,6 +20,7 @@ from array import array
 
 from firmware_py import kernels_q as K
 from firmware_py.compat import const
+from firmware_py.model import Q8_UNIT_MACS, SLICE, U_ATT, U_CALL, U_ELEM, U_KVW, U_NORM, U_ROPE, U_ROWS, U_SILU
 from firmware_py.status import E_EMPTY, E_RANGE, OK
 
 LOGIT_FRAC = const(16)  # fractional bits of QForward.logits
@@ -42,6 +43,8 @@ class QMat:
         self.goff = goff  # offset of its first group in QForward.gp
         self.emin = emin  # W = q * m * 2**-(emin + d) (kernels_q: weights)
         self.shift = K.mv_shift(m.cols)  # matvec's output is the sum shifted right by this (wide rows)
+        self.unit = 0  # rows of a sliced forward's matvec unit (QForward._windows)
+        self.views = None  # views of its output at each unit's first row
 
 
 # zero-filled array('i') of n ints (boot only)
@@ -156,6 +159,31 @@ class QForward:
         self.h = -1  # sequence of the step under way
         self.slot = -1  # its reserved slot
         self.nslot = 0  # slots attention scans this step
+
+        self.model = None  # the model.Model running this (its slicer bounds forward's slices), or None
+        # a sliced forward's matvec units: each matrix's views of its output array at every
+        # unit's first row, made once here (no allocation per step)
+        win = {}
+        outs = (self.q, self.k, self.v, self.o, self.h1, self.o, self.h3)  # of wq, wk, wv, wo, w1, w2, w3
+        for ws in self.layers:
+            for i in range(7):
+                self._windows(ws[i], outs[i], win)
+        self._windows(self.wcls, self.l32, win)
+
+    # rows of a matvec unit with cols columns (model.Q8_UNIT_MACS multiply-adds; at least one)
+    @staticmethod
+    def unit_rows(cols):
+        u = Q8_UNIT_MACS // cols
+        return u if u > 0 else 1
+
+    # QMat m's unit rows and views of out at each unit's first row (boot; shared by shape)
+    def _windows(self, m, out, win):
+        key = (id(out), m.cols)
+        if key not in win:
+            u = self.unit_rows(m.cols)
+            mv = memoryview(out)
+            win[key] = (u, [mv[r:] for r in range(0, len(out), u)])
+        m.unit, m.views = win[key]
 
     # the QMat of matrix m, its group multipliers written into self.gp (boot; floats)
     def _qmat(self, m):
@@ -324,12 +352,121 @@ class QForward:
 
     # one token through the model as a cooperative step: a generator yielding after each
     # layer; then self.logits holds the next-token logits (Q16), or self.status < 0
-    # says what refused. The generator object itself is the only allocation per call
-    def forward(self, h, token, pos):
+    # says what refused. The generator object itself is the only allocation per call.
+    # sl: a model.Slicer: the step runs in units and yields model.SLICE whenever the slice
+    # is spent (no allocation either: the matvec units write through views made at boot)
+    def forward(self, h, token, pos, sl=None):
         if self.begin(h, token, pos) < 0:
             return
         for layer in range(self.n_layers):
-            if self.layer(layer) < 0:
+            if sl is None:
+                if self.layer(layer) < 0:
+                    return
+                yield
+                continue
+            # layer(), in units (the same calls in the same order)
+            cfg = self.cfg
+            x = self.x
+            xq = self.xq
+            q = self.q
+            k = self.k
+            v = self.v
+            o = self.o
+            d = cfg.dim
+            kvd = cfg.kv_dim
+            hd = cfg.head_dim
+            hid = cfg.hidden_dim
+            ws = self.layers[layer]
+            ex = K.rmsnorm(xq, x, d, self.gains, self.g_att[layer], self.nb, self.eps0, self.sn, self.eg)
+            if sl.step(U_NORM, d, 0):
+                yield SLICE
+            yield from self._mv(q, ws[0], xq, sl, 1)
+            eq = ex + ws[0].emin - 16 - K.quant(q, q, d)
+            yield from self._mv(k, ws[1], xq, sl, 1)
+            ek = ex + ws[1].emin - 16 - K.quant(k, k, kvd)
+            yield from self._mv(v, ws[2], xq, sl, 1)
+            ev = ex + ws[2].emin - 16 - K.quant(v, v, kvd)
+            K.rope(q, d, hd, self.cs_q)
+            if self.rope == "absolute":
+                K.rope(k, kvd, hd, self.cs_k)
+            if sl.step(U_ROPE, d + kvd, 0):
+                yield SLICE
+            lay = self.cache.layout
+            row = self.row
+            K.pack(row, 0, lay.ks_off, k, kvd, hd, ek, 127)
+            K.pack(row, lay.v_off, lay.vs_off, v, kvd, hd, ev, 127)
+            st = self.cache.write(self.h, layer, row, 0)
+            if st < 0:
+                self.status = st
                 return
+            self._base(self.slot // self.t)
+            if sl.step(U_KVW, 2 * kvd, 0):
+                yield SLICE
+            if sl.ahead(self.nslot):
+                yield SLICE
+            p = self.prm
+            p[K.P_LAYER] = self.layer_off[layer]
+            p[K.P_EQ] = eq
+            att = self.att
+            ea = K.attend(att, q, self.cache.arena, self.bases, p, self.sc, self.hacc, self.e2t, self.hexp, self.ranks, self.rot)
+            ea -= K.quant(att, att, d)
+            if sl.step(U_ATT, self.nslot, 0) | sl.step(U_ATT, self.nslot, 1):
+                yield SLICE
+            yield from self._mv(o, ws[3], att, sl, 1)
+            K.add(x, o, d, ea + ws[3].emin - 32)
+            ex = K.rmsnorm(xq, x, d, self.gains, self.g_ffn[layer], self.nb, self.eps0, self.sn, self.eg)
+            if sl.step(U_NORM, d, 0) | sl.step(U_ELEM, d, 0):
+                yield SLICE
+            h1 = self.h1
+            h3 = self.h3
+            yield from self._mv(h1, ws[4], xq, sl, 1)
+            e1 = ex + ws[4].emin - 16 - K.quant(h1, h1, hid)
+            yield from self._mv(h3, ws[6], xq, sl, 1)
+            e3 = ex + ws[6].emin - 16 - K.quant(h3, h3, hid)
+            K.silu(h1, h1, h3, hid, e1 - 10, self.sig)
+            eh = e1 + e3 - K.quant(h1, h1, hid)
+            if sl.step(U_SILU, hid, 0) | sl.step(U_ELEM, hid, 0):
+                yield SLICE
+            yield from self._mv(o, ws[5], h1, sl, 1)
+            K.add(x, o, d, eh + ws[5].emin - 32)
+            if sl.step(U_ELEM, d, 0):
+                yield SLICE
             yield
-        self.finish()
+        if sl is None:
+            self.finish()
+            return
+        cfg = self.cfg
+        w = self.wcls
+        ex = K.rmsnorm(self.xq, self.x, cfg.dim, self.gains, self.g_fin, self.nb, self.eps0, self.sn, self.eg)
+        if sl.step(U_NORM, cfg.dim, 0):
+            yield SLICE
+        yield from self._mv(self.l32, w, self.xq, sl, 0)
+        K.rescale(self.logits, self.l32, cfg.vocab_size, ex + w.emin - 16 - LOGIT_FRAC)
+        if self.h2o:
+            c = self.cache
+            hacc = self.hacc
+            div = cfg.n_heads * self.n_layers
+            for j in range(self.nslot):
+                s = hacc[j] // div
+                if s > 0:
+                    c.add_score(h, j, s)
+
+    # out = the int8 matrix m times x in units of rows through the views made at boot,
+    # yielding SLICE when sl says the slice is spent (kinds: model.U_CALL, U_ROWS)
+    def _mv(self, out, m, x, sl, in_layer):
+        u = m.unit
+        views = m.views
+        rows = m.rows
+        cols = m.cols
+        if sl.step(U_CALL, in_layer, (u if u < rows else rows) * cols):
+            yield SLICE
+        per = cols // m.group
+        r = 0
+        i = 0
+        while r < rows:
+            n = u if r + u < rows else rows - r
+            K.matvec(views[i], self.weights.q8, m.off + r * cols, n, cols, m.group, self.gp, m.goff + r * per, x)
+            if sl.step(U_ROWS, n, cols):
+                yield SLICE
+            r += n
+            i += 1

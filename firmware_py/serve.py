@@ -33,15 +33,20 @@ from firmware_py.status import E_RANGE, E_STATE, OK
 INPUT_US = 20000  # the input task looks for command bytes this often
 CTRL_C = 3  # the console's interrupt character: ends serve (stdin_poller)
 CONFIG_KEYS = ("kv_dtype", "policy", "window", "sinks", "temperature", "top_p", "seed", "backend", "rope",
-               "piece_bytes", "kv_blocks", "priority")
-BOOT_KEYS = ("kv_dtype", "policy", "window", "sinks", "backend", "rope", "temperature", "top_p", "seed", "kv_blocks")
-INT_KEYS = ("window", "sinks", "seed", "piece_bytes", "kv_blocks", "priority")
+               "piece_bytes", "kv_blocks", "priority", "slice_us")
+BOOT_KEYS = ("kv_dtype", "policy", "window", "sinks", "backend", "rope", "temperature", "top_p", "seed", "kv_blocks",
+             "slice_us")
+INT_KEYS = ("window", "sinks", "seed", "piece_bytes", "kv_blocks", "priority", "slice_us")
+# the KV element type when the config does not say: "auto" is int8 for an int8 model (the
+# integer path `kv flash --model` puts on the board reads int8 rows), fp32 for an fp32 one
+KV_DTYPE_DEFAULT = "auto"
 IGNORED_KEYS = ("prefix", "chats")  # config decode keys the board does not run (./kv emulate does)
 PRIO_TELEMETRY = 3  # highest: it sleeps almost always and never waits for the link
 PRIO_INPUT = 2
 PRIO_DECODE = 1
 CONFIG_FILE = "kvrtos.json"  # the application config `./kv flash --config` writes beside main.py
 WORKLOADS = "serve: workloads "  # the line after each request: JSON {task name: its stats}
+SLICES = "serve: slices "  # after a request whose tasks overran the slice bound or missed deadlines: who
 
 
 class ServeError(ValueError):
@@ -130,8 +135,10 @@ class Server:
                     v = float(v)
             except ValueError:
                 raise ServeError("%s must be a number, got %r" % (key, v))
-            if key == "kv_dtype" and v not in kv.DTYPES:
-                raise ServeError("kv_dtype must be one of %s, got %r" % (", ".join(kv.DTYPES), v))
+            if key == "kv_dtype" and v not in kv.DTYPES and v != "auto":
+                raise ServeError("kv_dtype must be one of %s or auto, got %r" % (", ".join(kv.DTYPES), v))
+            if key == "slice_us" and not 0 <= v <= decode.SLICE_MAX_US:
+                raise ServeError("slice_us must be in 0..%d (0: unbounded), got %d" % (decode.SLICE_MAX_US, v))
             if key == "policy" and v not in kv.POLICIES:
                 raise ServeError("policy must be one of %s, got %r" % (", ".join(kv.POLICIES), v))
             if key == "priority" and not 0 <= v < self.k.priorities:
@@ -235,6 +242,7 @@ class Server:
         s = None
         compat.collect()
         kw = dict(boot)
+        kw.setdefault("kv_dtype", KV_DTYPE_DEFAULT)
         if "kv_blocks" in kw:  # the pool's size in blocks (0: what the heap fits)
             kw["blocks"] = kw.pop("kv_blocks")
         s = decode.Session(self.model_path, self.tok_path, heap=self.heap, **kw)
@@ -296,10 +304,33 @@ class Server:
     # after a request: the decode's summary line and, with a config's tasks, their stats
     def report(self, s):
         self.out(s.summary())
+        line = self.slice_line(s.slice_us)
+        if line:
+            self.out(line)
         if self.loads:
             import json  # noqa: PLC0415
 
             self.out(WORKLOADS + json.dumps(self.workload_stats()))
+
+    # "serve: slices ..." naming every task whose longest slice passed the decode's slice
+    # bound (its stats row's max slice), or "" when none did (allocates: reporting only)
+    def slice_line(self, bound):
+        if bound <= 0:
+            return ""
+        from firmware_py.sched import S_MAX_SLICE, S_MISSES  # noqa: PLC0415
+
+        over = []
+        for t in self.k.tasks:
+            if t is not None and t.st[S_MAX_SLICE] > bound:
+                over.append("%s %d us" % (t.name, t.st[S_MAX_SLICE]))
+        missed = [t.name for t in self.k.tasks if t is not None and t.st[S_MISSES]]
+        for nm, st in self.workload_stats().items():
+            if st.get("deadline_misses") and nm not in missed:
+                missed.append(nm)
+        if not over and not missed:
+            return ""
+        return "%sbound %d us; over it: %s; deadline misses: %s" % (
+            SLICES, bound, ", ".join(over) or "none", ", ".join(missed) or "none")
 
     # a request ended (made, stopped, refused by the cache, failed): its done event
     def _ended(self, req, made, reason):

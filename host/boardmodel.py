@@ -50,7 +50,9 @@ def resolve(model_arg, tok_arg=""):
 # figures when none does
 def check_fits(board_name, model_path):
     first = None
-    for dtype in FIT_KV_DTYPES:
+    # an int8 model runs with int8 KV on the board (serve's default, the integer path's)
+    order = ("int8",) if llama2c.plan(model_path)[1].q8_len else FIT_KV_DTYPES
+    for dtype in order:
         r = budget.compute(board_name, model_path, dtype)
         if r["fits"]:
             return r
@@ -67,13 +69,25 @@ def check_fits(board_name, model_path):
 
 # [(device path, bytes)] of the model and tokenizer after checking both files and the
 # budget; the budget dict too. Everything is refused here, before a port is opened
-def files_for(board_name, model_arg, tok_arg=""):
+# weights "int8" (the default): an fp32 checkpoint goes on the board as q8row, converted
+# on the fly (one note line through out), the format the integer path (int8 weights, int8
+# KV: the board's default KV type for an int8 model, serve.KV_DTYPE_DEFAULT) reads and
+# the one that keeps the decode's slices short; "fp32": the file as it is
+def files_for(board_name, model_arg, tok_arg="", weights="int8", out=None):
     mp, tp = resolve(model_arg, tok_arg)
     try:
-        cfg = llama2c.plan(mp)[0]
+        plan = llama2c.plan(mp)
+        cfg = plan[0]
         tokenizer.load(tp, cfg.vocab_size)
     except (llama2c.CheckpointError, tokenizer.TokenizerError) as e:
         raise UserError(str(e), 2) from None
+    if weights == "int8" and not plan[1].q8_len:
+        from host import convert  # noqa: PLC0415
+
+        q8, fresh = convert.cached_q8row(mp)
+        if out is not None:
+            out("flash: note: %s" % convert.note(mp, q8, fresh))
+        mp = q8
     r = check_fits(board_name, mp)
     out = []
     for dest, path in ((decode.MODEL_FILE, mp), (decode.TOKENIZER_FILE, tp)):

@@ -72,6 +72,15 @@ def run(port, mp, tp, prompt, n, opts, out=None, silence_s=SILENCE_S, board_name
         if have[0] is None:
             raise UserError("the board on %s has no kvrtos firmware: run ./kv flash --model %s first" % (port, _shown(mp)), 2)
         model_differs, tok_differs = have[1] != paths.sha256_file(mp), have[2] != paths.sha256_file(tp)
+        if model_differs and have[1] is not None:  # flash --model put an fp32 file there as its q8row copy
+            from firmware_py import llama2c  # noqa: PLC0415
+            from host import convert  # noqa: PLC0415
+
+            try:
+                if not llama2c.plan(mp)[1].q8_len:
+                    model_differs = have[1] != paths.sha256_file(convert.cached_q8row(mp)[0])
+            except (llama2c.CheckpointError, OSError):
+                pass
         if model_differs or tok_differs:
             fix = "./kv flash --model %s" % _shown(mp)
             if tok_differs:

@@ -188,3 +188,25 @@ def report(r):
             "fp32 file %d B; max |w - dequant(w)| = %.3g" % (r["out"], r["format"], "/".join(map(str, g)), r["file_bytes"],
                                                            r["params"], r["bytes_per_weight"], r["matrix_bytes_per_weight"],
                                                            r["fp32_file_bytes"], r["max_abs_error"]))
+
+
+# an int8 (q8row) copy of the fp32 checkpoint inp, converted once into the state cache
+# (.kvrtos-cache/models, named by the input's sha256) and reused after; returns (path,
+# True when it was converted now). What `kv flash --model` and `kv emulate` run an fp32
+# file as: the integer path's format
+def cached_q8row(inp):
+    from host import paths  # noqa: PLC0415
+
+    folder = paths.state(".kvrtos-cache", "models")
+    os.makedirs(folder, exist_ok=True)
+    out = os.path.join(folder, "%s-q8row.bin" % paths.sha256_file(inp)[:20])
+    if os.path.isfile(out):
+        return out, False
+    convert(inp, out, "q8row")
+    return out, True
+
+
+# the note line of an on-the-fly conversion (r: convert's figures, or None: reused)
+def note(inp, out, fresh):
+    return "converted %s to int8 q8row (%s) for the integer path%s; ask for --weights fp32 to keep fp32" % (
+        os.path.basename(inp), os.path.basename(out), "" if fresh else ", reused")

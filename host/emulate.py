@@ -27,6 +27,7 @@ from firmware_py import thermal as thm
 from firmware_py.clock import VirtualClock
 from firmware_py.compat import ticks_diff
 from firmware_py.sched import Kernel, T_FAULTS
+from firmware_py.sched.task import WatchdogError
 from firmware_py.sched.stats import S_MAX_LAT, S_MAX_SLICE, S_MISSES, S_RUN_S, S_RUN_US
 from firmware_py.status import CARRY_N
 from host import boards, paths
@@ -52,7 +53,9 @@ DEFAULTS = {
     "policy": "full",
     "window": 0,
     "sinks": 4,
-    "kv_dtype": "fp32",
+    "kv_dtype": "auto",
+    "weights": "int8",
+    "slice_us": decode.SLICE_US,
     "tokens": 64,
     "prompt": "",
     "scenario": "",
@@ -72,12 +75,13 @@ DEFAULTS = {
 }
 _INT_KEYS = {"window": (0, 1 << 20), "sinks": (0, 64), "tokens": (1, 1 << 20), "seed": (0, 0x3FFFFFFF),
              "piece_bytes": (0, 1 << 24), "kv_blocks": (0, 1 << 20), "reserve": (-1, 1 << 30), "link_bps": (100, 1000000), "rate_hz": (1, 1000), "ambient_c": (-40, 120),
-             "max_ms": (1, MAX_MS)}
+             "max_ms": (1, MAX_MS), "slice_us": (0, decode.SLICE_MAX_US)}
 _FLOAT_KEYS = {"temperature": (0.0, 10.0), "top_p": (0.0, 1.0)}
 _STR_KEYS = ("board", "model", "tokenizer", "policy", "kv_dtype", "prompt", "scenario", "cost", "weights_tier",
-             "kv_tier")
+             "kv_tier", "weights")
+WEIGHTS = ("int8", "fp32")  # int8: an fp32 file runs as q8row, converted on the fly (as kv flash --model puts it)
 DECODE_SPEC_KEYS = ("model", "tokenizer", "policy", "window", "sinks", "kv_dtype", "tokens", "prompt", "seed",
-                    "temperature", "top_p", "piece_bytes", "kv_blocks")  # what a scenario's "decode" section may set
+                    "temperature", "top_p", "piece_bytes", "kv_blocks", "slice_us")  # what a scenario's "decode" section may set
 EMULATE_SPEC_KEYS = ("board", "cost", "weights_tier", "kv_tier", "reserve", "link_bps", "rate_hz", "ambient_c", "max_ms")  # its "emulate" section
 
 
@@ -192,8 +196,10 @@ def normalize(spec):
         out[key] = float(v)
     if out["policy"] not in appcfg.POLICIES:
         _bad("policy must be one of %s, got %r" % (", ".join(appcfg.POLICIES), out["policy"]))
-    if out["kv_dtype"] not in appcfg.KV_DTYPES:
-        _bad("kv_dtype must be one of %s, got %r" % (", ".join(appcfg.KV_DTYPES), out["kv_dtype"]))
+    if out["kv_dtype"] not in appcfg.KV_DTYPES and out["kv_dtype"] != "auto":
+        _bad("kv_dtype must be one of %s or auto, got %r" % (", ".join(appcfg.KV_DTYPES), out["kv_dtype"]))
+    if out["weights"] not in WEIGHTS:
+        _bad("weights must be one of %s, got %r" % (", ".join(WEIGHTS), out["weights"]))
     if out["policy"] == "full":
         if out["window"]:
             _bad("--window applies to the window, sinks and h2o policies, not full")
@@ -204,6 +210,11 @@ def normalize(spec):
 
     mp, tp = generate.resolve(model, out["tokenizer"])
     out["model"], out["tokenizer"] = os.path.abspath(mp), os.path.abspath(tp)
+    fdt = _file_dtype(out["model"])  # an fp32 file with weights int8 runs converted (_run: _model_file)
+    if out["weights"] == "fp32" and fdt != "fp32":
+        _bad("--weights fp32: %s is already int8; give its fp32 checkpoint" % _display(out["model"]))
+    if out["kv_dtype"] == "auto":  # what the weights' fastest path reads: int8 KV beside int8 weights
+        out["kv_dtype"] = "int8" if out["weights"] == "int8" else "fp32"
     cost = out["cost"]
     have = getattr(brd, "cpu_cost", None) or {}
     if cost == "":
@@ -222,6 +233,25 @@ def normalize(spec):
     if kt != "auto" and brd.tier(kt).kind == "flash":
         _bad("kv_tier: %s is %s's flash: the KV is written every token, it lives in RAM" % (kt, brd.name))
     return out
+
+
+def _model_file(n):
+    # the checkpoint a run loads: the spec's, or for weights int8 and an fp32 file its
+    # q8row copy, converted once into .kvrtos-cache/models (as kv flash --model does on
+    # the fly); each process (a sweep's workers too) converts from the spec's own file
+    if n["weights"] == "int8" and _file_dtype(n["model"]) == "fp32":
+        from host import convert as conv  # noqa: PLC0415
+
+        return conv.cached_q8row(n["model"])[0]
+    return n["model"]
+
+
+def _file_dtype(p):
+    # "fp32" or "int8": the element type of a checkpoint's matrices (its header)
+    try:
+        return "int8" if llama2c.plan(p)[1].q8_len else "fp32"
+    except (llama2c.CheckpointError, OSError) as e:
+        _bad("%s: %s" % (_display(p), e))
 
 
 def _window_us(brd, want=16000, buckets=16):
@@ -349,8 +379,9 @@ class _Reads:
 
         def forward(h, token, pos):
             for x in inner(h, token, pos):
-                self.layers += 1
-                self.rows += cache.cached(h)
+                if x is None:  # a layer's end (a spent slice inside a layer yields SLICE)
+                    self.layers += 1
+                    self.rows += cache.cached(h)
                 yield x
             if model.status >= 0:
                 self.finals += 1
@@ -412,8 +443,9 @@ def _run(n, out_dir, progress):
         paths.out_folder(out_dir)
     brd = boards.load(n["board"])
     cfg_app = _app_config(n)
+    mfile = _model_file(n)
     try:
-        mcfg, mlay = llama2c.plan(n["model"])
+        mcfg, mlay = llama2c.plan(mfile)
     except (llama2c.CheckpointError, OSError) as e:
         _bad("%s: %s" % (_display(n["model"]), e))
     w_tier, kv_tier, heap, reserve, why = _placement(brd, n, mcfg, mlay)
@@ -431,9 +463,9 @@ def _run(n, out_dir, progress):
     bw = bwm.Bandwidth(brd, kernel=k, carry_ns=True, user_categories=appcfg.categories(cfg_app),
                        window_us=_window_us(brd))
     try:
-        s = decode.Session(n["model"], n["tokenizer"], kv_dtype=n["kv_dtype"], policy=n["policy"], window=n["window"],
+        s = decode.Session(mfile, n["tokenizer"], kv_dtype=n["kv_dtype"], policy=n["policy"], window=n["window"],
                            backend="auto", heap=heap, reserve=reserve, temperature=n["temperature"], top_p=n["top_p"],
-                           seed=n["seed"], sinks=n["sinks"], word_bytes=4, blocks=blocks,
+                           seed=n["seed"], sinks=n["sinks"], word_bytes=4, blocks=blocks, slice_us=n["slice_us"],
                            **({"seqs": len(chats)} if chats else {}))
         prefix = cfg_app["decode"].get("prefix", n["prompt"])
         ids = s.encode(prefix if chats else n["prompt"])
@@ -544,7 +576,7 @@ def _run(n, out_dir, progress):
         if t is not None and getattr(t, "exc", None) is not None and id(t) not in user:
             raise TaskFault(t.name, t.exc)
     rep = _report(n, brd, k, bw, s, env, loads, guard, tel, sink, cost, w_tier, kv_tier, why, len(ids), runs, reasons,
-                  bt, marks, el, reads, seen, made[0])
+                  bt, marks, el, reads, seen, made[0], mfile)
     frames_jsonl = _frames(sink.buf, rep)
     if out_dir is not None:
         _write(out_dir, rep, frames_jsonl)
@@ -602,7 +634,7 @@ def _cut_line(n, made, asked):
 
 
 def _report(n, brd, k, bw, s, env, loads, guard, tel, sink, cost, w_tier, kv_tier, why, n_prompt, runs, reasons,
-            bt, marks, el, reads, seen, n_seen):
+            bt, marks, el, reads, seen, n_seen, mfile=None):
     # el: the run's length in board µs (it started at 0; _BoardTime: exact across tick wraps)
     tr = s.traffic
     q = env["dma"]
@@ -657,7 +689,7 @@ def _report(n, brd, k, bw, s, env, loads, guard, tel, sink, cost, w_tier, kv_tie
         total_run += ru
         tasks[t.name] = {"priority": t.st[10], "run_us": ru, "cpu_share": round(ru / el, 4) if el else 0.0,
                          "max_slice_us": t.st[S_MAX_SLICE], "max_wake_latency_us": t.st[S_MAX_LAT],
-                         "kernel_misses": t.st[S_MISSES]}
+                         "kernel_misses": t.st[S_MISSES], "watchdog": isinstance(getattr(t, "exc", None), WatchdogError)}
     try:
         wl = appcfg.stats(loads)
     except appcfg.AppConfigError as e:
@@ -678,7 +710,9 @@ def _report(n, brd, k, bw, s, env, loads, guard, tel, sink, cost, w_tier, kv_tie
         "version": REPORT_VERSION,
         "spec": _spec_view(n),
         "board": brd.name,
-        "model": {"file": _display(n["model"]), "sha256": paths.sha256_file(n["model"]), "dim": s.cfg.dim, "layers": s.cfg.n_layers,
+        "model": {"file": _display(n["model"]), "sha256": paths.sha256_file(mfile or n["model"]),
+                  "converted": "int8 q8row, converted on the fly from the fp32 file" if mfile and mfile != n["model"] else "",
+                  "dim": s.cfg.dim, "layers": s.cfg.n_layers,
                   "heads": s.cfg.n_heads, "kv_heads": s.cfg.n_kv_heads, "vocab": s.cfg.vocab_size,
                   "seq_len": s.cfg.seq_len, "weights_dtype": s.weights.dtype, "weights_bytes": s.weights.nbytes},
         "placement": {"weights": w_tier, "kv": kv_tier, "why": why, "heap_bytes": s.heap,
@@ -726,8 +760,79 @@ def _report(n, brd, k, bw, s, env, loads, guard, tel, sink, cost, w_tier, kv_tie
         rep["sharing"] = s.chats_report()
     counted = {"tokens_seen": n_seen, "by_run": {nm: seen.get(id(obj), 0) for nm, obj, _, _ in runs},
                "model_reads": reads.expected(), "cut": any(p["stop_reason"] == STOP_TIME_LIMIT for p in per.values())}
+    rep["slices"] = _slices(n, runs)
+    rep["verdict"] = _verdict(rep, n)
     rep["invariants"] = _invariants(rep, bwr, q, k, w_tier, kv_tier, loads, counted)
     return rep
+
+
+def _slices(n, runs):
+    # the decode's slice bound and what its slicers saw: {"slice_us", "yields"} (per run when chats)
+    out = {"slice_us": n["slice_us"], "yields": 0}
+    for _name, obj, _, _ in runs:
+        sl = getattr(obj, "slicer", None)
+        if sl is not None:
+            out["yields"] += sl.yields
+    return out
+
+
+def _path_words(rep):
+    # (the decode's matvec path, weights) in words: under viper cost an fp32 model runs
+    # the bytecode matvec (viper has no floats), an int8 one with int8 KV the viper one
+    sp = rep["spec"]
+    wd = rep["model"]["weights_dtype"]
+    cost = sp["cost"]
+    if cost == "viper":
+        kind = "viper" if wd == "int8" and sp["kv_dtype"] == "int8" else "bytecode"
+    else:
+        kind = cost
+    return "%s matvec" % kind, "%s weights" % wd
+
+
+# the run's verdict: {"ok", "line", "tasks": {name: {"missed", "released"}}, "holder",
+# "holder_max_slice_us"}; ok False when a co-running task missed deadlines or a task
+# was stopped by the watchdog. The line names the worst task, its misses, who held the
+# CPU how long, on which path and setting, and what to change
+def _verdict(rep, n):
+    wl = rep["workloads"]
+    tasks = rep["tasks"]
+    bad = {}
+    for name, d in tasks.items():
+        m = d.get("deadline_misses", 0)
+        if m > 0:
+            bad[name] = {"missed": m, "released": wl.get(name, {}).get("released", m)}
+    wd_stopped = sorted(name for name, d in tasks.items() if d.get("watchdog"))
+    out = {"ok": not bad and not wd_stopped, "line": "", "tasks": bad, "watchdog": wd_stopped}
+    others = [(d["max_slice_us"], name) for name, d in tasks.items() if name not in bad]
+    hold, holder = max(others) if others else (0, "")
+    out["holder"] = holder
+    out["holder_max_slice_us"] = hold
+    if out["ok"]:
+        out["line"] = "every deadline met: the longest slice %s us (%s), slice bound %s" % (
+            "{:,}".format(hold), holder or "-", "%d us" % n["slice_us"] if n["slice_us"] else "none")
+        return out
+    path, weights = _path_words(rep)
+    bound = "slice unbounded" if not n["slice_us"] else "slice %d us" % n["slice_us"]
+    fp32 = rep["model"]["weights_dtype"] == "fp32"
+    if fp32 and not n["slice_us"]:
+        fix = "use int8 weights or a slice bound (--slice-us %d)" % decode.SLICE_US
+    elif fp32:
+        fix = "use int8 weights or a shorter slice"
+    elif not n["slice_us"]:
+        fix = "set a slice bound (--slice-us %d)" % decode.SLICE_US
+    else:
+        fix = "use a shorter slice (--slice-us) or give the task a higher priority"
+    if bad:
+        worst = sorted(bad, key=lambda nm: (-bad[nm]["missed"], nm))
+        w = worst[0]
+        also = "".join(", %s: %s of %s" % (nm, "{:,}".format(bad[nm]["missed"]), "{:,}".format(bad[nm]["released"]))
+                       for nm in worst[1:])
+        head = "%s: %s of %s deadlines missed%s" % (w, "{:,}".format(bad[w]["missed"]), "{:,}".format(bad[w]["released"]), also)
+    else:
+        head = "%s: stopped by the watchdog" % ", ".join(wd_stopped)
+    out["line"] = "%s: %s held the CPU %s ms (%s, %s, %s); %s" % (
+        head, holder, "{:,.0f}".format(hold / 1000) if hold >= 10000 else "%.1f" % (hold / 1000), path, weights, bound, fix)
+    return out
 
 
 def _spec_view(n):
@@ -799,6 +904,9 @@ def _invariants(rep, bwr, q, k, w_tier, kv_tier, loads, counted):
     failed = {t.name: "%s: %s" % (type(t.exc).__name__, str(t.exc).split("\n")[0])
               for t in k.tasks if t is not None and getattr(t, "exc", None) is not None}
     out["no_faults"] = {"ok": k.totals[T_FAULTS] == 0, "faults": k.totals[T_FAULTS], "failed_tasks": failed}
+    v = rep["verdict"]
+    out["deadlines"] = {"ok": v["ok"], "misses": rep["deadline_misses"], "by_task": {nm: d["missed"] for nm, d in v["tasks"].items()},
+                        "watchdog": v["watchdog"], "longest_slice_us": v["holder_max_slice_us"], "holder": v["holder"]}
     out["ok"] = all(v["ok"] for v in out.values())
     return out
 
@@ -897,8 +1005,9 @@ def _progress_fn(err):
 def summary(rep):
     # the readable summary lines of a report
     inv = rep["invariants"]
+    conv = rep["model"].get("converted")
     L = ["emulate: %s on %s, %s KV %s%s, cost %s%s" % (
-        rep["model"]["file"], rep["board"], rep["spec"]["policy"], rep["spec"]["kv_dtype"],
+        "%s (%s)" % (rep["model"]["file"], conv) if conv else rep["model"]["file"], rep["board"], rep["spec"]["policy"], rep["spec"]["kv_dtype"],
         " window %d" % rep["spec"]["window"] if rep["spec"]["window"] else "", rep["spec"]["cost"],
         ", scenario %s" % rep["spec"]["scenario"] if rep["spec"]["scenario"] else ""),
         "  tokens      %d of %d (prompt %d)%s" % (rep["tokens"], rep["tokens_requested"], rep["prompt_tokens"],
@@ -925,6 +1034,9 @@ def summary(rep):
     c = rep["cost"]["cpu"]
     L.append("  cpu cost    %s" % (c.get("note") or "%s figures: %s" % (c["kind"], ", ".join(
         "%s=%s (%s)" % (k, v["value"], v.get("kind", "")) for k, v in sorted(c["figures"].items())))))
+    L.append("  slices      bound %s, %d yields inside a step; %s" % (
+        "%d us" % rep["slices"]["slice_us"] if rep["slices"]["slice_us"] else "none", rep["slices"]["yields"],
+        rep["verdict"]["line"]))
     L.append("  invariants  %s" % ("all hold" if inv["ok"] else "FAILED: " + ", ".join(k for k, v in inv.items() if k != "ok" and not v["ok"])))
     if rep.get("files"):
         L.append("  files       report.json, telemetry.jsonl, trace.json, %s" % ", ".join(rep["files"]["plots"]))
@@ -946,6 +1058,8 @@ def main(opts, out=None, as_json=False, err=None):
             print(line)
         if out:
             print("  out         %s" % out)
+    if not rep["verdict"]["ok"]:
+        raise UserError(rep["verdict"]["line"], 1)
     if not rep["invariants"]["ok"]:
         failed = rep["invariants"]["no_faults"].get("failed_tasks") or {}
         raise UserError("an invariant does not hold: %s%s" % (", ".join(

@@ -528,7 +528,7 @@ def config_files(path, board, out=print):
 
 
 def flash(port=None, board_name=paths.DEFAULT_BOARD, src=paths.FIRMWARE, out=print, reset=True, keep_open=False,
-          answer_timeout=ANSWER_TIMEOUT, model=None, tokenizer="", config=None):
+          answer_timeout=ANSWER_TIMEOUT, model=None, tokenizer="", config=None, weights="int8"):
     # flash the firmware (and with model, a checkpoint and its tokenizer: host/boardmodel.py;
     # with config, an application config as kvrtos.json and its modules: config_files);
     # returns a summary dict (and the open serial port when keep_open)
@@ -543,7 +543,7 @@ def flash(port=None, board_name=paths.DEFAULT_BOARD, src=paths.FIRMWARE, out=pri
     if model is not None:
         # checked (files, then the budget) before a board is even looked for: a model
         # that cannot fit is refused with the calculator's figures, nothing copied
-        model_files, fit, model_path = boardmodel.files_for(board_name, model, tokenizer)
+        model_files, fit, model_path = boardmodel.files_for(board_name, model, tokenizer, weights, out)
         out("flash: model %s fits %s: KV budget %d tokens (%s KV), generation stops at %d (%s)"
             % (os.path.relpath(model_path, paths.ROOT) if model_path.startswith(paths.ROOT) else model_path, board.name,
                fit["max_tokens"], fit["kv_dtype"], fit["decode_tokens"],

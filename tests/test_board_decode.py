@@ -36,7 +36,7 @@ def test_flash_refuses_a_model_that_cannot_fit_before_copying(tmp_path):
     # 1 MB of heap: kvrtos-tiny's 858 KB of weights + the firmware's reserve do not fit.
     # The refusal comes before a port is looked for (none is given, none runs here)
     brd = profile(tmp_path, "tiny_heap", 1000000)
-    r = vb.kv("flash", "--board", brd, "--model", TINY_MODEL, env=dict(os.environ, KVRTOS_VBOARD_HOME=str(tmp_path / "vb")))
+    r = vb.kv("flash", "--board", brd, "--model", TINY_MODEL, "--weights", "fp32", env=dict(os.environ, KVRTOS_VBOARD_HOME=str(tmp_path / "vb")))
     assert vb.one_line_error(r) and r.returncode == 3, (r.returncode, r.stdout, r.stderr)
     calc = budget.compute(brd, TINY_MODEL, "int8")
     line = r.stderr.strip()
@@ -48,11 +48,12 @@ def test_flash_refuses_a_model_that_cannot_fit_before_copying(tmp_path):
 
 @pytest.fixture(scope="module")
 def flashed(tmp_path_factory):
-    # a default virtual board flashed with the firmware and kvrtos-tiny
+    # a default virtual board flashed with the firmware and kvrtos-tiny (fp32, as the
+    # host's generate runs it: the same text)
     tmp = tmp_path_factory.mktemp("board")
     h = vb.start(tmp)
     try:
-        r = vb.kv("flash", "--port", h.port, "--model", TINY_MODEL, timeout=300)
+        r = vb.kv("flash", "--port", h.port, "--model", TINY_MODEL, "--weights", "fp32", timeout=300)
         assert r.returncode == 0, r.stdout + r.stderr
         assert "copy  model.bin" in r.stdout and "copy  tokenizer.bin" in r.stdout, r.stdout
         assert "flash: model models/kvrtos-tiny/model.bin fits esp32s3_n8r8" in r.stdout, r.stdout
@@ -76,7 +77,7 @@ def test_generate_on_the_board_is_the_same_text_as_cpython(flashed):
 
 def test_flash_again_skips_the_model_and_a_plain_flash_keeps_it(flashed):
     h, tmp = flashed
-    r = vb.kv("flash", "--port", h.port, "--model", TINY_MODEL, timeout=300)
+    r = vb.kv("flash", "--port", h.port, "--model", TINY_MODEL, "--weights", "fp32", timeout=300)
     assert r.returncode == 0 and "skip  model.bin" in r.stdout and "copy  model.bin" not in r.stdout, r.stdout
     r = vb.kv("flash", "--port", h.port, timeout=300)
     assert r.returncode == 0 and "rm    model.bin" not in r.stdout, r.stdout
@@ -118,7 +119,7 @@ def small_board(tmp_path_factory):
     h = vb.start(tmp, board=brd)
     try:
         out = []
-        flash.flash(port=h.port, board_name=brd, out=out.append, model=TINY_MODEL)
+        flash.flash(port=h.port, board_name=brd, out=out.append, model=TINY_MODEL, weights="fp32")  # the fp32 calculator figures
         yield h, brd, calc
     finally:
         h.stop()
@@ -186,7 +187,7 @@ def test_demo_flashes_the_virtual_board_and_decodes_on_it(tmp_path):
     r = vb.kv("demo", "--out", str(out), timeout=300, env=dict(os.environ, KVRTOS_VBOARD_HOME=str(tmp_path / "vb")))
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
-    assert any("copy  model.bin" in ln for ln in lines) and any("model        model.bin: fp32" in ln for ln in lines), r.stdout
+    assert any("copy  model.bin" in ln for ln in lines) and any("model        model.bin: int8" in ln for ln in lines) and any("flash: note: converted" in ln for ln in lines), r.stdout
     i = [n for n, ln in enumerate(lines) if ln.startswith("demo: decoding")][0]
     after = lines[i + 1:]
     shown = "\n".join(ln.split("[text] ", 1)[1] for ln in after if "] [text] " in ln)

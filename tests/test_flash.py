@@ -295,3 +295,20 @@ def test_flash_config_import_that_never_returns_is_one_line(tmp_path, monkeypatc
     with pytest.raises(UserError) as e:
         flash.config_files(str(p), BOARD)
     assert e.value.code == 2 and "did not return within" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_model_goes_on_the_board_as_int8_unless_asked(tmp_path):
+    # kv flash --model: an fp32 checkpoint is put on the board as q8row (the integer
+    # path's format, int8 KV fits checked), converted on the fly with one note line;
+    # --weights fp32 keeps the file as it is
+    from firmware_py import llama2c
+    from host import boardmodel, paths
+
+    tiny = os.path.join(paths.ROOT, "models", "kvrtos-tiny", "model.bin")
+    notes = []
+    files, fit, mp = boardmodel.files_for("esp32s3_n8r8", tiny, "", "int8", notes.append)
+    data = dict(files)["model.bin"]
+    assert data[:4] == llama2c.Q8ROW_MAGIC.to_bytes(4, "little") and fit["kv_dtype"] == "int8"
+    assert len(notes) == 1 and "to int8 q8row" in notes[0] and "--weights fp32" in notes[0] and "\n" not in notes[0]
+    files, fit, mp = boardmodel.files_for("esp32s3_n8r8", tiny, "", "fp32", notes.append)
+    assert dict(files)["model.bin"] == open(tiny, "rb").read() and mp == tiny and len(notes) == 1

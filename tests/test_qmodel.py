@@ -207,3 +207,44 @@ def test_a_model_whose_sums_would_leave_a_32_bit_word_is_refused_in_one_line(tmp
     assert K.limits(64, 1024, 16).startswith("head_dim 1024 is above 1023")
     assert K.limits(25000, 64, 16).startswith("dim 25000 is above 24999")
     assert K.limits(4096, 128, 65535) is None  # stories110M-like and wider: matvec splits the rows
+
+
+def test_sliced_integer_step_matches_the_whole_one(tmp_path):
+    # QForward with a slicer (a slice of 1 us: it yields model.SLICE after nearly every
+    # unit) computes the same logits as without one, token after token, and yields inside
+    # layers; the layer ends are still the plain yields the decode counts
+    from firmware_py import kv, llama2c, pool, qmodel
+    from firmware_py.model import SLICE, Slicer
+    from firmware_py.sched import Kernel
+
+    out = str(tmp_path / "tiny_q8.bin")
+    convert.convert(os.path.join(TINY, "model.bin"), out, "q8row")
+    w = llama2c.load(out)
+    cfg = w.cfg
+    runs = []
+    for sliced in (False, True):
+        lay = kv.Layout(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, "int8")
+        p = pool.Pool(lay.block_bytes, 8)
+        c = kv.KVCache(p, lay)
+        h = c.open(p.add_region(8))
+        qf = qmodel.QForward(w, c)
+        k = Kernel(verbose=False)
+        got = {"logits": [], "slices": 0, "ends": 0}
+
+        def task(k=k, sliced=sliced, qf=qf, h=h, got=got):
+            sl = Slicer(k, 1) if sliced else None
+            for pos, tok in enumerate((1, 7, 42, 9)):
+                for y in qf.forward(h, tok, pos, sl):
+                    if y == SLICE:
+                        got["slices"] += 1
+                    else:
+                        got["ends"] += 1
+                    yield
+                got["logits"].append(list(qf.logits))
+
+        k.spawn("t", 1, task())
+        k.run()
+        runs.append(got)
+    assert runs[0]["logits"] == runs[1]["logits"] and len(runs[0]["logits"]) == 4
+    assert runs[0]["slices"] == 0 and runs[1]["slices"] > 4 * cfg.n_layers
+    assert runs[0]["ends"] == runs[1]["ends"] == 4 * cfg.n_layers

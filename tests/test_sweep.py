@@ -268,10 +268,11 @@ def test_internal_failure_is_an_error_never_cached(tmp_path, monkeypatch, capsys
     # "error": not cached, and ./kv sweep exits 1 after writing what it has
     from firmware_py import bandwidth
 
-    def broken(self, n, charged=False):
+    def broken(self, *a):
         raise RuntimeError("broken counter")
 
-    monkeypatch.setattr(bandwidth.DecodeTraffic, "layer", broken)  # the pool's workers are forked: they have it
+    # the counter every traffic path (a layer at once, or in pieces) goes through
+    monkeypatch.setattr(bandwidth.DecodeTraffic, "_count", broken)  # the pool's workers are forked: they have it
     s = grid(kv_dtypes="fp32,int8", cache=str(tmp_path / "cache"), workers=1, out=str(tmp_path / "out"))
     with pytest.raises(sweep.UserError) as e:
         sweep.main(s)

@@ -51,7 +51,7 @@ class Kernel(Timers, Priorities, Watchdog, Notify, Stats):
         self.thead = None  # timer list head (earliest wake), Task or None
         self.ttail = None  # timer list tail
         self.current = None  # the task whose slice is running, else None
-        self.t0 = 0  # ticks at which the current slice began
+        self.t0 = 0  # ticks at which the current (or the last) slice began
         self.stopping = False  # stop() was called: run() returns after the current slice
         self.alert = 0  # non-zero: stop() was called or the interrupt ring was posted to (the loop reads one word)
         self.limited = False  # this run() has a time limit
@@ -329,7 +329,7 @@ class Kernel(Timers, Priorities, Watchdog, Notify, Stats):
         seen = isr.head  # ring slots up to here are applied; isr.tail != seen: posts to apply
         self.alert = 1  # look at the ring (and stopping) before the first pick
         wd = self.wd_limit
-        wdon = self.watchdog_us > 0  # False: no slice can be bitten, t0 is not needed
+        wdon = self.watchdog_us > 0  # False: no slice can be bitten
         running = RUNNING
         resume = RESUME
         ready_st = READY
@@ -414,8 +414,7 @@ class Kernel(Timers, Priorities, Watchdog, Notify, Stats):
                     hook(t, task)
                 task.state = running
                 self.current = task
-                if wdon:
-                    self.t0 = t
+                self.t0 = t  # the slice's start: the watchdog's and a sliced decode's (model.Slicer)
                 gen = task.gen
                 rv = task.rv
                 if rv is not None:
