@@ -381,11 +381,11 @@ class QForward:
             if sl.step(U_NORM, d, 0):
                 yield SLICE
             yield from self._mv(q, ws[0], xq, sl, 1)
-            eq = ex + ws[0].emin - 16 - K.quant(q, q, d)
+            eq = ex + ws[0].emin - 16 - ws[0].shift - K.quant(q, q, d)
             yield from self._mv(k, ws[1], xq, sl, 1)
-            ek = ex + ws[1].emin - 16 - K.quant(k, k, kvd)
+            ek = ex + ws[1].emin - 16 - ws[1].shift - K.quant(k, k, kvd)
             yield from self._mv(v, ws[2], xq, sl, 1)
-            ev = ex + ws[2].emin - 16 - K.quant(v, v, kvd)
+            ev = ex + ws[2].emin - 16 - ws[2].shift - K.quant(v, v, kvd)
             K.rope(q, d, hd, self.cs_q)
             if self.rope == "absolute":
                 K.rope(k, kvd, hd, self.cs_k)
@@ -413,22 +413,22 @@ class QForward:
             if sl.step(U_ATT, self.nslot, 0) | sl.step(U_ATT, self.nslot, 1):
                 yield SLICE
             yield from self._mv(o, ws[3], att, sl, 1)
-            K.add(x, o, d, ea + ws[3].emin - 32)
+            K.add(x, o, d, ea + ws[3].emin - 32 - ws[3].shift)
             ex = K.rmsnorm(xq, x, d, self.gains, self.g_ffn[layer], self.nb, self.eps0, self.sn, self.eg)
             if sl.step(U_NORM, d, 0) | sl.step(U_ELEM, d, 0):
                 yield SLICE
             h1 = self.h1
             h3 = self.h3
             yield from self._mv(h1, ws[4], xq, sl, 1)
-            e1 = ex + ws[4].emin - 16 - K.quant(h1, h1, hid)
+            e1 = ex + ws[4].emin - 16 - ws[4].shift - K.quant(h1, h1, hid)
             yield from self._mv(h3, ws[6], xq, sl, 1)
-            e3 = ex + ws[6].emin - 16 - K.quant(h3, h3, hid)
+            e3 = ex + ws[6].emin - 16 - ws[6].shift - K.quant(h3, h3, hid)
             K.silu(h1, h1, h3, hid, e1 - 10, self.sig)
             eh = e1 + e3 - K.quant(h1, h1, hid)
             if sl.step(U_SILU, hid, 0) | sl.step(U_ELEM, hid, 0):
                 yield SLICE
             yield from self._mv(o, ws[5], h1, sl, 1)
-            K.add(x, o, d, eh + ws[5].emin - 32)
+            K.add(x, o, d, eh + ws[5].emin - 32 - ws[5].shift)
             if sl.step(U_ELEM, d, 0):
                 yield SLICE
             yield
@@ -441,7 +441,7 @@ class QForward:
         if sl.step(U_NORM, cfg.dim, 0):
             yield SLICE
         yield from self._mv(self.l32, w, self.xq, sl, 0)
-        K.rescale(self.logits, self.l32, cfg.vocab_size, ex + w.emin - 16 - LOGIT_FRAC)
+        K.rescale(self.logits, self.l32, cfg.vocab_size, ex + w.emin - 16 - w.shift - LOGIT_FRAC)
         if self.h2o:
             c = self.cache
             hacc = self.hacc

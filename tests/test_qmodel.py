@@ -219,6 +219,20 @@ def test_sliced_integer_step_matches_the_whole_one(tmp_path):
 
     out = str(tmp_path / "tiny_q8.bin")
     convert.convert(os.path.join(TINY, "model.bin"), out, "q8row")
+    _sliced_matches_whole(out)
+
+
+def test_sliced_integer_step_matches_the_whole_one_on_wide_rows(wide_q8):
+    # hidden_dim 4096: w2's rows are shifted (kernels_q.mv_shift), and the sliced step must
+    # take the shift off each exponent as layer() does
+    _sliced_matches_whole(wide_q8)
+
+
+def _sliced_matches_whole(out):
+    from firmware_py import kv, llama2c, pool, qmodel
+    from firmware_py.model import SLICE, Slicer
+    from firmware_py.sched import Kernel
+
     w = llama2c.load(out)
     cfg = w.cfg
     runs = []
@@ -233,7 +247,7 @@ def test_sliced_integer_step_matches_the_whole_one(tmp_path):
 
         def task(k=k, sliced=sliced, qf=qf, h=h, got=got):
             sl = Slicer(k, 1) if sliced else None
-            for pos, tok in enumerate((1, 7, 42, 9)):
+            for pos, tok in enumerate((1, 7, 42 % cfg.vocab_size, 9)):
                 for y in qf.forward(h, tok, pos, sl):
                     if y == SLICE:
                         got["slices"] += 1
