@@ -213,9 +213,6 @@ def test_sliced_integer_step_matches_the_whole_one(tmp_path):
     # QForward with a slicer (a slice of 1 us: it yields model.SLICE after nearly every
     # unit) computes the same logits as without one, token after token, and yields inside
     # layers; the layer ends are still the plain yields the decode counts
-    from firmware_py import kv, llama2c, pool, qmodel
-    from firmware_py.model import SLICE, Slicer
-    from firmware_py.sched import Kernel
 
     out = str(tmp_path / "tiny_q8.bin")
     convert.convert(os.path.join(TINY, "model.bin"), out, "q8row")
