@@ -247,6 +247,12 @@ class Meter:
     def ahead(self, n):
         return self.sl.ahead(n)
 
+    def ahead_us(self, us):
+        return self.sl.ahead_us(us)
+
+    def ahead_call(self):
+        return self.sl.ahead_call()
+
     def step(self, kind, a, b):
         t = self.rem + self.price(kind, a, b)
         us = t // self.den

@@ -358,6 +358,8 @@ class Session:
                                 if rv == E_FULL:  # booked a whole window ahead by others: try again after it
                                     yield kernel.sleep_us(tr.bw.window_us)
                                     continue
+                            if sl is not None and tr.charge_time and sl.ahead_us(tr.bw.cost_us(tier, kind, p)):
+                                yield  # the piece would pass the slice bound: after whoever is due
                             us = self._move_piece(tr, tier, cat, kind, p, rv == OK)
                             if tr.charge_time and us > 0:
                                 kernel.charge(us)
@@ -408,6 +410,8 @@ class Session:
                         if rv == E_FULL:
                             yield kernel.sleep_us(tr.bw.window_us)
                             continue
+                    if sl is not None and tr.charge_time and sl.ahead_us(tr.bw.cost_us(tr.w_tier, tr.w_kind, p)):
+                        yield  # the piece would pass the slice bound: after whoever is due
                     us = self._move_piece(tr, tr.w_tier, bandwidth.WEIGHTS, tr.w_kind, p, rv == OK, True)
                     if tr.charge_time and us > 0:
                         kernel.charge(us)

@@ -35,7 +35,7 @@ U_CALL = const(2)  # a matvec's dispatch; a = 1 in a layer, 0 the classifier
 U_ROWS = const(3)  # a rows of a matvec of b columns
 U_ROPE = const(4)  # RoPE of a elements (the query's and the key's)
 U_KVW = const(5)  # the new K/V row stored (a elements)
-U_ATT = const(6)  # one attention pass (scores, or values) over a slots
+U_ATT = const(6)  # attention over a slot-passes (one pass over a slots, or both passes over a / 2)
 U_ELEM = const(7)  # a elementwise operations (residual adds, the SwiGLU product)
 U_SILU = const(8)  # SiLU of a elements (an exp and a division each)
 U_SAMPLE = const(9)  # the sampler scanned a logits
@@ -64,11 +64,22 @@ class Slicer:
         self.yields = 0  # slices given away (saturates below 2**30)
         self.row_us = 0  # time of the last matvec unit (µs)
         self.row_macs = 0  # its multiply-adds
-        self.att_slot_us = 0  # the last attention unit's time per slot (µs, rounded up)
+        self.att_slot_us = 0  # the last attention unit's time per slot and pass (µs, rounded up)
+        self.call_us = 0  # the last matvec dispatch's time (µs): foreseen before the next (ahead_call)
         self.big = 0  # the longest recent unit (µs), decaying
 
-    # before an attention unit over n slots: True when the slice would be spent by it (as
-    # long per slot as the last one); the caller yields first. No allocation
+    # before a matvec's dispatch: True when the slice, already under way, would pass the
+    # bound with a dispatch and one unit of rows as long as the last ones; the caller
+    # yields first. No allocation
+    def ahead_call(self):
+        if self.us <= 0 or not self.call_us:
+            return False
+        d = ticks_diff(self.now(), self.k.t0)
+        return d > 0 and d + self.call_us + self.row_us >= self.us
+
+    # before an attention unit of n slot-passes (a single call doing both passes over s
+    # slots: n = 2 * s): True when the slice would be spent by it (as long per slot-pass
+    # as the last one); the caller yields first. No allocation
     def ahead(self, n):
         if self.us <= 0 or not self.att_slot_us:
             return False
@@ -76,6 +87,15 @@ class Slicer:
         if t0 != self.t0:
             return False  # a fresh slice: the unit runs in it
         return ticks_diff(self.now(), t0) + self.att_slot_us * n >= self.us
+
+    # before a piece of work whose time is known up front (us: the emulator's price of a
+    # memory piece): True when the slice, already under way, would pass the bound with it;
+    # the caller yields first. A fresh slice takes it (nothing would be gained). No allocation
+    def ahead_us(self, us):
+        if self.us <= 0 or us <= 0:
+            return False
+        d = ticks_diff(self.now(), self.k.t0)
+        return d > 0 and d + us >= self.us
 
     def step(self, kind, a, b):
         us = self.us
@@ -95,9 +115,11 @@ class Slicer:
             self.row_macs = a * b
         elif kind == U_ATT and a > 0:  # an attention unit's time per slot, to foresee the next (ahead)
             self.att_slot_us = u // a + 1
-        elif kind == U_CALL and b > 0 and self.row_macs > 0:
+        elif kind == U_CALL and b > 0:
+            self.call_us = u
             m = self.row_macs
-            nxt = self.row_us * ((b + m - 1) // m) if b > m else self.row_us
+            if m > 0:
+                nxt = self.row_us * ((b + m - 1) // m) if b > m else self.row_us
         g = self.big  # the longest recent unit (decays by an eighth a unit): the next may be one like it
         g -= g >> 3
         if u > g:
@@ -275,6 +297,8 @@ class Model:
         rows = m.rows
         cols = m.cols
         n = self._rows(cols)
+        if sl.ahead_call():
+            yield SLICE
         if sl.step(U_CALL, in_layer, (n if n < rows else rows) * cols):  # b: its units' MACs, to foresee them
             yield SLICE
         r = 0
@@ -288,13 +312,13 @@ class Model:
     # attention in units of slots: the scores, the softmax, the values
     def _att(self, out, q, h, layer, n, sl):
         k = self.k
-        if sl.ahead(n if not self.unit_slots else self.unit_slots):
+        if sl.ahead(2 * n if not self.unit_slots else self.unit_slots):
             yield SLICE
-        if not self.unit_slots:  # one unit, as the integer path's one attend call
+        if not self.unit_slots:  # one unit, as the integer path's one attend call: both passes
             k.att_scores(q, layer, 0, n)
             k.att_softmax()
             k.att_values(out, layer, 0, n)
-            if sl.step(U_ATT, n, 0) | sl.step(U_ATT, n, 1):
+            if sl.step(U_ATT, 2 * n, 0):
                 yield SLICE
             return
         u = self.unit_slots

@@ -402,7 +402,7 @@ class QForward:
             self._base(self.slot // self.t)
             if sl.step(U_KVW, 2 * kvd, 0):
                 yield SLICE
-            if sl.ahead(self.nslot):
+            if sl.ahead(2 * self.nslot):  # one attend call: both passes over the slots
                 yield SLICE
             p = self.prm
             p[K.P_LAYER] = self.layer_off[layer]
@@ -410,7 +410,7 @@ class QForward:
             att = self.att
             ea = K.attend(att, q, self.cache.arena, self.bases, p, self.sc, self.hacc, self.e2t, self.hexp, self.ranks, self.rot)
             ea -= K.quant(att, att, d)
-            if sl.step(U_ATT, self.nslot, 0) | sl.step(U_ATT, self.nslot, 1):
+            if sl.step(U_ATT, 2 * self.nslot, 0):
                 yield SLICE
             yield from self._mv(o, ws[3], att, sl, 1)
             K.add(x, o, d, ea + ws[3].emin - 32 - ws[3].shift)
@@ -458,6 +458,8 @@ class QForward:
         views = m.views
         rows = m.rows
         cols = m.cols
+        if sl.ahead_call():
+            yield SLICE
         if sl.step(U_CALL, in_layer, (u if u < rows else rows) * cols):
             yield SLICE
         per = cols // m.group

@@ -807,9 +807,16 @@ def _verdict(rep, n):
     hold, holder = max(others) if others else (0, "")
     out["holder"] = holder
     out["holder_max_slice_us"] = hold
+    # tasks that held the CPU longer than the slice bound, by name (the decode passes it by
+    # at most one unit it cannot split: the integer path's attention over a layer's slots)
+    over = {name: d["max_slice_us"] for name, d in tasks.items() if n["slice_us"] and d["max_slice_us"] > n["slice_us"]}
+    out["overran"] = over
     if out["ok"]:
         out["line"] = "every deadline met: the longest slice %s us (%s), slice bound %s" % (
             "{:,}".format(hold), holder or "-", "%d us" % n["slice_us"] if n["slice_us"] else "none")
+        if over:
+            out["line"] += "; over the bound: %s" % ", ".join(
+                "%s %s us" % (nm, "{:,}".format(us)) for nm, us in sorted(over.items(), key=lambda x: (-x[1], x[0])))
         return out
     path, weights = _path_words(rep)
     bound = "slice unbounded" if not n["slice_us"] else "slice %d us" % n["slice_us"]
