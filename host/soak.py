@@ -15,7 +15,8 @@
 #   - full stops with its one line (decode.STOP ...), a ring decodes every token asked;
 #   - the free heap does not grow with tokens: after the 100th new token it is within one
 #     GC block (16 B on 32-bit, 32 B on 64-bit) of its value after the last (the samples:
-#     decode.HeapTrace, the free heap after a collection after every token); the spread of
+#     decode.HeapTrace, the free heap after a collection after every token; chats: while
+#     every chat decodes, up to the first one's last token); the spread of
 #     the samples from the 100th token on is reported beside it.
 # Run i of --seed K is drawn from seed K + i alone, so `--seed K+i --runs 1` (same
 # filters) replays it; a failing run prints that command.

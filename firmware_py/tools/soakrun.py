@@ -11,7 +11,8 @@
 #                       `./kv flash --config` + serve.main run), on a VirtualClock;
 #   batch>1:            decode.Session(seqs=batch) with that many chats on one shared
 #                       prefix, the config's tasks spawned beside them (appcfg), telemetry.
-# The free heap (after a collection) is sampled after every new token (decode.HeapTrace).
+# The free heap (after a collection) is sampled after every new token (decode.HeapTrace);
+# with chats, until the first of them has made its last token (then its task ends).
 # Output: the firmware's own lines, then "soakrun: result {JSON}" with the tokens asked and
 # made, each sequence's stop and stop line, the exceptions any task ended with (name,
 # type, message) and the free-heap samples; exit 0. A boot the firmware refuses prints
@@ -62,14 +63,21 @@ def _say(line):
 
 
 class _Trace(decode.HeapTrace):
-    # decode.HeapTrace, also counting every call (a chat's tokens and the Session's alike)
-    def __init__(self, n):
+    # decode.HeapTrace; last > 0 (chats): no more samples once one sequence has made its
+    # last token, since the heap after a chat's task ended is not the heap of the same
+    # tasks decoding on (its run state is let go): the samples are the steady state of
+    # every chat decoding together
+    def __init__(self, n, last=0):
         decode.HeapTrace.__init__(self, n)
-        self.calls = 0
+        self.last = last
+        self.done = False
 
     def __call__(self, s):
-        self.calls += 1
+        if self.done:
+            return
         decode.HeapTrace.__call__(self, s)
+        if self.last and s.n_new >= self.last:
+            self.done = True
 
 
 class _Server(serve.Server):
@@ -135,7 +143,7 @@ def run_chats(o, brd, app, opts):
     n = o["batch"]
     s = decode.Session(o["model"], o["tokenizer"], seqs=n, **opts)
     s.layer_us = o["layer_us"]
-    tr = _Trace(n * o["tokens"])
+    tr = _Trace(n * o["tokens"], o["tokens"])
     s.on_token = tr
     cs = [s.chat(CHAT_TEXTS[i % len(CHAT_TEXTS)], seed=o["seed"] + i) for i in range(n)]
     cfg = app if app is not None else appcfg.load({})
