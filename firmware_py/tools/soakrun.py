@@ -12,7 +12,7 @@
 #   batch>1:            decode.Session(seqs=batch) with that many chats on one shared
 #                       prefix, the config's tasks spawned beside them (appcfg), telemetry.
 # The free heap (after a collection) is sampled after every new token (decode.HeapTrace);
-# with chats, until the first of them has made its last token (then its task ends).
+# with chats, until the first of them has made its last token or stopped (its task ends).
 # Output: the firmware's own lines, then "soakrun: result {JSON}" with the tokens asked and
 # made, each sequence's stop and stop line, the exceptions any task ended with (name,
 # type, message) and the free-heap samples; exit 0. A boot the firmware refuses prints
@@ -67,14 +67,19 @@ class _Trace(decode.HeapTrace):
     # last token, since the heap after a chat's task ended is not the heap of the same
     # tasks decoding on (its run state is let go): the samples are the steady state of
     # every chat decoding together
-    def __init__(self, n, last=0):
+    def __init__(self, n, last=0, chats=()):
         decode.HeapTrace.__init__(self, n)
         self.last = last
+        self.chats = chats  # a chat stopped by its cache (full, no block) ends its task too
         self.done = False
 
     def __call__(self, s):
         if self.done:
             return
+        for c in self.chats:
+            if c.stop:
+                self.done = True
+                return
         decode.HeapTrace.__call__(self, s)
         if self.last and s.n_new >= self.last:
             self.done = True
@@ -143,9 +148,9 @@ def run_chats(o, brd, app, opts):
     n = o["batch"]
     s = decode.Session(o["model"], o["tokenizer"], seqs=n, **opts)
     s.layer_us = o["layer_us"]
-    tr = _Trace(n * o["tokens"], o["tokens"])
-    s.on_token = tr
     cs = [s.chat(CHAT_TEXTS[i % len(CHAT_TEXTS)], seed=o["seed"] + i) for i in range(n)]
+    tr = _Trace(n * o["tokens"], o["tokens"], cs)
+    s.on_token = tr
     cfg = app if app is not None else appcfg.load({})
     k = Kernel(VirtualClock(), max_tasks=appcfg.max_tasks(cfg) + n + 4, verbose=True)
     bw = bandwidth.Bandwidth(brd, kernel=k, user_categories=appcfg.categories(cfg))

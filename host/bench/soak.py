@@ -6,7 +6,7 @@ from host import soak
 from host.bench import emit
 
 SEED = 1
-RUNS = 10
+RUNS = 24
 WORKERS = 2
 # the integer path (int8 weights and int8 KV: what `kv flash --model` puts on a board):
 # the bytecode path decodes 4-10 tokens/s on the unix port, so a 2,000-token ring of it
