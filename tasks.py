@@ -419,18 +419,20 @@ def calibrate(c, port=None, board="esp32s3_n8r8", out=None, write=False, json=Fa
             "kv_dtypes": "draw only these KV element types: fp32, fp16, int8, int4, int4tok",
             "policies": "draw only these KV policies: full, window, sinks, h2o",
             "batch": "draw only these batch sizes (chats sharing one pool): 1, 2, 3",
-            "tasks": "draw only these tasks beside the decode: none, voice-assistant, sensor-gateway, two-chats, user-task"},
+            "tasks": "draw only these tasks beside the decode: none, voice-assistant, sensor-gateway, two-chats, user-task",
+            "temperatures": "draw only these sampling temperatures: 0 (greedy), 0.8"},
       auto_shortflags=False)
 @one_line_errors
 def soak(c, seed="1", runs="8", workers="0", tokens="2000", json=False, interps=None, boards=None, models=None,
-         weights=None, kv_dtypes=None, policies=None, batch=None, tasks=None):
+         weights=None, kv_dtypes=None, policies=None, batch=None, tasks=None, temperatures=None):
     """Randomized soak: boot the decoding firmware under the 32- and 64-bit MicroPython with a board's heap, drawn across boards, models, KV types, policies, batch sizes and tasks; no MemoryError, full stops with its line, no heap drift (exit 1 on a failed run, with the command that replays it)."""
     from host import soak as soak_mod
 
     lists = {}
     filters = ""
     for flag, v in (("interps", interps), ("boards", boards), ("models", models), ("weights", weights),
-                    ("kv_dtypes", kv_dtypes), ("policies", policies), ("batch", batch), ("tasks", tasks)):
+                    ("kv_dtypes", kv_dtypes), ("policies", policies), ("batch", batch), ("tasks", tasks),
+                    ("temperatures", temperatures)):
         if v is None:
             continue
         items = [x.strip() for x in v.split(",") if x.strip()]
@@ -438,6 +440,8 @@ def soak(c, seed="1", runs="8", workers="0", tokens="2000", json=False, interps=
             raise UserError("--%s needs a comma-separated list (./kv soak --help)" % flag.replace("_", "-"), 2)
         if flag == "batch":
             items = [str(_whole(x, "--batch", 1)) for x in items]
+        if flag == "temperatures":
+            items = [str(_temperature(x)) for x in items]
         lists[flag] = items
         filters += " --%s %s" % (flag.replace("_", "-"), ",".join(items))
     ring = _whole(tokens, "--tokens", 1)
@@ -449,4 +453,12 @@ def soak(c, seed="1", runs="8", workers="0", tokens="2000", json=False, interps=
                   ring_tokens=ring, as_json=json, filters=filters,
                   interps=lists.get("interps"), boards_=lists.get("boards"), models_=lists.get("models"),
                   weights=lists.get("weights"), kv_dtypes=lists.get("kv_dtypes"), policies=lists.get("policies"),
-                  batches=lists.get("batch"), tasks=lists.get("tasks"))
+                  batches=lists.get("batch"), tasks=lists.get("tasks"), temperatures=lists.get("temperatures"))
+
+
+def _temperature(text):
+    # a sampling temperature from a command-line string, or a one-line UserError
+    try:
+        return float(text)
+    except ValueError:
+        raise UserError("--temperatures must be numbers (0, 0.8), got %r" % text, 2) from None

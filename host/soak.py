@@ -113,7 +113,7 @@ def interpreters():
 
 
 def space(interps=None, boards_=None, models_=None, weights=None, kv_dtypes=None, policies=None, batches=None,
-          tasks=None):
+          tasks=None, temperatures=None):
     # the values each dimension is drawn from, each filter checked (UserError, exit 2)
     def pick(flag, given, known):
         if not given:
@@ -133,6 +133,7 @@ def space(interps=None, boards_=None, models_=None, weights=None, kv_dtypes=None
         "policy": pick("--policies", policies, kv.POLICIES),
         "batch": pick("--batch", [int(b) for b in batches] if batches else None, sorted(BATCH_WEIGHTS)),
         "tasks": pick("--tasks", tasks, list(TASK_CONFIGS)),
+        "temperature": pick("--temperatures", [float(t) for t in temperatures] if temperatures else None, TEMPERATURES),
     }
     missing = [i for i in sp["interp"] if i not in have]
     if missing and interps:
@@ -174,7 +175,7 @@ def draw(seed, sp, ring_tokens=RING_TOKENS):
         if c["policy"] != "full":
             low = kv.min_budget(c["policy"], c["sinks"])
             c["window"] = rng.choice([w for w in WINDOWS if w >= low] or [low])
-        c["temperature"] = rng.choice(TEMPERATURES)
+        c["temperature"] = rng.choice(sp["temperature"])
         c["sample_seed"] = rng.randrange(1 << 20)
         n, need, cfg = fits(c)
         if n < need:
