@@ -412,3 +412,60 @@ def calibrate(c, port=None, board="esp32s3_n8r8", out=None, write=False, json=Fa
     from host import calibrate as cal
 
     cal.main(port=port and paths_user(port), board=board, out=out, write=write, as_json=json, answer_s=_seconds(timeout, "--timeout"))
+
+
+@task(help={"seed": "the first run's seed (run i is drawn from seed + i alone: --seed K+i --runs 1 replays it; default 1)",
+            "runs": "runs to draw (a whole number >= 1, default 8)",
+            "workers": "runs in parallel, one process each (default: 2, or 1 on a 1-core machine)",
+            "tokens": "tokens each sequence of a ring policy (window, sinks, h2o) decodes (at least 2000, the default)",
+            "json": "print the summary as one JSON object (each run's settings and findings in rows)",
+            "interps": "draw only these interpreters: micropython32 (the board's 32-bit word), micropython (64-bit)",
+            "boards": "draw only these board profiles (microcontrollers whose heap holds a model)",
+            "models": "draw only these models: stories260K (../shared/models), kvrtos-tiny",
+            "weights": "draw only these weights: fp32, int8 (the model's q8row conversion)",
+            "kv_dtypes": "draw only these KV element types: fp32, fp16, int8, int4, int4tok",
+            "policies": "draw only these KV policies: full, window, sinks, h2o",
+            "batch": "draw only these batch sizes (chats sharing one pool): 1, 2, 3",
+            "tasks": "draw only these tasks beside the decode: none, voice-assistant, sensor-gateway, two-chats, user-task",
+            "temperatures": "draw only these sampling temperatures: 0 (greedy), 0.8"},
+      auto_shortflags=False)
+@one_line_errors
+def soak(c, seed="1", runs="8", workers="0", tokens="2000", json=False, interps=None, boards=None, models=None,
+         weights=None, kv_dtypes=None, policies=None, batch=None, tasks=None, temperatures=None):
+    """Randomized soak: boot the decoding firmware under the 32- and 64-bit MicroPython with a board's heap, drawn across boards, models, KV types, policies, batch sizes and tasks; no MemoryError, full stops with its line, no heap drift (exit 1 on a failed run, with the command that replays it)."""
+    from host import soak as soak_mod
+
+    lists = {}
+    filters = ""
+    for flag, v in (("interps", interps), ("boards", boards), ("models", models), ("weights", weights),
+                    ("kv_dtypes", kv_dtypes), ("policies", policies), ("batch", batch), ("tasks", tasks),
+                    ("temperatures", temperatures)):
+        if v is None:
+            continue
+        items = [x.strip() for x in v.split(",") if x.strip()]
+        if not items:
+            raise UserError("--%s needs a comma-separated list (./kv soak --help)" % flag.replace("_", "-"), 2)
+        if flag == "batch":
+            items = [str(_whole(x, "--batch", 1)) for x in items]
+        if flag == "temperatures":
+            items = [str(_temperature(x)) for x in items]
+        lists[flag] = items
+        filters += " --%s %s" % (flag.replace("_", "-"), ",".join(items))
+    ring = _whole(tokens, "--tokens", 1)
+    if ring < soak_mod.RING_TOKENS:
+        raise UserError("--tokens must be at least %d (a ring policy decodes past its budget), got %d" % (soak_mod.RING_TOKENS, ring), 2)
+    if ring != soak_mod.RING_TOKENS:
+        filters += " --tokens %d" % ring
+    soak_mod.main(seed=_whole(seed, "--seed"), runs=_whole(runs, "--runs", 1), workers=_whole(workers, "--workers"),
+                  ring_tokens=ring, as_json=json, filters=filters,
+                  interps=lists.get("interps"), boards_=lists.get("boards"), models_=lists.get("models"),
+                  weights=lists.get("weights"), kv_dtypes=lists.get("kv_dtypes"), policies=lists.get("policies"),
+                  batches=lists.get("batch"), tasks=lists.get("tasks"), temperatures=lists.get("temperatures"))
+
+
+def _temperature(text):
+    # a sampling temperature from a command-line string, or a one-line UserError
+    try:
+        return float(text)
+    except ValueError:
+        raise UserError("--temperatures must be numbers (0, 0.8), got %r" % text, 2) from None
