@@ -211,6 +211,14 @@ class Meter:
         self.p_elem = 2 * pd * v["elem_mcyc"]
         self.p_silu = 2 * pd * (v["exp_mcyc"] + v["div_mcyc"])
         self.p_sample = 2 * pd * v["sample_el_mcyc"]
+        # a sliced integer step attends one query head at a time (U_ATTH): every price and
+        # the unit x n_heads, so that one head's share of a slot-pass is a whole number
+        nh = cfg.n_heads
+        self.den *= nh
+        self.p_atth = self.p_att
+        for name in ("p_mac", "p_row", "p_norm", "p_rope", "p_kvw", "p_att", "p_elem", "p_silu", "p_sample"):
+            setattr(self, name, nh * getattr(self, name))
+        self.p_call = (nh * self.p_call[0], nh * self.p_call[1])
         self.rem = 0  # what the charges so far rounded off (below one µs), carried
         self.charged_us = 0  # µs charged in all
 
@@ -226,8 +234,10 @@ class Meter:
     def price(self, kind, a, b):
         if kind == 3:  # U_ROWS: a rows of b columns
             return a * (b * self.p_mac + self.p_row)
-        if kind == 6:  # U_ATT: a slots, one pass
+        if kind == 6:  # U_ATT: a slot-passes over every head
             return a * self.p_att
+        if kind == 10:  # U_ATTH: a head-slot-passes (one head over one slot, one pass)
+            return a * self.p_atth
         if kind == 2:  # U_CALL
             return self.p_call[0 if a else 1]
         if kind == 1:
@@ -252,6 +262,9 @@ class Meter:
 
     def ahead_call(self):
         return self.sl.ahead_call()
+
+    def ahead_h(self, n):
+        return self.sl.ahead_h(n)
 
     def step(self, kind, a, b):
         t = self.rem + self.price(kind, a, b)

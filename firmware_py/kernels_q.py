@@ -60,7 +60,9 @@ P_H2O = const(12)  # 1: add each probability to hacc[slot]
 P_ROT = const(13)  # 1 (rope="cache"): rotate each key by ranks[slot] at attention time
 P_KSH = const(14)  # rope="cache": right shift of a rotated key (Q14 * int8) before the dot
 P_RLEN = const(15)  # rope="cache": rows in the cos/sin table
-PRM_LEN = const(16)
+P_H0 = const(16)  # per call: the first query head to attend (a sliced step: a unit of heads)
+P_H1 = const(17)  # per call: the head after the last (0: every head, in one call)
+PRM_LEN = const(18)
 
 
 # --- tables, built at boot (floats: boot only) ---------------------------------------
@@ -871,8 +873,11 @@ def attend_v(out, q, arena, bases, prm, sc, hacc, e2t, hexp, ranks, cs) -> int:
     # at byte offsets bases: scores Q12 (in sc), softmax by the exp2 table (probabilities
     # Q15, added to hacc[slot] when prm[P_H2O]), V summed with the probability times its
     # scale; out (n_heads * hd int32, |out| < 2**22) with the exponent returned.
-    # prm[P_ROT]: keys are pre-RoPE, turned by cs row ranks[slot] first. O(slots * dim),
-    # no allocation
+    # prm[P_ROT]: keys are pre-RoPE, turned by cs row ranks[slot] first. prm[P_H0],
+    # prm[P_H1] (P_H1 0: every head): only those heads, so a sliced step attends in units of
+    # heads; out's other rows are left as they are and the exponent (0 until then) is
+    # returned by the call whose heads end at n_heads, which rescales every head's row to
+    # it. O(slots * dim), no allocation
     pp = ptr32(prm)
     tpb = int(pp[0])
     loff = int(pp[1])
@@ -890,6 +895,10 @@ def attend_v(out, q, arena, bases, prm, sc, hacc, e2t, hexp, ranks, cs) -> int:
     rot = int(pp[13])
     ksh = int(pp[14])
     rlen = int(pp[15])
+    h = int(pp[16])
+    h1 = int(pp[17])
+    if h1 <= 0 or h1 > nh:
+        h1 = nh
     pa8 = ptr8(arena)
     pa = ptr32(arena)
     pb = ptr32(bases)
@@ -907,8 +916,7 @@ def attend_v(out, q, arena, bases, prm, sc, hacc, e2t, hexp, ranks, cs) -> int:
     kadj = 0
     if rot:
         kadj = 14 - ksh
-    h = 0
-    while h < nh:
+    while h < h1:
         kvh = h // rep
         qo = h * hd
         kcol = kvh * hd
@@ -1032,6 +1040,8 @@ def attend_v(out, q, arena, bases, prm, sc, hacc, e2t, hexp, ranks, cs) -> int:
             k += 1
         px[h] = evmax
         h += 1
+    if h1 < nh:
+        return 0  # heads h0..h1 - 1 of a sliced step: the exponent comes with the last heads
     # one exponent for all heads: the largest V scale's
     emax = 0
     h = 0
@@ -1062,7 +1072,9 @@ def _word(buf, o):
 # twin of attend_v; each dot and sum of exp weights through reg (i32 as the 32-bit word,
 # wide: exact); O(slots * dim)
 def attend_py(out, q, arena, bases, prm, sc, hacc, e2t, hexp, ranks, cs, reg=i32):
-    tpb, loff, lrow, voff, ksoff, vsoff, nh, rep, hd, eq, nslot, nblk, h2o, rot, ksh, rlen = prm[:PRM_LEN]
+    tpb, loff, lrow, voff, ksoff, vsoff, nh, rep, hd, eq, nslot, nblk, h2o, rot, ksh, rlen, h0, h1 = prm[:PRM_LEN]
+    if h1 <= 0 or h1 > nh:
+        h1 = nh
     kadj = 14 - ksh if rot else 0
     slots = []  # (j, row byte offset) of the filled slots
     j = 0
@@ -1073,7 +1085,7 @@ def attend_py(out, q, arena, bases, prm, sc, hacc, e2t, hexp, ranks, cs, reg=i32
                     slots.append((j, bases[k] + loff + r * lrow))
                 j += 1
     s8 = _s8
-    for h in range(nh):
+    for h in range(h0, h1):
         kvh = h // rep
         qo = h * hd
         kcol = kvh * hd
@@ -1130,6 +1142,8 @@ def attend_py(out, q, arena, bases, prm, sc, hacc, e2t, hexp, ranks, cs, reg=i32
                 for d in range(hd):
                     out[qo + d] += w * s8(arena[ro + voff + kcol + d])
         hexp[h] = evmax
+    if h1 < nh:
+        return 0  # a sliced step's heads h0..h1 - 1: the exponent comes with the last ones
     emax = max(hexp[h] for h in range(nh))
     for h in range(nh):
         sft = min(emax - hexp[h], 31)

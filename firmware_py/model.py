@@ -39,6 +39,7 @@ U_ATT = const(6)  # attention over a slot-passes (one pass over a slots, or both
 U_ELEM = const(7)  # a elementwise operations (residual adds, the SwiGLU product)
 U_SILU = const(8)  # SiLU of a elements (an exp and a division each)
 U_SAMPLE = const(9)  # the sampler scanned a logits
+U_ATTH = const(10)  # attention of some query heads over a head-slot-passes (heads x slots x 2)
 SLICE = const(1)  # what a step yields when its slice is spent (a layer's end yields None)
 # units of the plain (bytecode) path: one matvec row, one attention slot (per pass);
 # of the integer path (qmodel.QForward, viper): Q8_UNIT_MACS multiply-adds of rows
@@ -66,6 +67,7 @@ class Slicer:
         self.row_macs = 0  # its multiply-adds
         self.att_slot_us = 0  # the last attention unit's time per slot and pass (µs, rounded up)
         self.call_us = 0  # the last matvec dispatch's time (µs): foreseen before the next (ahead_call)
+        self.atth_q = 0  # the last U_ATTH unit's time per head-slot-pass, in 1/64 µs (rounded up)
         self.big = 0  # the longest recent unit (µs), decaying
 
     # before a matvec's dispatch: True when the slice, already under way, would pass the
@@ -97,6 +99,15 @@ class Slicer:
         d = ticks_diff(self.now(), self.k.t0)
         return d > 0 and d + us >= self.us
 
+    # before a unit of attention heads of n head-slot-passes (U_ATTH): as ahead(). No allocation
+    def ahead_h(self, n):
+        if self.us <= 0 or not self.atth_q:
+            return False
+        t0 = self.k.t0
+        if t0 != self.t0:
+            return False  # a fresh slice: the unit runs in it
+        return ticks_diff(self.now(), t0) + (self.atth_q * n >> 6) >= self.us
+
     def step(self, kind, a, b):
         us = self.us
         if us <= 0:
@@ -115,6 +126,8 @@ class Slicer:
             self.row_macs = a * b
         elif kind == U_ATT and a > 0:  # an attention unit's time per slot, to foresee the next (ahead)
             self.att_slot_us = u // a + 1
+        elif kind == U_ATTH and a > 0:
+            self.atth_q = (u << 6) // a + 1
         elif kind == U_CALL and b > 0:
             self.call_us = u
             m = self.row_macs
@@ -312,15 +325,19 @@ class Model:
     # attention in units of slots: the scores, the softmax, the values
     def _att(self, out, q, h, layer, n, sl):
         k = self.k
-        if sl.ahead(2 * n if not self.unit_slots else self.unit_slots):
-            yield SLICE
-        if not self.unit_slots:  # one unit, as the integer path's one attend call: both passes
+        if not self.unit_slots:  # as the integer path's sliced step: one attend call per query head
             k.att_scores(q, layer, 0, n)
             k.att_softmax()
             k.att_values(out, layer, 0, n)
-            if sl.step(U_ATT, 2 * n, 0):
-                yield SLICE
+            hs = 2 * n  # head-slot-passes of one head: both passes over the slots
+            for _ in range(self.cfg.n_heads):
+                if sl.ahead_h(hs):
+                    yield SLICE
+                if sl.step(U_ATTH, hs, 0):
+                    yield SLICE
             return
+        if sl.ahead(self.unit_slots):
+            yield SLICE
         u = self.unit_slots
         for p in range(2):
             if p == 1:

@@ -20,7 +20,7 @@ from array import array
 
 from firmware_py import kernels_q as K
 from firmware_py.compat import const
-from firmware_py.model import Q8_UNIT_MACS, SLICE, U_ATT, U_CALL, U_ELEM, U_KVW, U_NORM, U_ROPE, U_ROWS, U_SILU
+from firmware_py.model import Q8_UNIT_MACS, SLICE, U_ATTH, U_CALL, U_ELEM, U_KVW, U_NORM, U_ROPE, U_ROWS, U_SILU
 from firmware_py.status import E_EMPTY, E_RANGE, OK
 
 LOGIT_FRAC = const(16)  # fractional bits of QForward.logits
@@ -402,16 +402,27 @@ class QForward:
             self._base(self.slot // self.t)
             if sl.step(U_KVW, 2 * kvd, 0):
                 yield SLICE
-            if sl.ahead(2 * self.nslot):  # one attend call: both passes over the slots
-                yield SLICE
             p = self.prm
             p[K.P_LAYER] = self.layer_off[layer]
             p[K.P_EQ] = eq
             att = self.att
-            ea = K.attend(att, q, self.cache.arena, self.bases, p, self.sc, self.hacc, self.e2t, self.hexp, self.ranks, self.rot)
+            # attention in units of one query head (both passes over the slots each), the
+            # exponent from the last: the same sums as one call over every head
+            nh = cfg.n_heads
+            hs = 2 * self.nslot  # head-slot-passes of one head
+            hh = 0
+            while hh < nh:
+                if sl.ahead_h(hs):
+                    yield SLICE
+                p[K.P_H0] = hh
+                p[K.P_H1] = hh + 1
+                ea = K.attend(att, q, self.cache.arena, self.bases, p, self.sc, self.hacc, self.e2t, self.hexp, self.ranks, self.rot)
+                hh += 1
+                if sl.step(U_ATTH, hs, 0):
+                    yield SLICE
+            p[K.P_H0] = 0
+            p[K.P_H1] = 0  # layer() attends over every head in one call
             ea -= K.quant(att, att, d)
-            if sl.step(U_ATT, 2 * self.nslot, 0):
-                yield SLICE
             yield from self._mv(o, ws[3], att, sl, 1)
             K.add(x, o, d, ea + ws[3].emin - 32 - ws[3].shift)
             ex = K.rmsnorm(xq, x, d, self.gains, self.g_ffn[layer], self.nb, self.eps0, self.sn, self.eg)
