@@ -364,16 +364,17 @@ def _stories():
 def test_scenario_defaults_meet_every_deadline(name):
     # every shipped scenario at its defaults (stories260K as kv flash --model puts it: int8
     # q8row with int8 KV; viper cost; the default slice): no deadline missed, the verdict
-    # and the invariants say so, and the decode's longest slice stays near the bound
+    # and the invariants say so, and the decode's longest slice stays within the bound
     _stories()
-    rep = emulate.run({"scenario": name, "tokens": 6})
+    rep = emulate.run({"scenario": name, "tokens": 96})  # past 60 cached slots, where one attend call over every head passed 2 ms
     assert rep["model"]["weights_dtype"] == "int8" and rep["spec"]["kv_dtype"] == "int8"
     assert rep["model"]["file"].endswith("stories260K.bin") and "converted" in rep["model"]["converted"]
     assert rep["deadline_misses"] == 0 and rep["verdict"]["ok"], rep["verdict"]
     assert rep["invariants"]["ok"] and rep["invariants"]["deadlines"]["ok"]
     assert rep["slices"]["slice_us"] == 2000 and rep["slices"]["yields"] > 0
     decode_like = [d["max_slice_us"] for nm, d in rep["tasks"].items() if nm in ("decode", "prefix", "chat_a", "chat_b")]
-    assert decode_like and max(decode_like) < 2 * 2000, rep["tasks"]
+    assert decode_like and max(decode_like) <= 2000, rep["tasks"]  # the bound holds: one head per attention unit
+    assert not {nm for nm in rep["verdict"]["overran"] if nm in ("decode", "prefix", "chat_a", "chat_b")}, rep["verdict"]
 
 
 def test_unbounded_fp32_fails_with_the_verdict_line(capsys):
