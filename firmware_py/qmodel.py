@@ -33,6 +33,12 @@ class QModelError(ValueError):
     pass
 
 
+MV_START = const(-1)  # QForward._mv: nothing done yet
+MV_DISPATCH = const(-3)  # ... the dispatch next, without asking the slicer ahead again
+MV_LAST = const(-4)  # ... the last unit ran and the slice is spent: done once the caller yielded
+MV_DONE = const(-5)  # ... the matrix is done
+
+
 class QMat:
     # one int8 matrix: where its values and its fixed-point group multipliers are
     def __init__(self, m, goff, emin):
@@ -380,11 +386,26 @@ class QForward:
             ex = K.rmsnorm(xq, x, d, self.gains, self.g_att[layer], self.nb, self.eps0, self.sn, self.eg)
             if sl.step(U_NORM, d, 0):
                 yield SLICE
-            yield from self._mv(q, ws[0], xq, sl, 1)
+            r = MV_START
+            while True:  # the matvec in units, resumed after each SLICE (no generator made)
+                r = self._mv(r, q, ws[0], xq, sl, 1)
+                if r == MV_DONE:
+                    break
+                yield SLICE
             eq = ex + ws[0].emin - 16 - ws[0].shift - K.quant(q, q, d)
-            yield from self._mv(k, ws[1], xq, sl, 1)
+            r = MV_START
+            while True:  # the matvec in units, resumed after each SLICE (no generator made)
+                r = self._mv(r, k, ws[1], xq, sl, 1)
+                if r == MV_DONE:
+                    break
+                yield SLICE
             ek = ex + ws[1].emin - 16 - ws[1].shift - K.quant(k, k, kvd)
-            yield from self._mv(v, ws[2], xq, sl, 1)
+            r = MV_START
+            while True:  # the matvec in units, resumed after each SLICE (no generator made)
+                r = self._mv(r, v, ws[2], xq, sl, 1)
+                if r == MV_DONE:
+                    break
+                yield SLICE
             ev = ex + ws[2].emin - 16 - ws[2].shift - K.quant(v, v, kvd)
             K.rope(q, d, hd, self.cs_q)
             if self.rope == "absolute":
@@ -423,22 +444,42 @@ class QForward:
             p[K.P_H0] = 0
             p[K.P_H1] = 0  # layer() attends over every head in one call
             ea -= K.quant(att, att, d)
-            yield from self._mv(o, ws[3], att, sl, 1)
+            r = MV_START
+            while True:  # the matvec in units, resumed after each SLICE (no generator made)
+                r = self._mv(r, o, ws[3], att, sl, 1)
+                if r == MV_DONE:
+                    break
+                yield SLICE
             K.add(x, o, d, ea + ws[3].emin - 32 - ws[3].shift)
             ex = K.rmsnorm(xq, x, d, self.gains, self.g_ffn[layer], self.nb, self.eps0, self.sn, self.eg)
             if sl.step(U_NORM, d, 0) | sl.step(U_ELEM, d, 0):
                 yield SLICE
             h1 = self.h1
             h3 = self.h3
-            yield from self._mv(h1, ws[4], xq, sl, 1)
+            r = MV_START
+            while True:  # the matvec in units, resumed after each SLICE (no generator made)
+                r = self._mv(r, h1, ws[4], xq, sl, 1)
+                if r == MV_DONE:
+                    break
+                yield SLICE
             e1 = ex + ws[4].emin - 16 - ws[4].shift - K.quant(h1, h1, hid)
-            yield from self._mv(h3, ws[6], xq, sl, 1)
+            r = MV_START
+            while True:  # the matvec in units, resumed after each SLICE (no generator made)
+                r = self._mv(r, h3, ws[6], xq, sl, 1)
+                if r == MV_DONE:
+                    break
+                yield SLICE
             e3 = ex + ws[6].emin - 16 - ws[6].shift - K.quant(h3, h3, hid)
             K.silu(h1, h1, h3, hid, e1 - 10, self.sig)
             eh = e1 + e3 - K.quant(h1, h1, hid)
             if sl.step(U_SILU, hid, 0) | sl.step(U_ELEM, hid, 0):
                 yield SLICE
-            yield from self._mv(o, ws[5], h1, sl, 1)
+            r = MV_START
+            while True:  # the matvec in units, resumed after each SLICE (no generator made)
+                r = self._mv(r, o, ws[5], h1, sl, 1)
+                if r == MV_DONE:
+                    break
+                yield SLICE
             K.add(x, o, d, eh + ws[5].emin - 32 - ws[5].shift)
             if sl.step(U_ELEM, d, 0):
                 yield SLICE
@@ -451,7 +492,12 @@ class QForward:
         ex = K.rmsnorm(self.xq, self.x, cfg.dim, self.gains, self.g_fin, self.nb, self.eps0, self.sn, self.eg)
         if sl.step(U_NORM, cfg.dim, 0):
             yield SLICE
-        yield from self._mv(self.l32, w, self.xq, sl, 0)
+        r = MV_START
+        while True:  # the matvec in units, resumed after each SLICE (no generator made)
+            r = self._mv(r, self.l32, w, self.xq, sl, 0)
+            if r == MV_DONE:
+                break
+            yield SLICE
         K.rescale(self.logits, self.l32, cfg.vocab_size, ex + w.emin - 16 - w.shift - LOGIT_FRAC)
         if self.h2o:
             c = self.cache
@@ -462,24 +508,31 @@ class QForward:
                 if s > 0:
                     c.add_score(h, j, s)
 
-    # out = the int8 matrix m times x in units of rows through the views made at boot,
-    # yielding SLICE when sl says the slice is spent (kinds: model.U_CALL, U_ROWS)
-    def _mv(self, out, m, x, sl, in_layer):
+    # out = the int8 matrix m times x in units of rows through the views made at boot, as
+    # far as the slice allows: r is where it stands (MV_START, MV_DISPATCH, MV_LAST, else
+    # the next row); returns MV_DONE when the matrix is
+    # done, or where to resume after the caller yields SLICE (kinds: model.U_CALL, U_ROWS).
+    # A plain function the step loops on, so slicing makes no generator per matvec
+    def _mv(self, r, out, m, x, sl, in_layer):
         u = m.unit
-        views = m.views
         rows = m.rows
         cols = m.cols
-        if sl.ahead_call():
-            yield SLICE
-        if sl.step(U_CALL, in_layer, (u if u < rows else rows) * cols):
-            yield SLICE
+        if r == MV_LAST:
+            return MV_DONE
+        if r == MV_START:
+            if sl.ahead_call():
+                return MV_DISPATCH  # yield first; then the dispatch without asking again
+            r = MV_DISPATCH
+        if r == MV_DISPATCH:
+            if sl.step(U_CALL, in_layer, (u if u < rows else rows) * cols):
+                return 0
+            r = 0
         per = cols // m.group
-        r = 0
-        i = 0
+        views = m.views
         while r < rows:
             n = u if r + u < rows else rows - r
-            K.matvec(views[i], self.weights.q8, m.off + r * cols, n, cols, m.group, self.gp, m.goff + r * per, x)
-            if sl.step(U_ROWS, n, cols):
-                yield SLICE
+            K.matvec(views[r // u], self.weights.q8, m.off + r * cols, n, cols, m.group, self.gp, m.goff + r * per, x)
             r += n
-            i += 1
+            if sl.step(U_ROWS, n, cols):
+                return r if r < rows else MV_LAST
+        return MV_DONE

@@ -139,6 +139,42 @@ t = task(m, h, 10)  # the task's generator is made before the lock, as at boot
 no_alloc("a task driving begin/layer/finish for 10 tokens", lambda: drain(t))
 eq(c.length(h), 15, "the task decoded 10 more tokens")
 
+# the sliced step (a Slicer whose 1 us slice is always spent: SLICE after every unit)
+# allocates nothing but each token's forward generator (made before the lock here), and
+# computes the logits of the whole step
+from firmware_py.clock import RealClock  # noqa: E402
+from firmware_py.model import SLICE, Slicer  # noqa: E402
+from firmware_py.sched import Kernel  # noqa: E402
+
+c5, h5, m5 = setup()
+c6, h6, m6 = setup()
+k5 = Kernel(RealClock(), verbose=False)
+k5.t0 = k5.clock.now()
+sl5 = Slicer(k5, 1)
+TOKS = (1, 7, 3, 22, 9, 31)
+gens5 = [m5.forward(h5, t, i, sl5) for i, t in enumerate(TOKS)]
+got5 = array("i", [0] * len(TOKS))
+nsl5 = array("i", [0])
+
+
+def sliced():
+    for i in range(len(TOKS)):
+        for y in gens5[i]:
+            if y == SLICE:
+                nsl5[0] += 1
+        got5[i] = K.argmax(m5.logits, V)
+
+
+no_alloc("the sliced integer step (SLICE after every unit) for %d tokens" % len(TOKS), sliced)
+want6 = []
+for i, t in enumerate(TOKS):
+    for _ in m6.forward(h6, t, i):
+        pass
+    want6.append(K.argmax(m6.logits, V))
+eq(list(got5), want6, "the sliced step picks the whole step's tokens")
+check(nsl5[0] > len(TOKS) * NL * 7, "it yielded inside the layers: %d slices" % nsl5[0])
+eq(list(m5.logits), list(m6.logits), "and gives the same last logits")
+
 # misuse: statuses, nothing decoded
 eq(m.step(h, 3, 0), E_RANGE, "a position that is not the next one: E_RANGE")
 eq(m.step(h, V, c.length(h)), E_RANGE, "a token outside the vocabulary: E_RANGE")
