@@ -76,7 +76,10 @@ def spec_for(model, board_name, kind, w_tier, kv_tier, steps=STEPS):
     # KV_SRAM_POSITIONS the decoders size it for); steps positions from BOS
     brd = boards.load(board_name)
     wt, kt = _tiers(brd, w_tier, kv_tier)
-    spec = {"board": board_name, "cost": kind, "weights_tier": wt, "kv_tier": kt, "reserve": 0}
+    # a C decoder: fp32 weights and KV as published (not ./kv emulate's int8 default for the
+    # MicroPython firmware), one forward step without a slice bound
+    spec = {"board": board_name, "cost": kind, "weights": "fp32", "kv_dtype": "fp32", "slice_us": 0,
+            "weights_tier": wt, "kv_tier": kt, "reserve": 0}
     n = steps
     if brd.tier(kt).kind == "sram":
         cfg = llama2c.plan(model)[0]
@@ -90,7 +93,7 @@ def spec_for(model, board_name, kind, w_tier, kv_tier, steps=STEPS):
 
 def command(spec):
     # the ./kv emulate command line of a spec (stories260K is the default model)
-    order = ("board", "cost", "weights_tier", "kv_tier", "kv_blocks", "reserve", "tokens")
+    order = ("board", "cost", "weights", "kv_dtype", "slice_us", "weights_tier", "kv_tier", "kv_blocks", "reserve", "tokens")
     return "./kv emulate " + " ".join("--%s %s" % (k.replace("_", "-"), spec[k]) for k in order if k in spec)
 
 

@@ -60,7 +60,7 @@ def predict(board_name, cfg, lay, seq=SEQ, kind=bwm.K_READ):
 def emulate(board_name, model, tok, n_tokens=EMULATED_TOKENS):
     # the firmware's decode loop on a VirtualClock with the board's cost model charged:
     # memory µs per token as emulated, and the prediction for the same KV lengths
-    s = decode.Session(model, tok, backend="auto")
+    s = decode.Session(model, tok, backend="auto", slice_us=0)  # a C decoder: one forward step per token, no slice bound
     if s.cap < n_tokens:
         n_tokens = s.cap
     clk = VirtualClock()

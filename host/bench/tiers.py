@@ -85,7 +85,7 @@ def scenario(model, tok, tokens=TOKENS, aware=False, piece=0, paced=False, audio
     for cat, pm in (decode_budgets or {}).items():
         bw.set_budget(ps, bw.category_id(cat), pm)
     q = dma.DMAQueue(k, bw=bw, board=brd, admit=engine_admit, **QUEUE)
-    s = decode.Session(model, tok, backend="auto")
+    s = decode.Session(model, tok, backend="auto", slice_us=0)  # the decode before any slice bound: a layer per slice unless the aware options split it
     n = min(tokens, s.cap)
     s.traffic = decode.traffic_for(s, bw, admit=bool(decode_budgets))
     s.piece_bytes = piece
