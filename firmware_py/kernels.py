@@ -128,7 +128,7 @@ class Plain:
 
     # out = W x for Matrix m (fp32, or int8 values times their group scale); O(rows x cols)
     def matvec(self, out, m, x):
-        self.matvec_rows(out, m, x, 0, m.rows)
+        Plain.matvec_rows(self, out, m, x, 0, m.rows)  # by the class: a probe times it on a stand-in self (tools/probe.py)
 
     # rows r0 .. r1 - 1 of out = W x: the unit a sliced forward step runs between two
     # looks at its slice (model.Slicer); the same sums as matvec. O((r1 - r0) x cols)

@@ -208,8 +208,8 @@ def test_contention_a_transfer_during_a_dma_finishes_later():
     assert r["stalls"] == 1 and r["stall_us"] == dma
 
 
-def _tiny_session():
-    return decode.Session(os.path.join(TINY, "model.bin"), os.path.join(TINY, "tokenizer.bin"), backend="plain")
+def _tiny_session(**kw):
+    return decode.Session(os.path.join(TINY, "model.bin"), os.path.join(TINY, "tokenizer.bin"), backend="plain", **kw)
 
 
 def _decode(s, k, n):
@@ -225,7 +225,7 @@ def test_decode_charges_its_real_traffic_and_the_clock_follows_the_cost_model():
     text0 = _decode(plain, k0, 12)
     assert k0.now() == 0  # without a tracker nothing is charged: decode as before
 
-    s = _tiny_session()
+    s = _tiny_session(slice_us=0)  # a layer's traffic in one go (no slice bound): the cost model's figure exactly
     k = Kernel(VirtualClock(), max_tasks=2)
     bw = bwm.Bandwidth(BOARD, kernel=k)
     s.traffic = decode.traffic_for(s, bw)
@@ -241,7 +241,20 @@ def test_decode_charges_its_real_traffic_and_the_clock_follows_the_cost_model():
     assert rep["weights"]["bytes"] == forwards * (cfg.n_layers * per_layer + final)
     assert rep["kv_write"]["bytes"] == forwards * cfg.n_layers * row
     assert rep["kv_read"]["bytes"] == cfg.n_layers * row * sum(range(1, forwards + 1))
-    assert k.now() == sum(s.traffic.token_us(cfg.n_layers, c) for c in range(1, forwards + 1))
+    whole = sum(s.traffic.token_us(cfg.n_layers, c) for c in range(1, forwards + 1))
+    assert k.now() == whole
+    # with the default slice bound the same bytes go in pieces that fit half a slice, each
+    # priced on its own: the tier's access latency once per piece more, and each piece's
+    # sub-ns rounding (under 0.1 us a piece), nothing else
+    s2 = _tiny_session()
+    k2 = Kernel(VirtualClock(), max_tasks=2)
+    bw2 = bwm.Bandwidth(BOARD, kernel=k2)
+    s2.traffic = decode.traffic_for(s2, bw2)
+    assert _decode(s2, k2, 12) == text0 and s2.pieces > 0
+    assert bw2.report()["psram"]["weights"]["bytes"] == rep["weights"]["bytes"]
+    lat_us = bw2.lat[bw2.tier_id("psram")] / 1000
+    extra = k2.now() - whole
+    assert s2.pieces * lat_us <= extra + 1 <= s2.pieces * (lat_us + 0.1) + 1, (extra, s2.pieces, lat_us)
 
 
 def test_decode_with_admission_is_throttled_by_a_weights_budget():

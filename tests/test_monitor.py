@@ -130,7 +130,8 @@ def test_telemetry_end_to_end_on_the_virtual_board(tmp_path):
     model = os.path.join(ROOT, "models", "kvrtos-tiny", "model.bin")
     jl, cap, out = tmp_path / "t.jsonl", tmp_path / "c.bin", tmp_path / "trace"
     with start(tmp_path) as vb:
-        r = kv("flash", "--port", vb.port, "--model", model, timeout=300)
+        # fp32 as the host's generate below decodes it (flash --model would put int8 there)
+        r = kv("flash", "--port", vb.port, "--model", model, "--weights", "fp32", timeout=300)
         assert r.returncode == 0, r.stdout + r.stderr
         r = kv("monitor", "--port", vb.port, "--start", "--prompt", "Once upon a time", "--tokens", "80", "--until-done", "1",
                "--timeout", "240", "--jsonl", str(jl), "--capture", str(cap), "--json", "--link-bps", "200000", timeout=300)
