@@ -896,7 +896,8 @@ class Telemetry:
     # write fewer; None from stream_writer's streams means none) or None when it does
     # not say (then all of them). The bytes of a cut frame that did go out are charged
     # to the credit; the receiver drops them as one corrupt frame and finds the next at
-    # its opening 0x00
+    # its opening 0x00. A write that took all but the closing 0x00 is a frame sent: the
+    # receiver ends it at the next frame's opening 0x00 and decodes it whole
     def _send(self):
         n = self.n
         wl = wire_len(n)
@@ -910,7 +911,7 @@ class Telemetry:
             r = 0
             if self.write_errors < INT_MAX:
                 self.write_errors += 1
-        if r is not None and r.__class__ is int and r < wl:
+        if r is not None and r.__class__ is int and r < wl - 1:  # wl - 1: all but the closing 0x00, which the next frame's opening 0x00 stands in for: sent
             if r > 0:
                 self.credit -= r
             if self.short_writes < INT_MAX:

@@ -586,7 +586,24 @@ clk5.t += 100000
 t5.tick()  # a write that takes nothing at all (a UART's timeout: None from stream_writer, 0 here)
 eq(t5.sent, sent1, "a write of 0 bytes is not a frame sent")
 eq(t5.stats()["short_writes"], t5.short_writes, "short_writes in stats()")
+# all but the closing 0x00: the frame is whole on the wire (the next frame's opening 0x00
+# ends it), so it counts as sent and is not sent again
 SW[0] = -1
+t5.event(tm.EV_EVICT, 4, 0, 0)
+sent2, short2 = t5.sent, t5.short_writes
+
+
+def all_but_last(buf, n):
+    link(buf, n - 1)
+    return n - 1
+
+
+t5.write = all_but_last
+clk5.t += 100000
+t5.tick()
+t5.write = short_link
+eq((t5.ev_n, t5.short_writes), (0, short2), "a write missing only the closing 0x00 is a frame sent: the event is not kept")
+check(t5.sent > sent2, "frames counted sent")
 
 # --- the same bytes on every interpreter: a fresh deterministic run ---
 capn[0] = 0
