@@ -461,9 +461,12 @@ class Session:
                     if sl.step(U_SAMPLE, e - i, 0):
                         yield
                     i = e
-            else:  # a draw is one unit
-                sl.step(U_SAMPLE, self.cfg.vocab_size, 0)
+            else:  # a draw is one unit: in a slice of its own when the last draw would pass the bound
+                if sl.ahead_us(sl.draw_us):
+                    yield
                 nxt = sampler.pick(m.logits, m.logit_frac_bits)
+                if sl.step(U_SAMPLE, self.cfg.vocab_size, 1):  # b 1: a draw (its time foresees the next)
+                    yield
             if not self.n_new:
                 self.t_first = kernel.now()
             self.tokens[self.n_new] = nxt

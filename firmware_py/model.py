@@ -68,6 +68,7 @@ class Slicer:
         self.att_slot_us = 0  # the last attention unit's time per slot and pass (µs, rounded up)
         self.call_us = 0  # the last matvec dispatch's time (µs): foreseen before the next (ahead_call)
         self.atth_q = 0  # the last U_ATTH unit's time per head-slot-pass, in 1/64 µs (rounded up)
+        self.draw_us = 0  # the last temperature draw's time (µs): foreseen before the next (ahead_us)
         self.big = 0  # the longest recent unit (µs), decaying
 
     # before a matvec's dispatch: True when the slice, already under way, would pass the
@@ -126,6 +127,8 @@ class Slicer:
             self.row_macs = a * b
         elif kind == U_ATT and a > 0:  # an attention unit's time per slot, to foresee the next (ahead)
             self.att_slot_us = u // a + 1
+        elif kind == U_SAMPLE and b == 1:
+            self.draw_us = u
         elif kind == U_ATTH and a > 0:
             self.atth_q = (u << 6) // a + 1
         elif kind == U_CALL and b > 0:

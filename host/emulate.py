@@ -807,8 +807,8 @@ def _verdict(rep, n):
     hold, holder = max(others) if others else (0, "")
     out["holder"] = holder
     out["holder_max_slice_us"] = hold
-    # tasks that held the CPU longer than the slice bound, by name (the decode passes it by
-    # at most one unit it cannot split: the integer path's attention over a layer's slots)
+    # tasks that held the CPU longer than the slice bound, by name (the decode passes it only
+    # by a unit it cannot split: a temperature draw, one head's attention over very many slots)
     over = {name: d["max_slice_us"] for name, d in tasks.items() if n["slice_us"] and d["max_slice_us"] > n["slice_us"]}
     out["overran"] = over
     if out["ok"]:
