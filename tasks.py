@@ -414,6 +414,18 @@ def calibrate(c, port=None, board="esp32s3_n8r8", out=None, write=False, json=Fa
     cal.main(port=port and paths_user(port), board=board, out=out, write=write, as_json=json, answer_s=_seconds(timeout, "--timeout"))
 
 
+@task(help={"write": "write the figures into firmware_py/heapmargin.py (the boot's margin and the calculator's footprints)",
+            "json": "print every measurement as one JSON object",
+            "workers": "probes in parallel, one process each (default 2)"},
+      auto_shortflags=False)
+@one_line_errors
+def heapmargin(c, write=False, json=False, workers="2"):
+    """Measure what the decoding firmware needs free after its boot (decode, telemetry, a config's tasks) and what its boot leaves, on the 32- and 64-bit MicroPython, int8 and fp32 paths (--write: into firmware_py/heapmargin.py)."""
+    from host import heapmargin as hm
+
+    hm.run(write, json, _whole(workers, "--workers", 1))
+
+
 @task(help={"seed": "the first run's seed (run i is drawn from seed + i alone: --seed K+i --runs 1 replays it; default 1)",
             "runs": "runs to draw (a whole number >= 1, default 8)",
             "workers": "runs in parallel, one process each (default: 2, or 1 on a 1-core machine)",

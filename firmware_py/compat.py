@@ -264,3 +264,68 @@ def buffer_writable(buf):
 def collect():
     # full garbage collection on either interpreter
     gc.collect()
+
+
+# gc.threshold(n) (collect after every n bytes allocated; -1: only when the heap is
+# exhausted) on MicroPython, returning the previous setting; nothing on CPython (None)
+def gc_threshold(n):
+    if not IS_MICROPYTHON or n is None:
+        return None
+    was = gc.threshold()
+    gc.threshold(n)
+    return was
+
+
+# The one heap probe (decode's boot-time sizing, tools/probe.py's calibration, the
+# telemetry's heap record when asked): (free, largest) bytes after a full collection,
+# `largest` being the biggest piece of the free heap one allocation really gets (the GC
+# heap's fragmentation is free - largest), found by trying bytearray sizes by bisection
+# to within `step` B (about log2(free / step) allocations, each zero-filled: ~14 on an
+# 8 MB heap); (None, None) on CPython, which has no fixed heap. A try that fits is
+# dropped and collected before the next one
+def heap_probe(step=256):
+    if not IS_MICROPYTHON:
+        return None, None
+    gc.collect()
+    free = gc.mem_free()
+    lo, hi = 0, free + 1  # lo: allocated fine; hi: failed (or more than is free)
+    while hi - lo > step:
+        mid = (lo + hi) // 2
+        if _fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    gc.collect()
+    return free, lo
+
+
+def _fits(n):
+    # True when a bytearray of n bytes can be had now (it is dropped and collected again)
+    try:
+        b = bytearray(n)
+    except MemoryError:
+        return False
+    b = None  # noqa: F841 - dropped before the collection
+    gc.collect()
+    return True
+
+
+# (total, free, largest free block) of ESP-IDF's data heap outside MicroPython's GC heap
+# (esp32.idf_heap_info(esp32.HEAP_DATA) summed, largest of the regions), or None where
+# there is no ESP-IDF (the unix port, CPython); reported beside the GC heap's figures
+def idf_heap():
+    try:
+        import esp32  # noqa: PLC0415 - only on the esp32 port
+    except ImportError:
+        return None
+    try:
+        regions = esp32.idf_heap_info(esp32.HEAP_DATA)
+    except (AttributeError, OSError):
+        return None
+    total = free = largest = 0
+    for r in regions:
+        total += r[0]
+        free += r[1]
+        if r[2] > largest:
+            largest = r[2]
+    return total, free, largest

@@ -8,7 +8,7 @@
 # prints the text as it comes, then one summary line (decode.SUMMARY starts it).
 import sys
 
-from firmware_py import bandwidth, compat, kv, llama2c, pool, tokenizer
+from firmware_py import bandwidth, compat, heapmargin, kv, llama2c, pool, tokenizer
 from firmware_py.clock import RealClock
 from firmware_py.compat import const, ticks_diff
 from firmware_py import model as fw_model
@@ -17,22 +17,13 @@ from firmware_py.sample import Sampler
 from firmware_py.sched import DONE, EventFlags, Kernel  # imported before the pool takes the heap: compiling it later may not fit
 from firmware_py.status import E_FULL, E_NO_BLOCK, E_RANGE, OK
 
-# What a decoding firmware keeps besides weights, activations and the KV pool: its
-# modules (114 KB live on 64-bit, 84 KB on 32-bit, compiled from source), the holes
-# compiling them leaves below the pool (free, but too small for a KV block), the
-# tokenizer (170 / 85 B per vocabulary token), the model's run state and the plain
-# backend's float garbage between collections. Set from `./kv bench budget`, which
-# boots the decoding firmware with one pool size per process and finds the largest
-# that decodes and fills to FULL (docs/budget.md): the 64-bit port keeps more (bigger
-# objects, more fragmentation), and the integer path's modules and tables more again.
-# kvlayout.BOOT_BYTES is the reserve of a firmware that only boots the cache.
+# What a decoding firmware keeps besides the weights and the KV pool is measured, not
+# tuned: at boot (Session sizing "boot") it probes the heap after loading everything but
+# the pool; the calculator predicts that probe from firmware_py/heapmargin.py's figures
+# (`./kv heapmargin`: per word size and path, the firmware's own heap, the holes the
+# boot leaves and the margin what runs after the boot needs), see docs/memory.md.
 WORD_BYTES = 8 if sys.maxsize > 0xFFFFFFFF else 4  # this interpreter's machine word (the ESP32-S3: 4)
-FIRMWARE_BYTES_32 = const(393216)  # 32-bit: modules + holes + run state + transients + headroom
-FIRMWARE_BYTES_64 = const(589824)  # 64-bit (the PyPI unix port, the virtual board); +32 KiB when the sliced step grew it (issue 17: a stopgap until the boot measures it)
-Q8_BYTES_32 = const(0)  # the integer path (qmodel, kernels_q, QForward's tables): within the above on 32-bit
-Q8_BYTES_64 = const(98304)  # ... on 64-bit
-TOKEN_BYTES = const(192)  # tokenizer heap per vocabulary token (the 64-bit figure, for both)
-_HOLD_BYTES = const(131072)  # heap held in one piece across the pool's allocation, for the run state
+TOKEN_BYTES = const(192)  # tokenizer heap per vocabulary token (the 64-bit figure, for both): scales heapmargin's measured residual to another vocabulary
 PROFILE = "board.json"  # the board profile `kv flash` writes beside main.py
 MODEL_FILE = "model.bin"  # where `kv flash --model` puts the checkpoint on the board
 TOKENIZER_FILE = "tokenizer.bin"  # ... and its tokenizer
@@ -44,6 +35,9 @@ MAX_CHATS = const(64)  # sequences one Session may be sized for (seqs)
 # room for the higher-priority tasks that run first; 0: unbounded (a layer per slice)
 SLICE_US = const(2000)
 SLICE_MAX_US = const(10000000)  # the largest slice_us accepted (10 s)
+SIZINGS = ("auto", "boot", "rule")  # Session(sizing=...)
+BOOT_GC_BYTES = const(16384)  # gc.threshold during the boot (see Session.__init__)
+ARENA_SLACK = const(64)  # bytes of the largest free piece the arena's allocation cannot use (GC block rounding)
 SUMMARY = "generate: "  # the summary line starts with this
 STOP = "generate: stopped: "  # a clear stop (budget, context) starts with this
 
@@ -60,105 +54,152 @@ class Session:
 
     def __init__(self, model_path, tok_path, kv_dtype="fp32", policy="full", window=0, backend="auto",
                  rope="absolute", heap=0, temperature=0.0, top_p=1.0, seed=0, sinks=kv.SINKS, reserve=0, blocks=0,
-                 word_bytes=0, seqs=1, slice_us=SLICE_US):
+                 word_bytes=0, seqs=1, slice_us=SLICE_US, sizing="auto", margin_for=("decode",),
+                 cap_context=True):
         # heap: the usable heap the pool is sized from (0: the board profile's, else this
         # interpreter's); reserve: the profile's firmware_reserved_bytes (0: the profile's
         # or none); blocks: a fixed pool size that bypasses the rule (measurements only);
         # word_bytes: the word size the rule assumes (0: this interpreter's); seqs: the
-        # sequences (chats) the pool and the cache are sized for (the budget rule's batch)
+        # sequences (chats) the pool and the cache are sized for (the budget rule's batch);
+        # sizing: "boot" measures the heap after loading everything but the pool (MicroPython),
+        # "rule" uses the calculator's rule, "auto": boot on MicroPython unless heap= or
+        # blocks= is given; margin_for: what runs beside the decode after the boot, whose
+        # measured allocations the boot keeps free (heapmargin.PARTS); cap_context False:
+        # a full policy's pool is sized by memory alone, past the model's context
+        # (measurements: tools/kvprobe.py size=boot)
+        # the boot's garbage is collected every BOOT_GC_BYTES allocated, so that it never
+        # spreads over the free heap and the lasting arrays land packed, not scattered
+        # through it (measured: the integer path's tables left a 2 MB heap with 1.45 MB
+        # free in pieces of 0.37 MB at most; at 16 KB the largest piece is within 17 KB of free)
+        gc_was = compat.gc_threshold(BOOT_GC_BYTES)
         try:
-            self.weights = llama2c.load(model_path)  # llama2c.Weights (read-only)
-        except OSError:
-            raise DecodeError("%s: cannot be read" % model_path)
-        except llama2c.CheckpointError as e:
-            raise DecodeError(str(e))
-        cfg = self.weights.cfg
-        self.cfg = cfg  # llama2c.Config
-        if kv_dtype == "auto":  # what the weights' fastest path reads: int8 KV for int8 weights
-            kv_dtype = "int8" if self.weights.dtype == "int8" else "fp32"
-        if slice_us.__class__ is not int or not 0 <= slice_us <= SLICE_MAX_US:
-            raise DecodeError("slice_us must be a whole number of µs in 0..%d (0: unbounded), got %r" % (SLICE_MAX_US, slice_us))
-        self.slice_us = slice_us  # the longest slice the decode holds the CPU (µs; 0: unbounded)
-        try:
-            lay = kv.Layout(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, kv_dtype)
-        except kv.KVError as e:
-            raise DecodeError(str(e))
-        if policy not in kv.POLICIES:
-            raise DecodeError("policy must be one of %s, got %r" % (", ".join(kv.POLICIES), policy))
-        t = lay.tokens_per_block
-        self.layout = lay  # kv.Layout
-        self.policy = policy  # KV policy of the sequence
-        self.heap, fw = board_heap(heap, reserve)  # usable heap the pool is sized from (B), profile's reserve
-        # the budget rule (budget_blocks: what host/budget.py computes in advance)
-        q8 = compat.IS_MICROPYTHON and uses_q8(backend, self.weights.dtype == "int8", kv_dtype)
-        if seqs.__class__ is not int or not 1 <= seqs <= MAX_CHATS:
-            raise DecodeError("seqs must be an int in 1..%d, got %r" % (MAX_CHATS, seqs))
-        self.seqs = seqs  # sequences the pool and the cache are sized for
-        self.reserve, fit = budget_blocks(self.heap, cfg, self.weights.nbytes, lay, fw, policy == "h2o", seqs,
-                                          word_bytes or WORD_BYTES, q8)
-        self.fit_blocks = fit  # KV blocks the rule gives this heap (the calculator's pool_blocks)
-        if blocks:
-            fit = blocks
-        if policy == "full":
-            if window:
-                raise DecodeError("--window applies to the window, sinks and h2o policies, not full")
+            try:
+                self.weights = llama2c.load(model_path)  # llama2c.Weights (read-only)
+            except OSError:
+                raise DecodeError("%s: cannot be read" % model_path)
+            except llama2c.CheckpointError as e:
+                raise DecodeError(str(e))
+            cfg = self.weights.cfg
+            self.cfg = cfg  # llama2c.Config
+            if kv_dtype == "auto":  # what the weights' fastest path reads: int8 KV for int8 weights
+                kv_dtype = "int8" if self.weights.dtype == "int8" else "fp32"
+            if slice_us.__class__ is not int or not 0 <= slice_us <= SLICE_MAX_US:
+                raise DecodeError("slice_us must be a whole number of µs in 0..%d (0: unbounded), got %r" % (SLICE_MAX_US, slice_us))
+            self.slice_us = slice_us  # the longest slice the decode holds the CPU (µs; 0: unbounded)
+            try:
+                lay = kv.Layout(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, kv_dtype)
+            except kv.KVError as e:
+                raise DecodeError(str(e))
+            if policy not in kv.POLICIES:
+                raise DecodeError("policy must be one of %s, got %r" % (", ".join(kv.POLICIES), policy))
+            t = lay.tokens_per_block
+            self.layout = lay  # kv.Layout
+            self.policy = policy  # KV policy of the sequence
+            self.heap, fw = board_heap(heap, reserve)  # usable heap the pool is sized from (B), profile's reserve
+            # the calculator's rule (budget_blocks: what host/budget.py computes in advance)
+            q8 = compat.IS_MICROPYTHON and uses_q8(backend, self.weights.dtype == "int8", kv_dtype)
+            if seqs.__class__ is not int or not 1 <= seqs <= MAX_CHATS:
+                raise DecodeError("seqs must be an int in 1..%d, got %r" % (MAX_CHATS, seqs))
+            if sizing not in SIZINGS:
+                raise DecodeError("sizing must be one of %s, got %r" % (", ".join(SIZINGS), sizing))
+            self.seqs = seqs  # sequences the pool and the cache are sized for
+            word = word_bytes or WORD_BYTES
+            self.reserve, fit = budget_blocks(self.heap, cfg, self.weights.nbytes, lay, fw, policy == "h2o", seqs, word, q8,
+                                              "decode", rope)
+            self.fit_blocks = fit  # KV blocks the calculator's rule gives this heap (its pool_blocks)
+            if sizing == "auto":
+                sizing = "boot" if not blocks and not heap else "rule"
+            if sizing == "boot" and not compat.IS_MICROPYTHON:
+                sizing = "rule"  # CPython has no fixed heap to measure: the calculator's figure
+            if blocks:
+                sizing = "fixed"
+            self.sizing = sizing  # "boot": measured after loading; "rule": the calculator's; "fixed": blocks=
+            self.cap_context = cap_context  # a full policy's pool stops at the model's context
+            h2o = policy == "h2o"
             ctx = (cfg.seq_len + t - 1) // t  # more blocks than the context would never be used (per sequence)
-            n_blocks = fit if fit < seqs * ctx or blocks else seqs * ctx
-            # blocks one sequence may hold: all of them with one sequence, else at most its context
-            per_seq = n_blocks if seqs == 1 or n_blocks < ctx else ctx
-            cap = per_seq * t if per_seq * t < cfg.seq_len or blocks else cfg.seq_len
-            self.limit = "the KV budget (%d tokens in %d blocks of %d B)" % (cap, per_seq, lay.block_bytes) \
-                if per_seq * t < cfg.seq_len else "the model's context (seq_len %d)" % cfg.seq_len
-        else:
-            low = kv.min_budget(policy, sinks)
-            if window < low:
-                raise DecodeError("policy %s needs a window of at least %d token%s, got %d" % (policy, low, "" if low == 1 else "s", window))
-            per_seq = (window + t - 1) // t
-            n_blocks = seqs * per_seq  # each chat may come to own its whole ring (copy-on-write)
-            cap = window
-            self.limit = ""
-        if n_blocks < 1 or n_blocks > fit:
-            raise DecodeError("the KV budget is too small: %d blocks of %d B fit in a heap of %d B (weights %d, reserve %d), %s needs %d"
-                              % (fit, lay.block_bytes, self.heap, self.weights.nbytes, self.reserve,
-                                 "one token" if policy == "full" else "a window of %d" % window, n_blocks if n_blocks > 0 else 1))
-        self.cap = cap  # tokens the sequence may cache
-        if backend == "q8" or (backend == "auto" and fw_model.auto_backend(self.weights, kv_dtype) == "q8"):
-            fw_model._qmodel()  # compile the integer path now: after the pool there may be no room to
-        compat.collect()  # the garbage of loading and compiling, before the largest allocation
-        # Hold one piece of the heap for the run state: compiling leaves the free heap
-        # below the pool in holes too small for its arrays (QForward's 32 KB RoPE table
-        # failed with 500 KB free on the 64-bit port, its max_slots arrays too); freed
-        # again right after the pool
-        try:
-            hold = bytearray(_HOLD_BYTES + seqs * per_seq * t * slot_bytes(cfg, q8))  # + the per-slot buffers
-        except MemoryError:
-            hold = None
-        try:
-            self.pool = pool.Pool(lay.block_bytes, n_blocks)  # the KV arena: n_blocks blocks
-            # one sequence per chat; each table holds at most per_seq blocks (seqs 1: all)
-            self.cache = kv.KVCache(self.pool, lay, max_seqs=seqs, max_blocks_per_seq=per_seq, h2o=policy == "h2o")
-        except (pool.PoolError, MemoryError) as e:
-            raise DecodeError("the KV pool of %d blocks of %d B does not fit (%s: %s)" % (n_blocks, lay.block_bytes, type(e).__name__, e))
-        del hold  # the held piece is free again, in one piece, for the run state
-        compat.collect()
-        self.region = self.pool.add_region(n_blocks)  # the sequence's region (quota: all blocks)
-        try:
-            self.h = self.cache.open(self.region, policy, cap, sinks)  # sequence handle
-        except kv.KVError as e:
-            raise DecodeError(str(e))
-        try:
-            # the run state's arrays (~20 KB each at most) before the tokenizer's many
-            # small objects, which would leave the heap in pieces too small for them
-            self.model = Model(self.weights, self.cache, backend, rope)  # the forward pass (chat 0's too)
-            self.sampler = Sampler(cfg.vocab_size, temperature, top_p, seed)  # next-token choice
-            self.tok = tokenizer.load(tok_path, cfg.vocab_size)  # tokenizer.Tokenizer
-        except tokenizer.TokenizerError as e:
-            raise DecodeError(str(e))
-        except ValueError as e:
-            raise DecodeError(str(e))
-        except MemoryError:
-            raise DecodeError("the heap ran out after the KV pool of %d blocks (%d B free): the firmware's reserve of %d B "
-                              "is too small for this model and interpreter" % (n_blocks, compat.mem_free() or 0, self.reserve))
+            if policy == "full":
+                if window:
+                    raise DecodeError("--window applies to the window, sinks and h2o policies, not full")
+            else:
+                low = kv.min_budget(policy, sinks)
+                if window < low:
+                    raise DecodeError("policy %s needs a window of at least %d token%s, got %d" % (policy, low, "" if low == 1 else "s", window))
+            if backend == "q8" or (backend == "auto" and fw_model.auto_backend(self.weights, kv_dtype) == "q8"):
+                fw_model._qmodel()  # compile the integer path now: its code is part of what the boot measures
+            # everything but the pool, the cache and the other chats' run state, before the
+            # heap is measured: the tokenizer's many small objects, the sampler, the model's
+            # run state (on a CacheShape; its tables' transients are collected before the probe)
+            try:
+                self.tok = tokenizer.load(tok_path, cfg.vocab_size)  # tokenizer.Tokenizer
+                self.sampler = Sampler(cfg.vocab_size, temperature, top_p, seed)  # next-token choice
+            except tokenizer.TokenizerError as e:
+                raise DecodeError(str(e))
+            except ValueError as e:
+                raise DecodeError(str(e))
+            except MemoryError:
+                raise DecodeError("the heap ran out loading the tokenizer (%d B free): the heap of %d B is too small for this model"
+                                  % (compat.mem_free() or 0, self.heap))
+            self.margin = 0  # heap kept free for what runs after the boot (B; sizing "boot")
+            self.margin_parts = ()  # ((part, bytes, spread), ...) it is made of
+            self.heap_free = self.heap_largest = self.heap_free0 = -1  # the boot probe's figures (B; -1: not measured)
+            if sizing == "boot":
+                self.margin, self.margin_parts = heapmargin.margin(word, q8, margin_for)
+                compat.collect()
+                self.heap_free0 = compat.mem_free()  # free before the model's run state (B)
+                plan = self._blocks(policy, window, seqs, ctx, t, (self.heap_free0 - self.margin) // plan_bytes(cfg, lay, seqs, h2o, q8, rope))
+            else:
+                plan = self._blocks(policy, window, seqs, ctx, t, fit if not blocks else blocks)
+            n_blocks, per_seq, _ = plan
+            self.plan_blocks = n_blocks  # blocks the run state is made for
+            if n_blocks < 1 or (sizing != "boot" and n_blocks > (fit if not blocks else blocks)):
+                self._too_small(fit, lay, policy, window, n_blocks)
+            alloc0 = compat.mem_alloc()
+            # the run state sized for the planned pool (the boot pool is at most that), before
+            # the pool; numpy (CPython only) views the arena, so it is made after
+            late = (backend if backend != "auto" else fw_model.auto_backend(self.weights, kv_dtype)) == "numpy"
+            self.model = None if late else self._model(fw_model.CacheShape(lay, per_seq * t, per_seq, h2o), backend, rope)
+            compat.collect()
+            self.model_bytes = (compat.mem_alloc() - alloc0) if alloc0 is not None else 0  # its run state, measured (B)
+            if sizing == "boot":
+                free, largest = compat.heap_probe()
+                self.heap_free, self.heap_largest = free, largest
+                # KV blocks the measured heap gives, and what limits them (boot_blocks)
+                self.boot_fit, self.boot_limit = boot_blocks(free, largest, self.margin, lay, seqs, h2o, (seqs - 1) * self.model_bytes)
+                if self.boot_fit > n_blocks and policy == "full":  # the run state was made for the plan
+                    self.boot_fit = n_blocks
+                    self.boot_limit = "the model's context" if n_blocks == seqs * ctx and cap_context else "the planned run state"
+                got = self._blocks(policy, window, seqs, ctx, t, self.boot_fit if self.boot_fit > 0 else 0)
+                if got[0] < 1 or got[0] > self.boot_fit or got[1] > per_seq:
+                    self._too_small(self.boot_fit, lay, policy, window, got[0] if got[0] < n_blocks else n_blocks)
+                n_blocks, per_seq, _ = got
+            else:
+                self.boot_fit = -1
+                self.boot_limit = ""
+            n_blocks, per_seq, cap = self._blocks(policy, window, seqs, ctx, t, n_blocks, fixed=True)
+            self.limit = ("the KV budget (%d tokens in %d blocks of %d B)" % (cap, per_seq, lay.block_bytes)
+                          if per_seq * t < cfg.seq_len else "the model's context (seq_len %d)" % cfg.seq_len) if policy == "full" else ""
+            self.cap = cap  # tokens the sequence may cache
+            try:
+                self.pool = pool.Pool(lay.block_bytes, n_blocks)  # the KV arena: n_blocks blocks
+                # one sequence per chat; each table holds at most per_seq blocks (seqs 1: all)
+                self.cache = kv.KVCache(self.pool, lay, max_seqs=seqs, max_blocks_per_seq=per_seq, h2o=h2o)
+            except (pool.PoolError, MemoryError) as e:
+                raise DecodeError("the KV pool of %d blocks of %d B does not fit (%s: %s)" % (n_blocks, lay.block_bytes, type(e).__name__, e))
+            if self.model is None:
+                self.model = self._model(self.cache, backend, rope)
+            else:
+                try:
+                    self.model.bind(self.cache)
+                except ValueError as e:
+                    raise DecodeError(str(e))
+            compat.collect()
+            self.region = self.pool.add_region(n_blocks)  # the sequence's region (quota: all blocks)
+            try:
+                self.h = self.cache.open(self.region, policy, cap, sinks)  # sequence handle
+            except kv.KVError as e:
+                raise DecodeError(str(e))
+        finally:
+            compat.gc_threshold(gc_was)
         self.tokens = None  # array('i') of the ids generated (the prompt excluded), sized by task()
         self.n_new = 0  # ids generated so far
         self.n_prompt = 0  # prompt ids (BOS included)
@@ -198,6 +239,49 @@ class Session:
         self.prefix_done = False  # the prefix task has ended (the chats may go on)
         self.n_shared = 0  # prefix tokens cached once and shared by every chat
         self.shared_blocks = 0  # pool blocks the prefix filled (shared by every chat)
+
+    # the forward pass (chat 0's too) over cache (a kv.KVCache or a model.CacheShape)
+    def _model(self, cache, backend, rope):
+        try:
+            return Model(self.weights, cache, backend, rope)
+        except ValueError as e:
+            raise DecodeError(str(e))
+        except MemoryError:
+            raise DecodeError("the heap ran out building the model's run state (%d B free): the heap of %d B is too small for "
+                              "this model and interpreter" % (compat.mem_free() or 0, self.heap))
+
+    # (blocks of the pool, blocks one sequence may hold, tokens it may cache) for a pool of
+    # at most `avail` blocks: a full policy takes what is there up to every chat's context
+    # (fixed: exactly avail), a ring its window per chat (each may come to own its whole
+    # ring: copy-on-write)
+    def _blocks(self, policy, window, seqs, ctx, t, avail, fixed=False):
+        seq_len = self.cfg.seq_len
+        if policy == "full":
+            n = avail if fixed or avail < seqs * ctx or self.sizing == "fixed" or not self.cap_context else seqs * ctx
+            per_seq = n if seqs == 1 or n < ctx else ctx  # all of them with one sequence, else at most its context
+            cap = per_seq * t if per_seq * t < seq_len or self.sizing == "fixed" or not self.cap_context else seq_len
+            return n, per_seq, cap
+        per_seq = (window + t - 1) // t
+        return seqs * per_seq, per_seq, window
+
+    def _too_small(self, fit, lay, policy, window, need):
+        raise DecodeError("the KV budget is too small: %d blocks of %d B fit in a heap of %d B (weights %d, reserve %d), %s needs %d"
+                          % (fit if fit > 0 else 0, lay.block_bytes, self.heap, self.weights.nbytes,
+                             self.margin if self.sizing == "boot" else self.reserve,
+                             "one token" if policy == "full" else "a window of %d" % window, need if need > 0 else 1))
+
+    # the boot report's sizing line: how the pool was sized and from what
+    def boot_line(self):
+        p = self.pool
+        t = self.layout.tokens_per_block
+        if self.sizing == "boot":
+            parts = ", ".join("%s %d +- %d" % x for x in self.margin_parts)
+            return ("boot: heap free %d B, largest block %d B, margin %d B (%s), pool %d blocks of %d B = %d tokens (limited by %s)"
+                    % (self.heap_free, self.heap_largest, self.margin, parts, p.n_blocks, p.block_bytes, p.n_blocks * t,
+                       self.boot_limit))
+        return ("boot: pool %d blocks of %d B = %d tokens (%s)" % (p.n_blocks, p.block_bytes, p.n_blocks * t,
+                "blocks=%d given" % p.n_blocks if self.sizing == "fixed" else
+                "the calculator's rule: heap %d B, reserve %d B" % (self.heap, self.reserve)))
 
     # prompt ids for text (BOS first); a full-policy prompt longer than the budget is refused
     def encode(self, text):
@@ -708,59 +792,95 @@ def traffic_for(s, bw, w_tier=None, kv_tier=None, **opts):
                                    dflt if kv_tier is None else kv_tier, **opts)
 
 
-# heap a decoding firmware keeps for itself with model cfg (B) on an interpreter whose
-# word is word_bytes (4: the board), q8: the integer backend runs; see FIRMWARE_BYTES_32
-def reserve_bytes(cfg, word_bytes=WORD_BYTES, q8=False):
-    if word_bytes == 4:
-        base = FIRMWARE_BYTES_32 + (Q8_BYTES_32 if q8 else 0)
-    else:
-        base = FIRMWARE_BYTES_64 + (Q8_BYTES_64 if q8 else 0)
-    return base + TOKEN_BYTES * cfg.vocab_size
-
-
-# the boot reserve of a decoding firmware on a board whose profile reserves
-# firmware_bytes: the largest of the profile's figure, the decode reserve and BOOT_BYTES
-def reserve_for(cfg, firmware_bytes=0, word_bytes=WORD_BYTES, q8=False):
-    r = reserve_bytes(cfg, word_bytes, q8)
-    return kv.boot_reserve(firmware_bytes if firmware_bytes > r else r)
-
-
 # True when backend runs the integer path for int8 weights (weights_int8) and KV kv_dtype
 # on MicroPython (model.auto_backend's choice, without loading anything)
 def uses_q8(backend, weights_int8, kv_dtype):
     return backend == "q8" or (backend == "auto" and weights_int8 and kv_dtype == "int8")
 
 
+# The boot's rule (Session sizing "boot"; budget_blocks predicts it): KV blocks for a
+# heap measured after everything but the pool was made, `free` bytes free and `largest`
+# in its largest piece: what is made after the probe (the pool object and its blocks'
+# bookkeeping, the cache's fixed arrays, `others` B of the other chats' run state) and
+# the margin go in the largest piece (the margin stays whole there) and within free.
+# (blocks, what limits them)
+def boot_blocks(free, largest, margin, lay, seqs=1, h2o=False, others=0):
+    rest = pool.POOL_FIXED_BYTES + kv.fixed_bytes(lay, seqs) + others + margin
+    per = kv.bytes_per_block(lay, seqs, h2o)
+    by_free = (free - rest) // per
+    by_piece = (largest - ARENA_SLACK - rest) // per
+    n, why = (by_free, "free heap") if by_free < by_piece else (by_piece, "largest free block")
+    return (n if n > 0 else 0), why
+
+
+# the run state's bytes per pool block planned (slots and block offsets; model.py)
+def plan_bytes(cfg, lay, seqs=1, h2o=False, q8=False, rope="absolute"):
+    return kv.bytes_per_block(lay, seqs, h2o) + lay.tokens_per_block * fw_model.run_state_slot_bytes(cfg, q8, rope) \
+        + fw_model.run_state_block_bytes(q8)
+
+
+# What the calculator predicts the boot measures, from heapmargin's figures (measured by
+# `./kv heapmargin` on each word size and path): {"free0": free heap before the model's
+# run state, "plan": blocks the run state is made for, "model": its bytes, "free",
+# "largest": the probe's figures, "margin", "residual": the firmware's own heap
+# (modules, tokenizer, objects) besides weights and run state}
+def predict_boot(heap, cfg, weights_bytes, lay, firmware_bytes=0, h2o=False, batch=1, word_bytes=WORD_BYTES, q8=False,
+                 context="decode", rope="absolute"):
+    fp = heapmargin.footprint(word_bytes, q8, context)
+    residual = fp["residual"] + TOKEN_BYTES * (cfg.vocab_size - fp["vocab"])
+    if residual < firmware_bytes:
+        residual = firmware_bytes  # the profile's own figure, when larger
+    margin = heapmargin.margin(word_bytes, q8, heapmargin.CONTEXTS[context])[0]
+    free0 = heap - residual - weights_bytes
+    plan = (free0 - margin) // plan_bytes(cfg, lay, batch, h2o, q8, rope)
+    plan = plan if plan > 0 else 0
+    per_seq = plan if batch == 1 else plan // batch
+    model = fw_model.run_state_fixed_bytes(cfg, lay.layer_row, q8) + fp["model_extra"] \
+        + per_seq * lay.tokens_per_block * fw_model.run_state_slot_bytes(cfg, q8, rope) + per_seq * fw_model.run_state_block_bytes(q8)
+    free = free0 - model
+    return {"free0": free0, "plan": plan, "model": model, "free": free, "largest": free - fp["holes"], "margin": margin,
+            "residual": residual}
+
+
 # The one sizing rule of a decoding firmware, which host/budget.py computes in advance:
 # (reserve B, KV blocks) for a usable heap of `heap` B, model cfg whose weights take
 # weights_bytes in memory (llama2c.Layout.memory_bytes), cache layout lay, `batch`
-# sequences (one run state and one token row each), on an interpreter of word_bytes
-# words (the calculator asks for the board's 4) running the integer path when q8
-def budget_blocks(heap, cfg, weights_bytes, lay, firmware_bytes=0, h2o=False, batch=1, word_bytes=WORD_BYTES, q8=False):
-    reserve = reserve_for(cfg, firmware_bytes, word_bytes, q8)
-    avail = heap - reserve - weights_bytes - batch * (cfg.activation_bytes() + lay.row_bytes)
-    n = (avail - pool.POOL_FIXED_BYTES - kv.fixed_bytes(lay, batch)) // block_cost(cfg, lay, batch, h2o, q8, word_bytes)
-    return reserve, n if n > 0 else 0
-
-
-# run-state bytes per cache slot: the model sizes its attention buffers by the cache's
-# max_slots, not by seq_len (plain/numpy: n_heads floats of scores + 8 B; q8: scores,
-# head sums and ranks, int32, + one more while each is built from a zero bytes object,
-# + the rope=cache table's 2 x head_dim B, + what those large arrays lose to the heap's
-# fragmentation: 12 B per slot on 32-bit, 20 B on 64-bit, measured at 8 MB)
-def slot_bytes(cfg, q8=False, word_bytes=WORD_BYTES):
-    if q8:
-        return 16 + 2 * cfg.head_dim + (12 if word_bytes == 4 else 20)
-    return 4 * cfg.n_heads + 8
+# sequences, on an interpreter of word_bytes words (the calculator asks for the board's
+# 4) running the integer path when q8: the boot's rule (boot_blocks) on the figures the
+# boot is predicted to measure (predict_boot), a lower bound of what it measures. The
+# reserve is every byte of the heap not in the weights or the pool's blocks
+def budget_blocks(heap, cfg, weights_bytes, lay, firmware_bytes=0, h2o=False, batch=1, word_bytes=WORD_BYTES, q8=False,
+                  context="decode", rope="absolute"):
+    p = predict_boot(heap, cfg, weights_bytes, lay, firmware_bytes, h2o, batch, word_bytes, q8, context, rope)
+    n, _ = boot_blocks(p["free"], p["largest"], p["margin"], lay, batch, h2o, (batch - 1) * p["model"])
+    if n > p["plan"]:
+        n = p["plan"]
+    return heap - weights_bytes - n * lay.block_bytes, n
 
 
 # heap bytes one KV block costs a decoding firmware: the block, its bookkeeping
 # (kv.bytes_per_block) and the run state of its slots
 def block_cost(cfg, lay, batch=1, h2o=False, q8=False, word_bytes=WORD_BYTES):
-    return kv.bytes_per_block(lay, batch, h2o) + lay.tokens_per_block * slot_bytes(cfg, q8, word_bytes)
+    return plan_bytes(cfg, lay, batch, h2o, q8)
 
 
-# heap bytes a pool of n_blocks + its cache + its slots' run state needs (the inverse of budget_blocks)
+# the least usable heap for which budget_blocks gives at least n_blocks (its inverse, by
+# bisection: the rule only grows with the heap)
+def heap_for_blocks(n_blocks, cfg, weights_bytes, lay, firmware_bytes=0, h2o=False, batch=1, word_bytes=WORD_BYTES, q8=False,
+                    context="decode"):
+    lo, hi = weights_bytes, weights_bytes + 4096
+    while budget_blocks(hi, cfg, weights_bytes, lay, firmware_bytes, h2o, batch, word_bytes, q8, context)[1] < n_blocks:
+        lo, hi = hi, 2 * hi
+    while hi - lo > 16:
+        mid = (lo + hi) // 2
+        if budget_blocks(mid, cfg, weights_bytes, lay, firmware_bytes, h2o, batch, word_bytes, q8, context)[1] >= n_blocks:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+# heap bytes a pool of n_blocks + its cache + its slots' run state needs
 def pool_heap(n_blocks, cfg, lay, batch=1, h2o=False, q8=False, word_bytes=WORD_BYTES):
     return pool.POOL_FIXED_BYTES + kv.fixed_bytes(lay, batch) + n_blocks * block_cost(cfg, lay, batch, h2o, q8, word_bytes)
 

@@ -77,10 +77,11 @@ def exp2_table():
 # sigmoid table: round(2**15 * sigmoid(x)) for x = -16 .. 16 step 1/32 (array 'i'); allocates (boot)
 def sigmoid_table():
     import math
-    from array import array
+
+    from firmware_py.compat import new_array
 
     n = 2 * SIG_RANGE << SIG_STEP_BITS
-    out = array("i", [0] * (n + 1))
+    out = new_array("i", n + 1)  # every element written below
     for i in range(n + 1):
         x = (i - n // 2) / float(1 << SIG_STEP_BITS)
         out[i] = int(32768.0 / (1.0 + math.exp(-x)) + 0.5)
@@ -91,10 +92,11 @@ def sigmoid_table():
 # theta_i = 10000**(-2i/hd) as llama2.c; allocates (boot)
 def rope_table(rows, hd, step=1):
     import math
-    from array import array
+
+    from firmware_py.compat import new_array
 
     hd2 = hd // 2
-    out = array("h", [0] * (rows * hd2 * 2))
+    out = new_array("h", rows * hd2 * 2)  # every element written below; no temporary list of its length
     for p in range(rows):
         for i in range(hd2):
             a = p * step * math.pow(10000.0, -2.0 * i / hd)

@@ -175,8 +175,56 @@ def _qmodel():
     return qmodel
 
 
+class CacheShape:
+    # what a Model sizes its run state by, before the cache it will read exists: the
+    # layout, the slots and blocks one sequence may hold, and whether h2o scores are kept.
+    # decode.Session's boot builds the model on one of these, measures the heap that is
+    # left, makes the pool and the cache from that figure, then bind()s the model to them
+    def __init__(self, layout, max_slots, max_blocks, h2o=False):
+        self.layout = layout  # kv.Layout of the rows
+        self.max_slots = max_slots  # most cached tokens one sequence may hold
+        self.max_blocks = max_blocks  # block-table entries per sequence
+        self.map_size = 2 * max_slots if h2o else 0  # > 0: h2o scores kept (as KVCache.map_size)
+
+
+# heap bytes of a Model's run state per cache slot (what grows with CacheShape.max_slots):
+# the integer path's scores, head sums and ranks (int32; rope "cache": + the rank's cos/sin,
+# 2 x head_dim int16), the float path's row offsets, n_heads attention floats and h2o sums
+# (rope "cache": + head_dim floats of cos and sin)
+def run_state_slot_bytes(cfg, q8, rope="absolute"):
+    if q8:
+        return 12 + (2 * cfg.head_dim if rope == "cache" else 0)
+    return 8 + 4 * cfg.n_heads + (4 * cfg.head_dim if rope == "cache" else 0)
+
+
+# heap bytes of a Model's run state per pool block (the integer path's block offsets)
+def run_state_block_bytes(q8):
+    return 4 if q8 else 0
+
+
+# heap bytes of a Model's run state that do not grow with the cache, from the shapes of
+# its arrays (the objects' own headers not counted: heapmargin's measured correction
+# covers them for the model it was measured with). Integer path: the packed group
+# multipliers, the norm gains, the RoPE tables, exp2 and sigmoid tables, the int32 vectors;
+# float path: the vectors, the kernels' row buffers
+def run_state_fixed_bytes(cfg, layer_row, q8):
+    d, hid, kvd, hd, v = cfg.dim, cfg.hidden_dim, cfg.kv_dim, cfg.head_dim, cfg.vocab_size
+    if not q8:
+        return 4 * (4 * d + 2 * hid + 2 * kvd + v + 2 * hd) + 3 * layer_row
+    groups = 0
+    for name in ("token_embedding", "wcls") + ("wq", "wk", "wv", "wo", "w1", "w2", "w3"):
+        if name == "wcls" and cfg.shared_classifier:
+            continue
+        rows, cols = cfg.matrix_shape(name)
+        g = cfg.groups.get(name, cols) if cfg.groups else cols  # q8row: one group per row
+        groups += (rows * cols // g) * (1 if name in ("token_embedding", "wcls") else cfg.n_layers)
+    tables = 4 * (2 * cfg.n_layers + 1) * d + 2 * hd * (cfg.seq_len + 64) + 4 * (65 + 1025)
+    return 4 * groups + tables + 4 * (5 * d + 2 * kvd + 2 * hid + 2 * v + 2 * hd) + layer_row
+
+
 class Model:
-    # a forward pass over weights with its K/V in cache; all run state allocated here
+    # a forward pass over weights with its K/V in cache (a kv.KVCache, or a CacheShape to
+    # bind() a cache to later); all run state allocated here
     def __init__(self, weights, cache, backend="auto", rope="absolute"):
         cfg = weights.cfg
         lay = cache.layout
@@ -214,6 +262,8 @@ class Model:
             self.logit_frac_bits = self.q.logit_frac_bits
             return
         if backend == "numpy":
+            if cache.__class__ is CacheShape:
+                raise ModelError("backend numpy reads the arena at construction: give it the cache, not a CacheShape")
             np = compat.numpy()
             if np is None:
                 raise ModelError("backend numpy needs numpy (CPython only)")
@@ -234,6 +284,26 @@ class Model:
         self.logits = kk.vec(cfg.vocab_size)  # (vocab_size,) next-token logits (floats)
         # the attention scores (n_heads x max_slots) and the packed layer row live in
         # the kernels object (kernels.Plain.att / .row): they depend on the cache's layout
+
+    # read and write cache from now on: the model was built on a CacheShape (or another
+    # cache) that cache does not outgrow (same layout, no more slots or blocks per
+    # sequence, h2o scores kept alike); ModelError otherwise, and nothing changes
+    def bind(self, cache):
+        was = self.cache
+        lay, wl = cache.layout, was.layout
+        if (lay.n_layers, lay.n_kv_heads, lay.head_dim, lay.dtype, lay.tokens_per_block) != \
+                (wl.n_layers, wl.n_kv_heads, wl.head_dim, wl.dtype, wl.tokens_per_block):
+            raise ModelError("bind: the cache's layout differs from the one the model was built for")
+        if cache.max_slots > was.max_slots or cache.max_blocks > was.max_blocks or (cache.map_size > 0) != (was.map_size > 0):
+            raise ModelError("bind: the cache (%d slots, %d blocks per sequence) outgrows the run state built for %d slots, %d blocks"
+                             % (cache.max_slots, cache.max_blocks, was.max_slots, was.max_blocks))
+        if self.backend == "numpy":
+            raise ModelError("bind: backend numpy cannot be rebound (it views the arena it was built on)")
+        self.cache = cache
+        if self.q is not None:
+            self.q.cache = cache
+        else:
+            self.k.cache = cache
 
     # status of the last forward: reserve's flags (>= 0) or the refusal that stopped it
     # (E_FULL: a full-policy budget is used up; E_NO_BLOCK; E_STALE; E_RANGE: pos is not

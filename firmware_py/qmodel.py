@@ -19,7 +19,7 @@
 from array import array
 
 from firmware_py import kernels_q as K
-from firmware_py.compat import const
+from firmware_py.compat import const, new_array
 from firmware_py.model import Q8_UNIT_MACS, SLICE, U_ATTH, U_CALL, U_ELEM, U_KVW, U_NORM, U_ROPE, U_ROWS, U_SILU
 from firmware_py.status import E_EMPTY, E_RANGE, OK
 
@@ -55,7 +55,12 @@ class QMat:
 
 # zero-filled array('i') of n ints (boot only)
 def _zeros(n):
-    return array("i", bytes(4 * n))
+    # n zero int32s in one allocation, with no temporary of their size (a temporary freed
+    # between the boot's lasting arrays leaves a hole the KV arena cannot use)
+    a = new_array("i", n)
+    for i in range(n):
+        a[i] = 0
+    return a
 
 
 class QForward:

@@ -245,7 +245,10 @@ class Server:
         kw.setdefault("kv_dtype", KV_DTYPE_DEFAULT)
         if "kv_blocks" in kw:  # the pool's size in blocks (0: what the heap fits)
             kw["blocks"] = kw.pop("kv_blocks")
+        # the boot keeps free what runs beside the decode: the telemetry task and the config's tasks
+        kw["margin_for"] = ("decode", "telemetry", "tasks") if self.loads else ("decode", "telemetry")
         s = decode.Session(self.model_path, self.tok_path, heap=self.heap, **kw)
+        self.out(s.boot_line())
         s.layer_us = self.layer_us
         s.on_token = self._tok
         if self.bw is not None:  # the decode's weights and KV traffic on the tasks' tracker

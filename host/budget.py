@@ -11,7 +11,7 @@ import math
 import os
 import sys
 
-from firmware_py import decode, flashkv, kv
+from firmware_py import decode, flashkv, heapmargin, kv
 from firmware_py import tiers as tiers_mod
 from host import boards, models, mp32, paths
 from host.errors import UserError
@@ -104,7 +104,10 @@ def compute(board, model, kv_dtype="fp32", policy="full", window=0, batch=1, tok
             raise UserError("--word-bytes must be 4 (the board) or 8 (the 64-bit unix port), got %d" % word, 2)
         int8_weights = weights_dtype == "int8" or (not weights_dtype and m.cfg.groups is not None)
         q8 = decode.uses_q8("auto", int8_weights, kv_dtype)  # the board's auto backend
-        reserved = decode.reserve_for(cfg, brd.firmware_bytes, word, q8)
+        # every heap byte not in the weights or the KV blocks: the firmware's own (measured
+        # by ./kv heapmargin), the run state, the pool's bookkeeping, the boot's margin
+        reserved = decode.budget_blocks(memory, cfg, m.weights_bytes, layout, brd.firmware_bytes, h2o, batch, word, q8)[0]
+        acts = 0  # the run state is in the reserve (the boot measures it with the rest)
     else:
         memory = brd.total_bytes("dram") or brd.total_bytes("psram") or brd.total_bytes("sram")
         where = "dram"
@@ -180,7 +183,12 @@ def compute(board, model, kv_dtype="fp32", policy="full", window=0, batch=1, tok
         out["kv_bytes_wanted"] = need
         out["fits_wanted"] = out["fits"] and cap >= tokens if policy == "full" else out["fits"]
     if brd.kind == "mcu":
-        usable = reserved + m.weights_bytes + acts + decode.pool_heap(pool_blocks, cfg, layout, batch, h2o, q8, word)
+        p = decode.predict_boot(memory, cfg, m.weights_bytes, layout, brd.firmware_bytes, h2o, batch, word, q8)
+        out["activations_bytes"] = p["model"] * batch  # the run state, inside reserved_bytes
+        out["boot_prediction"] = {"free_bytes": p["free"], "largest_bytes": p["largest"], "margin_bytes": p["margin"],
+                                  "firmware_bytes": p["residual"], "run_state_bytes": p["model"],
+                                  "source": "firmware_py/heapmargin.py (%s)" % heapmargin.SOURCE}
+        usable = decode.heap_for_blocks(pool_blocks, cfg, m.weights_bytes, layout, brd.firmware_bytes, h2o, batch, word, q8)
         out["heap_bytes_needed_usable"] = usable
         # as a GC heap size (-X heapsize=) of the board's word size (16 B GC blocks:
         # the larger tables), whole KiB
@@ -565,8 +573,16 @@ def main(board="esp32s3_n8r8", model="stories260K", kv_dtype="fp32", policy="ful
       % (_n(r["cache_bytes_per_token"]), r["tokens_per_block"], _n(r["block_bytes"])))
     if r["kv_residual_bytes"]:
         w("  residual          %s B (each sequence's current block of keys in fp32, KIVI)\n" % _n(r["kv_residual_bytes"]))
-    w("  weights           %s   activations %s   reserved %s of %s (%s)\n"
-      % (_mib(r["weights_bytes"]), _mib(r["activations_bytes"]), _mib(r["reserved_bytes"]), _mib(r["memory_bytes"]), r["memory_from"]))
+    bp = r.get("boot_prediction")
+    if bp:
+        w("  weights           %s   reserved %s of %s (%s): firmware %s, run state %s, margin %s, the rest holes and bookkeeping\n"
+          % (_mib(r["weights_bytes"]), _mib(r["reserved_bytes"]), _mib(r["memory_bytes"]), r["memory_from"],
+             _mib(bp["firmware_bytes"]), _mib(bp["run_state_bytes"]), _mib(bp["margin_bytes"])))
+        w("  boot predicted    heap free %s B, largest block %s B after loading (the boot measures these and sizes the pool)\n"
+          % (_n(bp["free_bytes"]), _n(bp["largest_bytes"])))
+    else:
+        w("  weights           %s   activations %s   reserved %s of %s (%s)\n"
+          % (_mib(r["weights_bytes"]), _mib(r["activations_bytes"]), _mib(r["reserved_bytes"]), _mib(r["memory_bytes"]), r["memory_from"]))
     w("  left for KV       %s = %s block%s\n" % (_mib(r["kv_avail_bytes"]), _n(r["pool_blocks"]), "" if r["pool_blocks"] == 1 else "s"))
     if policy == "full":
         w("  max tokens        %s%s (what the KV memory holds)\n" % (_n(r["max_tokens"]), " per sequence x %d" % batch if batch > 1 else ""))

@@ -316,7 +316,10 @@ def _budget(heap, cfg, wbytes, n, fw_reserve, seqs=1):
     lay = _kv_layout(cfg, n)
     h2o = n["policy"] == "h2o"
     if n["reserve"] < 0:
-        return decode.budget_blocks(heap, cfg, wbytes, lay, fw_reserve, h2o, seqs, 4)
+        # the board's serve: its boot keeps the telemetry's margin too; the integer path's
+        # figures when the board would run it (int8 weights with int8 KV)
+        q8 = decode.uses_q8("auto", cfg.groups is not None, lay.dtype)
+        return decode.budget_blocks(heap, cfg, wbytes, lay, fw_reserve, h2o, seqs, 4, q8, "serve")
     from firmware_py import kv, pool  # noqa: PLC0415
 
     avail = heap - n["reserve"] - wbytes - seqs * (cfg.activation_bytes() + lay.row_bytes)

@@ -171,6 +171,10 @@ def test_calculator_is_a_safe_tight_bound_measured_without_it(tmp_path, interp, 
         assert 0 < r["predicted_tokens"] <= r["fit_tokens"] <= r["memory_error_tokens"], r
         assert r["slack_bytes"] <= SLACK_BOUND * r["heapsize"] + SLACK_FIXED, r
         assert r["fit_limited_by"] in ("MemoryError", "PoolError", "DoesNotFit"), r  # one block more really fails
+        # the firmware's own boot-time sizing: calculator <= boot <= fit, the boot at most
+        # one block above the calculator, its pool decoded and filled, its slack within 3 %
+        assert r["boot_status"] == "FULL" and r["calc_le_boot"] and r["boot_le_fit"], r
+        assert r["boot_within_one_block"] and r["boot_slack_ok"], r
 
 
 def test_figures_are_for_the_boards_word_size_and_say_so():
@@ -331,11 +335,16 @@ def test_the_tiered_pools_heap_part_still_fits_the_heap(board, dtype, batch):
     cfg = host_models.load("stories260K").cfg
     lay = kv.Layout(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, dtype)
     n_s, n_p = tr["sram"]["blocks"], tr["psram"]["blocks"]
-    heap_part = decode.pool_heap(n_s + n_p, cfg, lay, batch, False, False, 4) - n_s * lay.block_bytes
-    assert r["reserved_bytes"] + r["weights_bytes"] + r["activations_bytes"] + heap_part <= r["memory_bytes"]
-    # ... and one more psram block would not
-    more = decode.pool_heap(n_s + n_p + 1, cfg, lay, batch, False, False, 4) - n_s * lay.block_bytes
-    assert r["reserved_bytes"] + r["weights_bytes"] + r["activations_bytes"] + more > r["memory_bytes"]
+    q8 = r["backend"] == "q8"
+    # the sram range's blocks cost the heap their bookkeeping and run state: the heap's own
+    # range is what the rule gives the heap less that, and no more
+    ovh = decode.block_cost(cfg, lay, batch, False, q8, 4) - lay.block_bytes
+    from host import boards
+
+    fw = boards.load(board).firmware_bytes
+    assert n_p == min(decode.budget_blocks(r["memory_bytes"] - n_s * ovh, cfg, r["weights_bytes"], lay, fw, False, batch, 4, q8)[1],
+                      tr["psram"]["heap_blocks"])
+    assert n_p < tr["psram"]["heap_blocks"] or n_s == 0, tr
 
 
 def test_flash_file_is_bounded_by_the_flash_less_firmware_model_and_files():

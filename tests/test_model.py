@@ -353,13 +353,12 @@ TINY_ARGS = ["--model", os.path.join(TINY, "model.bin"), "--tokenizer", os.path.
 WORD = {"micropython": 8, "micropython32": 4}  # word size of each build (the rule's reserve differs)
 
 
-# kvrtos-tiny's 858,368 B of weights + the decode reserve + 5 KV blocks on a build of
-# `word`-byte words: a KV budget of 80 tokens < the context of 256
+# the usable heap for which the calculator gives kvrtos-tiny (858,368 B of weights) 5 KV
+# blocks on a build of `word`-byte words: a KV budget of 80 tokens < the context of 256
 def small_heap(word):
     cfg, lay = llama2c.plan(os.path.join(TINY, "model.bin"))
     kl = kv.Layout(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, "fp32")
-    return (decode.reserve_for(cfg, 0, word) + lay.memory_bytes() + cfg.activation_bytes() + kl.row_bytes
-            + decode.pool_heap(5, cfg, kl) + 1000)
+    return decode.heap_for_blocks(5, cfg, lay.memory_bytes(), kl, 0, False, 1, word) + 1000
 
 
 SMALL_HEAP = small_heap(8)  # the 64-bit figure (the larger)

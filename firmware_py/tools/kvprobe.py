@@ -34,8 +34,8 @@ def _args(argv):
         if not sep or k not in opts:
             raise ValueError("unknown argument %r (want key=value with key in %s)" % (a, ", ".join(sorted(opts))))
         opts[k] = v
-    if opts["size"] not in ("calc", "try"):
-        raise ValueError("size must be calc or try, got %r" % opts["size"])
+    if opts["size"] not in ("calc", "try", "boot"):
+        raise ValueError("size must be calc, try or boot, got %r" % opts["size"])
     if opts["size"] == "try" and (int(opts["blocks"]) < 1 or not opts["tokenizer"]):
         raise ValueError("size=try needs blocks=N (>= 1) and tokenizer=PATH")
     if not opts["board"] or not opts["model"]:
@@ -62,10 +62,15 @@ def main(argv):
         return 2
     h2o = policy == "h2o"
     acts_bytes = cfg.activation_bytes()
-    if o["size"] == "try":
+    if o["size"] in ("try", "boot"):
         if policy != "full":
-            print("kvprobe: size=try sizes a full-policy pool")
+            print("kvprobe: size=%s sizes a full-policy pool" % o["size"])
             return 2
+        if o["size"] == "boot":
+            if not o["tokenizer"]:
+                print("kvprobe: size=boot needs tokenizer=PATH")
+                return 2
+            return _boot(o, layout)
         return _try(o, layout)
     arena = int(o["arena"])
     if arena:
@@ -186,6 +191,46 @@ def _try(o, layout):
     extra = None
     print("kvprobe: tried blocks=%d booted=1 tokens=%d status=%s decoded=%d extra_blocks=%d memory_error_tokens=%d block_bytes=%d heap_free=%s"
           % (n, tokens, status, s.n_new, n_extra, (n + n_extra) * layout.tokens_per_block, layout.block_bytes, compat.mem_free()))
+    return 0
+
+
+# size=boot: the decoding firmware sizes its own pool from the heap it measures after
+# loading (decode.Session's sizing "boot", by memory alone: past the model's context),
+# decodes k tokens, appends under heap_lock to FULL. One line "kvprobe: boot blocks=B
+# free=F largest=L margin=M model_bytes=X tokens=T status=S decoded=D limit=WHY free0=F0
+# plan=P weights=W" (F0: free before the model's run state, P: blocks it was made for), or "kvprobe: boot
+# blocks=0 limit=WHAT" when it does not boot or run; exit 0 (a measurement)
+def _boot(o, layout):
+    from firmware_py import decode  # noqa: PLC0415
+
+    k = int(o["decode"])
+    box = [0, 0]
+    try:
+        s = decode.Session(o["model"], o["tokenizer"], o["kv_dtype"], "full", backend=o["backend"], cap_context=False)
+        ids = s.encode("Once upon a time")
+        if k:
+            _decode(s, ids, k)
+        row = bytearray(layout.row_bytes)
+    except MemoryError:
+        print("kvprobe: boot blocks=0 limit=MemoryError")
+        return 0
+    except decode.DecodeError as e:
+        print("kvprobe: boot blocks=0 limit=DecodeError: %s" % e)
+        return 0
+    n = s.pool.n_blocks
+    compat.heap_lock()
+    try:
+        _fill(s.cache, s.h, row, n * layout.tokens_per_block + 1 - s.cache.length(s.h), box)
+    except MemoryError:
+        compat.heap_unlock()
+        print("kvprobe: boot blocks=0 limit=MemoryError_in_the_locked_fill")
+        return 0
+    compat.heap_unlock()
+    status = "FULL" if box[1] == E_FULL else "NO_BLOCK" if box[1] == E_NO_BLOCK else "OK"
+    print(s.boot_line())
+    print("kvprobe: boot blocks=%d free=%d largest=%d margin=%d model_bytes=%d tokens=%d status=%s decoded=%d limit=%s "
+          "free0=%d plan=%d weights=%d" % (n, s.heap_free, s.heap_largest, s.margin, s.model_bytes, s.cache.length(s.h), status,
+                                           s.n_new, s.boot_limit.replace(" ", "_"), s.heap_free0, s.plan_blocks, s.weights.nbytes))
     return 0
 
 

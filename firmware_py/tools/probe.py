@@ -74,25 +74,15 @@ def _addr(buf):
 
 
 def heap():
-    # {"total", "free", "alloc", "largest"}: bytes; "largest" by bisection over bytearray sizes
+    # {"total", "free", "alloc", "largest"}: bytes; "largest" by compat.heap_probe (the
+    # same probe decode's boot sizes the KV pool with)
     if not hasattr(gc, "mem_free"):  # CPython: no fixed heap
         return {"total": 0, "free": 0, "alloc": 0, "largest": 0}
-    gc.collect()
-    free = gc.mem_free()
+    from firmware_py.compat import heap_probe  # noqa: PLC0415 - compat alone: a few KB, before the rest
+
+    free, largest = heap_probe()
     alloc = gc.mem_alloc()
-    lo, hi = 0, free  # lo: allocated fine; hi + 1: not tried yet or failed
-    while hi - lo > 256:
-        mid = (lo + hi) // 2
-        try:
-            b = bytearray(mid)
-        except MemoryError:
-            hi = mid - 1
-            continue
-        del b
-        gc.collect()
-        lo = mid
-    gc.collect()
-    return {"total": free + alloc, "free": free, "alloc": alloc, "largest": lo}
+    return {"total": free + alloc, "free": free, "alloc": alloc, "largest": largest}
 
 
 def _time_copy32(pairs, words, iters):

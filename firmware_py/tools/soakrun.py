@@ -127,7 +127,7 @@ def run_serve(o, brd, app, opts):
         kw["window"] = opts["window"]
     lines = []
     srv = _Server(_null_write, None, clock=VirtualClock(), model=o["model"], tokenizer=o["tokenizer"],
-                  layer_us=o["layer_us"], heap=opts["heap"], out=lines.append, max_requests=1, app=app, board=brd, **kw)
+                  layer_us=o["layer_us"], heap=0, out=lines.append, max_requests=1, app=app, board=brd, **kw)  # heap 0: the boot measures
     tr = _Trace(o["tokens"])
     srv.trace = tr
     st = srv.start(PROMPT, o["tokens"])
@@ -189,10 +189,12 @@ def main(argv):
     except (ValueError, OSError) as e:  # BoardError and AppConfigError are ValueErrors
         print("soakrun: %s" % e)
         return 2
-    # the board's boot: its profile's usable heap and firmware reserve (decode.board_heap
-    # reads the same two figures from the board.json `kv flash` writes)
+    # the board's boot: it sizes the pool from the heap it measures (decode.Session sizing
+    # "boot"; heap and reserve: the profile's figures, for its messages and the
+    # calculator's figure beside it)
     opts = {"kv_dtype": o["kv_dtype"], "policy": o["policy"], "window": o["window"] if o["policy"] != "full" else 0,
-            "sinks": o["sinks"], "seed": o["seed"], "temperature": o["temperature"], "heap": brd.mpy_heap, "reserve": brd.firmware_bytes}
+            "sinks": o["sinks"], "seed": o["seed"], "temperature": o["temperature"], "heap": brd.mpy_heap, "reserve": brd.firmware_bytes,
+            "sizing": "boot"}
     compat.collect()
     try:
         if o["batch"] > 1:

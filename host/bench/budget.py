@@ -133,6 +133,28 @@ def search(interp, heapsize, board, model, tok, dtype, start):
     return lo, tried.get(lo, (True, None))[1], tried[hi][1].get("limit", "?"), len(tried)
 
 
+_BOOT = re.compile(r"kvprobe: boot blocks=(\d+) free=(\d+) largest=(\d+) margin=(\d+) model_bytes=(\d+) tokens=(\d+) "
+                   r"status=(\w+) decoded=(\d+) limit=(\S+)")
+
+
+def boot(interp, heapsize, board, model, tok, dtype):
+    # the firmware's own boot-time sizing (kvprobe size=boot): {"blocks", "free", "largest",
+    # "margin", "status" (FULL: its pool decoded and filled), "limit"}; blocks 0 when it
+    # did not boot or run (limit says why)
+    r = interp_mod.run(PROBE, interp, heapsize=heapsize, args=[
+        "board=" + os.path.join(paths.BOARDS, board + ".json"), "model=" + model, "tokenizer=" + tok,
+        "kv_dtype=" + dtype, "size=boot"])
+    m = _BOOT.search(r.stdout)
+    if r.returncode != 0 or not m:
+        f = re.search(r"kvprobe: boot blocks=0 limit=(.*)", r.stdout)
+        if f:
+            return {"blocks": 0, "free": 0, "largest": 0, "margin": 0, "status": "none", "limit": f.group(1).strip()}
+        raise UserError("kvprobe size=boot on %s (%s, %s) failed: %s" % (interp, board, dtype, (r.stdout + r.stderr).strip()[-300:]), 1)
+    b, free, largest, margin, _, _, status, _, limit = m.groups()
+    return {"blocks": int(b), "free": int(free), "largest": int(largest), "margin": int(margin), "status": status,
+            "limit": limit.replace("_", " ")}
+
+
 def measure_case(interp, board, dtype, weights, model, tok, heap_from):
     # one row: prediction against measurement at the calculator's or the board's heap
     word = 4 if interp == "micropython32" else 8
@@ -150,6 +172,24 @@ def measure_case(interp, board, dtype, weights, model, tok, heap_from):
     row["slack_bytes"] = int(row["slack_tokens"] * per_token)
     row["predicted_over_fit"] = round(d["max_tokens"] / row["fit_tokens"], 4) if fit else 0.0
     row["memory_error_slack_tokens"] = row["memory_error_tokens"] - d["max_tokens"]
+    b = boot(interp, heapsize, board, model, tok, dtype)
+    row["boot_blocks"] = b["blocks"]
+    row["boot_tokens"] = b["blocks"] * t
+    row["boot_status"] = b["status"]
+    row["boot_limited_by"] = b["limit"]
+    row["boot_free"] = b["free"]
+    row["boot_largest"] = b["largest"]
+    row["margin_bytes"] = b["margin"]
+    pb = d["pool_blocks"]
+    row["calc_le_boot"] = pb <= b["blocks"]
+    row["boot_le_fit"] = b["blocks"] <= fit and b["status"] == "FULL"
+    row["boot_within_one_block"] = b["blocks"] <= pb + 1
+    slack = (fit - b["blocks"]) * d["block_bytes"]
+    row["boot_slack_bytes"] = slack
+    allowed = max(int(0.03 * heapsize), 2 * d["block_bytes"])
+    row["boot_slack_ok"] = slack <= allowed
+    row["why"] = "" if row["boot_slack_ok"] else "the margin (%d B) and what the boot's probe leaves outside the largest piece" % b["margin"]
+    row["ok"] = row["calc_le_boot"] and row["boot_le_fit"] and row["boot_within_one_block"]
     return row
 
 
@@ -164,7 +204,9 @@ def measure():
                     rows.append(measure_case(i, b, dt, w, model, tok, h))
         desc = model_path(tmp)[2]
     return {"model": desc, "policy": "full", "rows": rows, "interpreters": interpreters(),
-            "safe": all(r["slack_tokens"] >= 0 for r in rows),
+            "safe": all(r["slack_tokens"] >= 0 and r["ok"] for r in rows),
+            "boot_slack_within_3_percent": all(r["boot_slack_ok"] for r in rows),
+            "max_boot_slack_fraction_of_heap": round(max(r["boot_slack_bytes"] / r["heapsize"] for r in rows), 4),
             "max_slack_fraction_of_heap": round(max(r["slack_bytes"] / r["heapsize"] for r in rows), 4),
             "min_slack_fraction_of_heap": round(min(r["slack_bytes"] / r["heapsize"] for r in rows), 4)}
 
@@ -181,6 +223,7 @@ TITLE = "Budget calculator against the real interpreter"
 
 def render(r):
     # markdown lines of the section from the figures r
+    boot = all("boot_blocks" in x for x in r["rows"])
     L = [
         "Model: %s, policy full. The decoding firmware's boot is measured, one pool size per process "
         "(`firmware_py/tools/kvprobe.py size=try`): `decode.Session` with a fixed pool (weights as the loader keeps "
@@ -192,6 +235,28 @@ def render(r):
         "fills; `limited by` = what refused one block more; `MemoryError at` = tokens when decode keeps asking for "
         "blocks after the fill until a real `MemoryError`." % r["model"],
         "",
+    ]
+    if boot:
+        L[0] += (" `boot` = the pool the firmware sizes itself at boot from the heap it measures (`kvprobe.py size=boot`: "
+                 "free heap, largest block, the measured margin; its pool then decodes and fills to `FULL`), `calculator` = "
+                 "`./kv budget`'s prediction of it. The promise: calculator <= boot <= fit, boot at most one block above the "
+                 "calculator.")
+        L += ["| interpreter | word | board | KV | weights | heap | `-X heapsize` | calculator (tokens) | boot (tokens) | boot limited by | fit (tokens) | fit limited by | boot slack | calc <= boot <= fit | boot <= calc + 1 block |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for x in r["rows"]:
+            L.append("| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s B (%.1f %%) | %s | %s |" % (
+                x["interp"], x["word_bytes"], x["board"], x["kv_dtype"], x["weights"], x["heap_from"], "{:,}".format(x["heapsize"]),
+                "{:,}".format(x["predicted_tokens"]), "{:,}".format(x["boot_tokens"]), x["boot_limited_by"],
+                "{:,}".format(x["fit_tokens"]), x["fit_limited_by"], "{:,}".format(x["boot_slack_bytes"]),
+                100.0 * x["boot_slack_bytes"] / x["heapsize"], "yes" if x["calc_le_boot"] and x["boot_le_fit"] else "**no**",
+                "yes" if x["boot_within_one_block"] else "**no**"))
+        L.append("")
+        L.append("Every row keeps the promise: %s; the boot's slack (what fits beyond the boot's pool) is at most %.1f %% of the "
+                 "heap, %s." % ("yes" if r["safe"] else "**NO**", 100 * r["max_boot_slack_fraction_of_heap"],
+                                "within 3 % (or two blocks) in every row" if r["boot_slack_within_3_percent"] else
+                                "**more than 3 % in some rows** (the `why` field of the JSON says what the margin needs)"))
+        return L
+    L += [
         "| interpreter | word | board | KV | weights | heap | `-X heapsize` | predicted `max_tokens` | fit (tokens) | limited by | MemoryError at | slack tokens | slack bytes | predicted / fit | probe runs |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]

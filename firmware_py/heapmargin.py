@@ -1,0 +1,67 @@
+# The heap a decoding firmware keeps free after its boot, as measured: what runs after
+# the pool is made (one decode step, the telemetry task, the config's tasks, a GC cycle)
+# allocates, and the boot's sizing (decode.Session, sizing "boot") keeps that much free.
+# The figures are not tuned to a benchmark: `./kv heapmargin` (host/heapmargin.py) boots
+# the decoding firmware under each interpreter and word size, eats the free heap with
+# ballast until only X bytes are left, runs the part, and finds by bisection the least X
+# with which it runs without a MemoryError, over several draws (prompts, sampling, KV
+# types, boards); each figure is the most over the draws, with the spread (most - least).
+# The GC cycle itself allocates nothing from the heap (MicroPython's collector marks
+# with a fixed stack in its own state), so its part is what the parts' garbage needs
+# between collections, which the ballast runs include.
+#
+# TABLE[(word_bytes, path)][part] = (bytes, spread); path "q8": the integer path (int8
+# weights and int8 KV on MicroPython), "plain": the float path
+GENERATED = "host/heapmargin.py"  # what writes this file
+PARTS = ("decode", "telemetry", "tasks")  # what Session(margin_for=...) may name
+GC_BLOCKS = 2  # + this many GC blocks per part: the rounding of the largest live object it allocates
+
+TABLE = {
+    (4, "q8"): {"decode": (2048, 0), "telemetry": (2048, 0), "tasks": (4096, 0)},
+    (4, "plain"): {"decode": (4096, 0), "telemetry": (2048, 0), "tasks": (4096, 0)},
+    (8, "q8"): {"decode": (4096, 0), "telemetry": (4096, 0), "tasks": (8192, 0)},
+    (8, "plain"): {"decode": (8192, 0), "telemetry": (4096, 0), "tasks": (8192, 0)},
+}
+# What the boot measures, for the calculator to predict it (decode.predict_boot): per word
+# size, path and context, "residual": the firmware's own heap before the model's run state
+# (modules, tokenizer, objects: heap - free - weights), "holes": the free heap outside
+# the largest piece at the probe, "model_extra": the run state's bytes beyond the shapes
+# of its arrays (model.run_state_fixed_bytes); each (most, spread) over the boards'
+# heaps; measured with a model of "vocab" tokens (the residual scales by
+# decode.TOKEN_BYTES per token for another)
+FOOTPRINT = {
+    (4, "q8"): {"decode": {"residual": (0, 0), "holes": (0, 0), "model_extra": (0, 0)}},
+    (4, "plain"): {"decode": {"residual": (0, 0), "holes": (0, 0), "model_extra": (0, 0)}},
+    (8, "q8"): {"decode": {"residual": (0, 0), "holes": (0, 0), "model_extra": (0, 0)}},
+    (8, "plain"): {"decode": {"residual": (0, 0), "holes": (0, 0), "model_extra": (0, 0)}},
+}
+VOCAB = 512  # vocabulary of the model the footprints were measured with
+SOURCE = "placeholder until the first ./kv heapmargin run"  # the command and date of the figures
+# what runs after the boot in each context: the parts of the margin it keeps
+CONTEXTS = {"decode": ("decode",), "serve": ("decode", "telemetry"), "serve+tasks": ("decode", "telemetry", "tasks")}
+
+
+# (margin B, ((part, bytes, spread), ...)) on an interpreter of word_bytes words running
+# the integer path (q8) or the float one, for the parts named in `parts` (PARTS);
+# ValueError for a part that is not measured
+def margin(word_bytes, q8, parts=("decode",)):
+    row = TABLE[(4 if word_bytes == 4 else 8, "q8" if q8 else "plain")]
+    total = 0
+    out = []
+    for p in parts:
+        if p not in row:
+            raise ValueError("heap margin: no measured part %r (want %s)" % (p, ", ".join(PARTS)))
+        b, spread = row[p]
+        b += GC_BLOCKS * 4 * word_bytes
+        out.append((p, b, spread))
+        total += b
+    return total, tuple(out)
+
+
+# {"residual", "holes", "model_extra": bytes (the most measured), "vocab"} of the boot in
+# context (CONTEXTS; a context not measured falls back to "decode", whose residual is
+# the smallest: serve's objects are measured by its own boot on the board)
+def footprint(word_bytes, q8, context="decode"):
+    row = FOOTPRINT[(4 if word_bytes == 4 else 8, "q8" if q8 else "plain")]
+    f = row.get(context) or row["decode"]
+    return {"residual": f["residual"][0], "holes": f["holes"][0], "model_extra": f["model_extra"][0], "vocab": VOCAB}

@@ -1,0 +1,192 @@
+# `./kv heapmargin [--write] [--json]`: measure the heap a decoding firmware needs free
+# after its boot (firmware_py/heapmargin.py's table). For each interpreter (the 64-bit
+# unix port, the 32-bit one: the ESP32-S3's word), each path (the integer one: int8
+# weights and KV; the float one: fp32) and each part (decode alone; + the telemetry task
+# through serve; + a shipped config's tasks), firmware_py/tools/heapprobe.py boots the
+# firmware with the board's heap, leaves `leave` bytes free in one piece and runs the
+# part; `leave` is bisected to LEAVE_STEP bytes, one process per try. Draws: greedy and
+# temperature 0.8 sampling. A part's figure is its least `leave` over the part before it
+# (decode: over nothing), the most over the draws, with the spread.
+import concurrent.futures
+import datetime
+import json
+import os
+import re
+
+from host import boards, mp32, paths
+from host import interp as interp_mod
+from host.errors import UserError
+
+PROBE = os.path.join(paths.FIRMWARE, "tools", "heapprobe.py")
+OUT = os.path.join(paths.FIRMWARE, "heapmargin.py")
+BOARD = "esp32s3_n4r2"  # the board whose heap the probe boots with (the smaller: faster, the same code)
+CONFIG = os.path.join(paths.ROOT, "scenarios", "voice-assistant.json")  # the tasks of part "tasks"
+LEAVE_MAX = 131072  # bisection range of `leave` (B)
+LEAVE_STEP = 256  # ... resolution
+DRAWS = ((0.0, 1), (0.8, 7))  # (temperature, seed)
+PARTS = ("decode", "telemetry", "tasks")
+_LINE = re.compile(r"heapprobe: part=(\w+) leave=(\d+) ok=(\d)")
+
+
+def _models(tmp):
+    from host.bench import budget as bb  # noqa: PLC0415 - stories260K or its shape, and its int8 conversion
+
+    return {"plain": bb.model_path(tmp, "fp32")[:2], "q8": bb.model_path(tmp, "int8")[:2]}
+
+
+def _ok(interp, word, path, part, model, tok, leave, temp, seed):
+    r = interp_mod.run(PROBE, interp, heapsize=boards.unix_heapsize(boards.load(BOARD).mpy_heap, word), args=[
+        "part=" + part, "model=" + model, "tokenizer=" + tok, "kv_dtype=" + ("int8" if path == "q8" else "fp32"),
+        "leave=%d" % leave, "temperature=%s" % temp, "seed=%d" % seed, "tokens=%d" % (24 if path == "q8" else 12),
+        "board=" + os.path.join(paths.BOARDS, BOARD + ".json"), "config=" + CONFIG], timeout=600)
+    m = _LINE.search(r.stdout)
+    if not m:
+        raise UserError("heapprobe (%s, %s, %s, leave %d) failed: %s" % (interp, path, part, leave, (r.stdout + r.stderr).strip()[-300:]), 1)
+    return m.group(3) == "1"
+
+
+def _least(args):
+    # the least `leave` (to LEAVE_STEP) with which the part runs
+    def ok(leave):
+        return _ok(*args[:6], leave, *args[6:])
+    lo, hi = 0, LEAVE_MAX  # lo fails (or is 0), hi runs
+    if not ok(hi):
+        raise UserError("heapprobe: %s %s %s does not run with %d B free" % (args[0], args[2], args[3], hi), 1)
+    if ok(0):
+        return 0
+    while hi - lo > LEAVE_STEP:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+KVPROBE = os.path.join(paths.FIRMWARE, "tools", "kvprobe.py")
+_BOOT = re.compile(r"kvprobe: boot blocks=(\d+) free=(\d+) largest=(\d+) margin=(\d+) model_bytes=(\d+) tokens=\d+ "
+                   r"status=(\w+) decoded=\d+ limit=\S+ free0=(\d+) plan=(\d+) weights=(\d+)")
+FOOT_BOARDS = ("esp32s3_n4r2", "esp32s3_n8r8")  # the heaps the footprint is measured at
+
+
+def _boot(interp, word, path, model, tok, board):
+    # one kvprobe size=boot on the board's heap: {"residual", "holes", "model_extra"} (B)
+    from firmware_py import decode, kv, llama2c  # noqa: PLC0415
+    from firmware_py import model as fw_model  # noqa: PLC0415
+
+    heap = boards.load(board).mpy_heap
+    kvd = "int8" if path == "q8" else "fp32"
+    r = interp_mod.run(KVPROBE, interp, heapsize=boards.unix_heapsize(heap, word), args=[
+        "board=" + os.path.join(paths.BOARDS, board + ".json"), "model=" + model, "tokenizer=" + tok,
+        "kv_dtype=" + kvd, "size=boot"], timeout=600)
+    m = _BOOT.search(r.stdout)
+    if not m:
+        raise UserError("kvprobe size=boot (%s, %s, %s) failed: %s" % (interp, path, board, (r.stdout + r.stderr).strip()[-300:]), 1)
+    blocks, free, largest, margin, model_bytes, status, free0, plan, weights = m.groups()
+    if status != "FULL":
+        raise UserError("kvprobe size=boot (%s, %s, %s): the boot-sized pool did not fill (%s)" % (interp, path, board, status), 1)
+    cfg = llama2c.plan(model)[0]
+    lay = kv.Layout(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, kvd)
+    q8 = path == "q8"
+    shapes = fw_model.run_state_fixed_bytes(cfg, lay.layer_row, q8) + int(plan) * (
+        lay.tokens_per_block * fw_model.run_state_slot_bytes(cfg, q8) + fw_model.run_state_block_bytes(q8))
+    return {"residual": heap - int(free0) - int(weights), "holes": int(free) - int(largest),
+            "model_extra": int(model_bytes) - shapes, "blocks": int(blocks), "decode_token_bytes": decode.TOKEN_BYTES}
+
+
+def measure(workers=2):
+    import tempfile  # noqa: PLC0415
+
+    interps = [("micropython", 8)]
+    try:
+        mp32.build()
+        interps.append(("micropython32", 4))
+    except UserError as e:
+        raise UserError("heapmargin: the 32-bit build is needed (%s)" % e, 1)
+    with tempfile.TemporaryDirectory() as tmp:
+        models = _models(tmp)
+        jobs = {}
+        with concurrent.futures.ThreadPoolExecutor(workers) as ex:
+            for interp, word in interps:
+                for path in ("q8", "plain"):
+                    model, tok = models[path]
+                    for part in PARTS:
+                        for temp, seed in DRAWS:
+                            jobs[(word, path, part, temp)] = ex.submit(_least, (interp, word, path, part, model, tok, temp, seed))
+            boots = {}
+            for interp, word in interps:
+                for path in ("q8", "plain"):
+                    model, tok = models[path]
+                    for board in FOOT_BOARDS:
+                        boots[(word, path, board)] = ex.submit(_boot, interp, word, path, model, tok, board)
+            least = {k: f.result() for k, f in jobs.items()}
+            boots = {k: f.result() for k, f in boots.items()}
+    table = {}
+    foot = {}
+    for _, word in interps:
+        for path in ("q8", "plain"):
+            row = {}
+            for i, part in enumerate(PARTS):
+                vals = []
+                for temp, _ in DRAWS:
+                    v = least[(word, path, part, temp)]
+                    if i:  # over the part before it
+                        v -= least[(word, path, PARTS[i - 1], temp)]
+                    vals.append(v if v > 0 else 0)
+                row[part] = (max(vals), max(vals) - min(vals))
+            table["%d,%s" % (word, path)] = row
+            fp = {}
+            for f in ("residual", "holes", "model_extra"):
+                vals = [boots[(word, path, b)][f] for b in FOOT_BOARDS]
+                fp[f] = (max(vals), max(vals) - min(vals))
+            foot["%d,%s" % (word, path)] = fp
+    return {"footprint": foot, "boots": {"%d,%s,%s" % k: v for k, v in sorted(boots.items())}, "board": BOARD, "draws": [list(d) for d in DRAWS], "leave_step": LEAVE_STEP, "least": {
+        "%d,%s,%s,%s" % k: v for k, v in sorted(least.items())}, "table": table,
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")}
+
+
+def write(r, path=OUT):
+    # rewrite the TABLE and SOURCE lines of firmware_py/heapmargin.py from r
+    with open(path) as f:
+        text = f.read()
+    rows = []
+    for key in ("4,q8", "4,plain", "8,q8", "8,plain"):
+        w, p = key.split(",")
+        parts = ", ".join('"%s": (%d, %d)' % (k, v[0], v[1]) for k, v in r["table"][key].items())
+        rows.append('    (%s, "%s"): {%s},' % (w, p, parts))
+    table = "TABLE = {\n" + "\n".join(rows) + "\n}\n"
+    text = re.sub(r"TABLE = \{\n.*?\n\}\n", lambda m: table, text, flags=re.S)
+    rows = []
+    for key in ("4,q8", "4,plain", "8,q8", "8,plain"):
+        w, p = key.split(",")
+        parts = ", ".join('"%s": (%d, %d)' % (k, v[0], v[1]) for k, v in r["footprint"][key].items())
+        rows.append('    (%s, "%s"): {"decode": {%s}},' % (w, p, parts))
+    foot = "FOOTPRINT = {\n" + "\n".join(rows) + "\n}\n"
+    text = re.sub(r"FOOTPRINT = \{\n.*?\n\}\n", lambda m: foot, text, flags=re.S)
+    src = 'SOURCE = "./kv heapmargin --write on %s (%s heap, draws %s)"  # the command and date of the figures\n' % (
+        r["date"], r["board"], ", ".join("t=%s" % d[0] for d in r["draws"]))
+    text = re.sub(r"SOURCE = .*\n", lambda m: src, text)
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def run(write_table=False, as_json=False, workers=2):
+    r = measure(workers)
+    if write_table:
+        write(r)
+    if as_json:
+        print(json.dumps(r, indent=1, sort_keys=True))
+    else:
+        for key, row in r["footprint"].items():
+            print("heapmargin %s boot: %s" % (key, ", ".join("%s %d B (spread %d)" % (k, v[0], v[1]) for k, v in row.items())))
+        for key, row in r["table"].items():
+            print("heapmargin %s: %s" % (key, ", ".join("%s %d B (spread %d)" % (k, v[0], v[1]) for k, v in row.items())))
+        if write_table:
+            print("heapmargin: wrote %s" % os.path.relpath(OUT, paths.ROOT))
+    return r
+
+
+if __name__ == "__main__":
+    import sys
+
+    run("--write" in sys.argv, "--json" in sys.argv)
