@@ -276,9 +276,10 @@ class Session:
         t = self.layout.tokens_per_block
         if self.sizing == "boot":
             parts = ", ".join("%s %d +- %d" % x for x in self.margin_parts)
-            return ("boot: heap free %d B, largest block %d B, margin %d B (%s), pool %d blocks of %d B = %d tokens (limited by %s)"
+            idf = compat.idf_heap()  # on a board: ESP-IDF's heap outside the GC heap, which MicroPython may grow into
+            return ("boot: heap free %d B, largest block %d B, margin %d B (%s), pool %d blocks of %d B = %d tokens (limited by %s)%s"
                     % (self.heap_free, self.heap_largest, self.margin, parts, p.n_blocks, p.block_bytes, p.n_blocks * t,
-                       self.boot_limit))
+                       self.boot_limit, "; ESP-IDF heap free %d B, largest %d B (not counted)" % (idf[1], idf[2]) if idf else ""))
         return ("boot: pool %d blocks of %d B = %d tokens (%s)" % (p.n_blocks, p.block_bytes, p.n_blocks * t,
                 "blocks=%d given" % p.n_blocks if self.sizing == "fixed" else
                 "the calculator's rule: heap %d B, reserve %d B" % (self.heap, self.reserve)))

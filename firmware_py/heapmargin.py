@@ -15,6 +15,11 @@
 GENERATED = "host/heapmargin.py"  # what writes this file
 PARTS = ("decode", "telemetry", "tasks")  # what Session(margin_for=...) may name
 GC_BLOCKS = 2  # + this many GC blocks per part: the rounding of the largest live object it allocates
+# The gc part: free heap kept beyond the measured needs so that garbage does not force a
+# collection of the whole heap every few KB. Chosen, not measured: the float path
+# allocates a float per operation (with only its live need free, one token of
+# stories260K took 18 s on the unix port), the integer path allocates nothing per step
+GC_HEADROOM = {"q8": 4096, "plain": 32768}
 
 TABLE = {
     (4, "q8"): {"decode": (2048, 0), "telemetry": (2048, 0), "tasks": (4096, 0)},
@@ -42,12 +47,16 @@ CONTEXTS = {"decode": ("decode",), "serve": ("decode", "telemetry"), "serve+task
 
 
 # (margin B, ((part, bytes, spread), ...)) on an interpreter of word_bytes words running
-# the integer path (q8) or the float one, for the parts named in `parts` (PARTS);
-# ValueError for a part that is not measured
+# the integer path (q8) or the float one, for the parts named in `parts` (PARTS), the
+# gc headroom first when any part runs; ValueError for a part that is not measured
 def margin(word_bytes, q8, parts=("decode",)):
-    row = TABLE[(4 if word_bytes == 4 else 8, "q8" if q8 else "plain")]
+    path = "q8" if q8 else "plain"
+    row = TABLE[(4 if word_bytes == 4 else 8, path)]
     total = 0
     out = []
+    if parts:  # whatever runs, the collector's headroom
+        total = GC_HEADROOM[path]
+        out.append(("gc", total, 0))
     for p in parts:
         if p not in row:
             raise ValueError("heap margin: no measured part %r (want %s)" % (p, ", ".join(PARTS)))

@@ -87,7 +87,7 @@ def test_margin_is_the_sum_of_the_measured_parts_and_refuses_an_unknown_one():
     for word in (4, 8):
         for q8 in (False, True):
             total, parts = heapmargin.margin(word, q8, ("decode", "telemetry", "tasks"))
-            assert total == sum(b for _, b, _ in parts) and [p for p, _, _ in parts] == ["decode", "telemetry", "tasks"]
+            assert total == sum(b for _, b, _ in parts) and [p for p, _, _ in parts] == ["gc", "decode", "telemetry", "tasks"]
             assert all(b > 0 and s >= 0 for _, b, s in parts)
             assert heapmargin.margin(word, q8, ())[0] == 0
     with pytest.raises(ValueError, match="no measured part"):
@@ -157,7 +157,7 @@ def test_the_boot_line_says_what_it_measured_and_its_pool_runs(tmp_path, interp,
     m = re.search(r"kvprobe: boot blocks=(\d+) free=(\d+) largest=(\d+) margin=(\d+) .* status=(\w+) decoded=(\d+)", r.stdout)
     assert r.returncode == 0 and m, r.stdout + r.stderr
     blocks, free, largest, margin, status, decoded = m.groups()
-    line = re.search(r"boot: heap free (\d+) B, largest block (\d+) B, margin (\d+) B \(decode \d+ \+- \d+\), "
+    line = re.search(r"boot: heap free (\d+) B, largest block (\d+) B, margin (\d+) B \(gc \d+ \+- 0, decode \d+ \+- \d+\), "
                      r"pool (\d+) blocks of (\d+) B = (\d+) tokens \(limited by [a-z ]+\)", r.stdout)
     assert line and line.group(1) == free and line.group(2) == largest and line.group(4) == blocks, r.stdout
     assert int(line.group(6)) == int(blocks) * 16

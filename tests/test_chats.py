@@ -72,7 +72,12 @@ def test_pool_sized_by_the_batch():
     two = decode.Session(MODEL, TOK, heap=HEAP, seqs=2)
     lay = two.layout
     _, fit = decode.budget_blocks(HEAP, two.cfg, two.weights.nbytes, lay, 0, False, 2)
-    assert two.fit_blocks == fit < one.fit_blocks
+    assert two.fit_blocks == fit <= one.fit_blocks
+    # the second chat's run state is kept out of the pool: the rule with it costs blocks
+    p = decode.predict_boot(HEAP, two.cfg, two.weights.nbytes, lay, 0, False, 2)
+    with_it = decode.boot_blocks(p["free"], p["largest"], p["margin"], lay, 2, False, p["model"])[0]
+    without = decode.boot_blocks(p["free"], p["largest"], p["margin"], lay, 2, False, 0)[0]
+    assert with_it < without
     assert two.cache.max_seqs == 2 and one.cache.max_seqs == 1
 
 

@@ -40,19 +40,20 @@ def _args(argv):
 
 
 # leave exactly `leave` bytes free, in one piece: hold a piece of that size, eat the
-# rest of the free heap with bytearrays (the largest piece first, then the holes, down
-# to pieces of 64 B), then let the held piece go. That is the worst the boot's rule
-# allows: the margin in one piece after the pool, everything else taken. Returns keep
+# rest of the free heap with bytearrays (halving the size from the largest piece each
+# time one no longer fits, down to 64 B: a failed allocation costs one collection), then
+# let the held piece go. That is the worst the boot's rule allows: the margin in one
+# piece after the pool, everything else taken. Returns keep
 def _ballast(leave, keep):
     held = bytearray(leave) if leave else None
+    free, size = compat.heap_probe(64)
     i = 0
-    while i < len(keep):
-        free, largest = compat.heap_probe(64)
-        n = largest - 32  # the piece's own GC rounding
-        if n < 64:
-            break
-        keep[i] = bytearray(n)
-        i += 1
+    while size >= 64 and i < len(keep):
+        try:
+            keep[i] = bytearray(size - 32)  # - the piece's own GC rounding
+            i += 1
+        except MemoryError:
+            size //= 2
     held = None  # noqa: F841 - freed: the `leave` bytes are the free heap now
     compat.collect()
     return keep
