@@ -276,8 +276,8 @@ def gc_threshold(n):
     return was
 
 
-# The one heap probe (decode's boot-time sizing, tools/probe.py's calibration, the
-# telemetry's heap record when asked): (free, largest) bytes after a full collection,
+# The one heap probe (decode's boot-time sizing, tools/probe.py's calibration):
+# (free, largest) bytes after a full collection,
 # `largest` being the biggest piece of the free heap one allocation really gets (the GC
 # heap's fragmentation is free - largest), found by trying bytearray sizes by bisection
 # to within `step` B (about log2(free / step) allocations, each zero-filled: ~14 on an

@@ -37,6 +37,7 @@ SLICE_US = const(2000)
 SLICE_MAX_US = const(10000000)  # the largest slice_us accepted (10 s)
 SIZINGS = ("auto", "boot", "rule")  # Session(sizing=...)
 BOOT_GC_BYTES = const(16384)  # gc.threshold during the boot (see Session.__init__)
+CHAT_BYTES = const(1024)  # a Chat's own object and lists besides its model and sampler (B)
 ARENA_SLACK = const(64)  # bytes of the largest free piece the arena's allocation cannot use (GC block rounding)
 SUMMARY = "generate: "  # the summary line starts with this
 STOP = "generate: stopped: "  # a clear stop (budget, context) starts with this
@@ -131,7 +132,10 @@ class Session:
             # run state (on a CacheShape; its tables' transients are collected before the probe)
             try:
                 self.tok = tokenizer.load(tok_path, cfg.vocab_size)  # tokenizer.Tokenizer
+                compat.collect()
+                a0 = compat.mem_alloc()
                 self.sampler = Sampler(cfg.vocab_size, temperature, top_p, seed)  # next-token choice
+                self.sampler_bytes = compat.mem_alloc() - a0 if a0 is not None else 0  # each chat makes one (B)
             except tokenizer.TokenizerError as e:
                 raise DecodeError(str(e))
             except ValueError as e:
@@ -143,7 +147,10 @@ class Session:
             self.margin_parts = ()  # ((part, bytes, spread), ...) it is made of
             self.heap_free = self.heap_largest = self.heap_free0 = -1  # the boot probe's figures (B; -1: not measured)
             if sizing == "boot":
-                self.margin, self.margin_parts = heapmargin.margin(word, q8, margin_for)
+                try:  # the interpreter measured is this one: its own word size's figures
+                    self.margin, self.margin_parts = heapmargin.margin(WORD_BYTES, q8, margin_for)
+                except ValueError as e:
+                    raise DecodeError(str(e))
                 compat.collect()
                 self.heap_free0 = compat.mem_free()  # free before the model's run state (B)
                 plan = self._blocks(policy, window, seqs, ctx, t, (self.heap_free0 - self.margin) // plan_bytes(cfg, lay, seqs, h2o, q8, rope))
@@ -153,6 +160,7 @@ class Session:
             self.plan_blocks = n_blocks  # blocks the run state is made for
             if n_blocks < 1 or (sizing != "boot" and n_blocks > (fit if not blocks else blocks)):
                 self._too_small(fit, lay, policy, window, n_blocks)
+            compat.collect()
             alloc0 = compat.mem_alloc()
             # the run state sized for the planned pool (the boot pool is at most that), before
             # the pool; numpy (CPython only) views the arena, so it is made after
@@ -164,10 +172,13 @@ class Session:
                 free, largest = compat.heap_probe()
                 self.heap_free, self.heap_largest = free, largest
                 # KV blocks the measured heap gives, and what limits them (boot_blocks)
-                self.boot_fit, self.boot_limit = boot_blocks(free, largest, self.margin, lay, seqs, h2o, (seqs - 1) * self.model_bytes)
+                self.boot_fit, self.boot_limit = boot_blocks(free, largest, self.margin, lay, seqs, h2o,
+                                                             (seqs - 1) * (self.model_bytes + self.sampler_bytes + CHAT_BYTES))
                 if self.boot_fit > n_blocks and policy == "full":  # the run state was made for the plan
                     self.boot_fit = n_blocks
                     self.boot_limit = "the model's context" if n_blocks == seqs * ctx and cap_context else "the planned run state"
+                if policy != "full":
+                    self.boot_limit = "the window (the heap holds %d blocks)" % self.boot_fit
                 got = self._blocks(policy, window, seqs, ctx, t, self.boot_fit if self.boot_fit > 0 else 0)
                 if got[0] < 1 or got[0] > self.boot_fit or got[1] > per_seq:
                     self._too_small(self.boot_fit, lay, policy, window, got[0] if got[0] < n_blocks else n_blocks)
@@ -177,7 +188,8 @@ class Session:
                 self.boot_limit = ""
             n_blocks, per_seq, cap = self._blocks(policy, window, seqs, ctx, t, n_blocks, fixed=True)
             self.limit = ("the KV budget (%d tokens in %d blocks of %d B)" % (cap, per_seq, lay.block_bytes)
-                          if per_seq * t < cfg.seq_len else "the model's context (seq_len %d)" % cfg.seq_len) if policy == "full" else ""
+                          if per_seq * t < cfg.seq_len or not cap_context else "the model's context (seq_len %d)" % cfg.seq_len) \
+                if policy == "full" else ""
             self.cap = cap  # tokens the sequence may cache
             try:
                 self.pool = pool.Pool(lay.block_bytes, n_blocks)  # the KV arena: n_blocks blocks
@@ -204,6 +216,7 @@ class Session:
         self.n_new = 0  # ids generated so far
         self.n_prompt = 0  # prompt ids (BOS included)
         self.stop = ""  # why decoding ended early ("" when it made all the tokens asked)
+        self.stop_n = 0  # stop "tokens": the tokens the request asked for
         self.t_start = 0  # ticks (µs) when the task started
         self.t_first = 0  # ticks when the first new token was picked
         self.t_end = 0  # ticks when the task ended
@@ -265,6 +278,11 @@ class Session:
         return seqs * per_seq, per_seq, window
 
     def _too_small(self, fit, lay, policy, window, need):
+        if self.sizing == "boot" and self.heap_free >= 0:
+            raise DecodeError("the KV budget is too small: %d blocks of %d B fit in the heap measured at boot (%d B free, largest "
+                              "block %d B, margin %d B), %s needs %d"
+                              % (fit if fit > 0 else 0, lay.block_bytes, self.heap_free, self.heap_largest, self.margin,
+                                 "one token" if policy == "full" else "a window of %d" % window, need if need > 0 else 1))
         raise DecodeError("the KV budget is too small: %d blocks of %d B fit in a heap of %d B (weights %d, reserve %d), %s needs %d"
                           % (fit if fit > 0 else 0, lay.block_bytes, self.heap, self.weights.nbytes,
                              self.margin if self.sizing == "boot" else self.reserve,
@@ -389,9 +407,17 @@ class Session:
         tok = self.tok
         pos0 = self.pos0
         self.n_prompt = pos0 + len(ids)
-        self.tokens = compat.new_array("i", n)  # allocated once: nothing grows per token
         self.n_new = 0
         self.t_start = kernel.now()
+        # the request's token array is made now, after the boot: it must leave the margin free
+        free = compat.mem_free()
+        if free is not None and free - 4 * n - 64 < self.margin:
+            self.tokens = compat.new_array("i", 0)
+            self.stop = "tokens"
+            self.stop_n = n
+            self.t_first = self.t_end = self.t_start
+            return
+        self.tokens = compat.new_array("i", n)  # allocated once: nothing grows per token
         out(tok.decode(ids) if not pos0 else tok.decode(ids[1:], ids[0]))  # a chat: ids[0] is the prefix's, printed there
         feed = ids[0]  # the token going in at pos: the prompt's, then the last one picked
         pos = pos0
@@ -637,6 +663,10 @@ class Session:
 
     # the clear line for an early stop, or "" when decoding made every token asked
     def stop_line(self):
+        if self.stop == "tokens":
+            room = (compat.mem_free() or 0) - self.margin - 64
+            return ("%sa request of %d tokens needs a %d B token array and the heap keeps %d B free beyond the boot's margin: "
+                    "ask for at most %d" % (STOP, self.stop_n, 4 * self.stop_n, room if room > 0 else 0, room // 4 if room > 0 else 0))
         if self.stop == "full":
             return "%s%s is reached after %d tokens (policy full)" % (STOP, self.limit, self.cache.length(self.h))
         if self.stop:
@@ -661,9 +691,10 @@ class Chat(Session):
         self.index = index  # its number (0: the prefix went into its sequence)
         self.name = "chat%d" % index
         for a in ("weights", "cfg", "layout", "policy", "limit", "cap", "pool", "cache", "region", "tok", "heap",
-                  "reserve", "fit_blocks", "seqs"):
+                  "reserve", "fit_blocks", "seqs", "sizing", "margin", "margin_parts", "heap_free", "heap_largest", "boot_limit"):
             setattr(self, a, getattr(s, a))
         self.text = text
+        self.stop_n = 0
         try:
             self.own = s.tok.encode(text, False, False) if text else []  # its own prompt ids (no BOS)
             self.model = s.model if index == 0 else Model(s.weights, s.cache, s.backend, s.rope)
@@ -671,7 +702,8 @@ class Chat(Session):
         except ValueError as e:
             raise DecodeError(str(e))
         except MemoryError:
-            raise DecodeError("the heap ran out making chat %d's run state: boot the Session with seqs=%d" % (index, index + 1))
+            raise DecodeError("the heap ran out making chat %d's run state (%d B free): the Session was booted for %d chats"
+                              % (index, compat.mem_free() or 0, s.seqs))
         self.ids = None  # what its task feeds (the prefix's last token + its own), set by prefix_task()
         self.h = -1  # its sequence handle, set when the prefix is in
         self.tokens = None
@@ -828,19 +860,24 @@ def plan_bytes(cfg, lay, seqs=1, h2o=False, q8=False, rope="absolute"):
 def predict_boot(heap, cfg, weights_bytes, lay, firmware_bytes=0, h2o=False, batch=1, word_bytes=WORD_BYTES, q8=False,
                  context="decode", rope="absolute"):
     fp = heapmargin.footprint(word_bytes, q8, context)
-    residual = fp["residual"] + TOKEN_BYTES * (cfg.vocab_size - fp["vocab"])
+    more = cfg.vocab_size - fp["vocab"]
+    residual = fp["residual"] + (TOKEN_BYTES * more if more > 0 else 0)  # a smaller tokenizer: not counted as less
     if residual < firmware_bytes:
         residual = firmware_bytes  # the profile's own figure, when larger
     margin = heapmargin.margin(word_bytes, q8, heapmargin.CONTEXTS[context])[0]
     free0 = heap - residual - weights_bytes
     plan = (free0 - margin) // plan_bytes(cfg, lay, batch, h2o, q8, rope)
     plan = plan if plan > 0 else 0
-    per_seq = plan if batch == 1 else plan // batch
-    model = fw_model.run_state_fixed_bytes(cfg, lay.layer_row, q8) + fp["model_extra"] \
-        + per_seq * lay.tokens_per_block * fw_model.run_state_slot_bytes(cfg, q8, rope) + per_seq * fw_model.run_state_block_bytes(q8)
-    free = free0 - model
-    return {"free0": free0, "plan": plan, "model": model, "free": free, "largest": free - fp["holes"], "margin": margin,
-            "residual": residual}
+    t = lay.tokens_per_block
+    ctx = (cfg.seq_len + t - 1) // t
+    if batch > 1 and plan > batch * ctx:  # Session._blocks: chats' pools stop at their contexts
+        plan = batch * ctx
+    per_seq = plan if batch == 1 or plan < ctx else ctx  # as Session._blocks: the run state is made for one sequence's blocks
+    model = fw_model.run_state_fixed_bytes(cfg, lay.layer_row, q8, word_bytes) + fp["model_extra"] \
+        + per_seq * t * fw_model.run_state_slot_bytes(cfg, q8, rope) + per_seq * fw_model.run_state_block_bytes(q8)
+    free = free0 - model - heapmargin.ALLOWANCE
+    return {"free0": free0, "plan": plan, "model": model, "free": free, "largest": free - fp["holes"] - heapmargin.ALLOWANCE,
+            "margin": margin, "residual": residual, "chat": model + 8 * cfg.vocab_size + CHAT_BYTES}
 
 
 # The one sizing rule of a decoding firmware, which host/budget.py computes in advance:
@@ -853,10 +890,11 @@ def predict_boot(heap, cfg, weights_bytes, lay, firmware_bytes=0, h2o=False, bat
 def budget_blocks(heap, cfg, weights_bytes, lay, firmware_bytes=0, h2o=False, batch=1, word_bytes=WORD_BYTES, q8=False,
                   context="decode", rope="absolute"):
     p = predict_boot(heap, cfg, weights_bytes, lay, firmware_bytes, h2o, batch, word_bytes, q8, context, rope)
-    n, _ = boot_blocks(p["free"], p["largest"], p["margin"], lay, batch, h2o, (batch - 1) * p["model"])
+    n, _ = boot_blocks(p["free"], p["largest"], p["margin"], lay, batch, h2o, (batch - 1) * p["chat"])
     if n > p["plan"]:
         n = p["plan"]
-    return heap - weights_bytes - n * lay.block_bytes, n
+    r = heap - weights_bytes - n * lay.block_bytes
+    return (r if r > 0 else 0), n
 
 
 # heap bytes one KV block costs a decoding firmware: the block, its bookkeeping

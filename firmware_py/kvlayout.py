@@ -25,8 +25,8 @@ TOKENS_PER_BLOCK = const(16)  # default tokens per pool block (vLLM's 16)
 # 2000000) importing board, pool, kv, kvlayout, llama2c and tools.kvprobe from source:
 # 129,569 B (64-bit) / 84,388 B (32-bit) unusable for one large block (docs/memory.md:
 # the command); 144 KiB leaves ~18 KiB of margin. A board loading .mpy files keeps
-# less. A profile's firmware_reserved_bytes, or a decoding firmware's reserve
-# (decode.reserve_for), counts when larger.
+# less. A profile's firmware_reserved_bytes counts when larger; a decoding firmware
+# sizes its pool from the heap it measures (decode.Session, docs/memory.md).
 BOOT_BYTES = const(147456)
 KV_FIXED_BYTES = const(2048)  # KVCache object + its per-sequence arrays (measured ~1.3 KiB for 4 seqs)
 KIVI_FIXED_BYTES = const(64)  # int4 (KIVI): the residual's two buffers' and the fold scratch's GC rounding

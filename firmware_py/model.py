@@ -207,10 +207,15 @@ def run_state_block_bytes(q8):
 # covers them for the model it was measured with). Integer path: the packed group
 # multipliers, the norm gains, the RoPE tables, exp2 and sigmoid tables, the int32 vectors;
 # float path: the vectors, the kernels' row buffers
-def run_state_fixed_bytes(cfg, layer_row, q8):
+def run_state_fixed_bytes(cfg, layer_row, q8, word_bytes=4):
     d, hid, kvd, hd, v = cfg.dim, cfg.hidden_dim, cfg.kv_dim, cfg.head_dim, cfg.vocab_size
     if not q8:
-        return 4 * (4 * d + 2 * hid + 2 * kvd + v + 2 * hd) + 3 * layer_row
+        return 4 * (4 * d + 2 * hid + 3 * kvd + v + 2 * hd) + 3 * layer_row
+    # the sliced matvec's views of each output at every unit's first row (qmodel.QForward._windows):
+    # a memoryview object (4 words) and its list slot each
+    ud = Q8_UNIT_MACS // d or 1
+    uh = Q8_UNIT_MACS // hid or 1
+    views = -(-d // ud) * 3 + -(-kvd // ud) * 2 + -(-hid // ud) * 2 + -(-d // uh) + -(-v // ud)
     groups = 0
     for name in ("token_embedding", "wcls") + ("wq", "wk", "wv", "wo", "w1", "w2", "w3"):
         if name == "wcls" and cfg.shared_classifier:
@@ -219,7 +224,7 @@ def run_state_fixed_bytes(cfg, layer_row, q8):
         g = cfg.groups.get(name, cols) if cfg.groups else cols  # q8row: one group per row
         groups += (rows * cols // g) * (1 if name in ("token_embedding", "wcls") else cfg.n_layers)
     tables = 4 * (2 * cfg.n_layers + 1) * d + 2 * hd * (cfg.seq_len + 64) + 4 * (65 + 1025)
-    return 4 * groups + tables + 4 * (5 * d + 2 * kvd + 2 * hid + 2 * v + 2 * hd) + layer_row
+    return 4 * groups + tables + 4 * (5 * d + 2 * kvd + 2 * hid + 2 * v + 2 * hd) + layer_row + views * 5 * word_bytes
 
 
 class Model:
@@ -240,6 +245,7 @@ class Model:
         self.cfg = cfg  # llama2c.Config (static)
         self.weights = weights  # llama2c.Weights (read-only)
         self.cache = cache  # kv.KVCache this model writes and reads
+        self.shape = cache  # what the run state was made for (bind() takes any cache within it)
         self.backend = backend  # "numpy", "plain" or "q8"
         self.rope = rope  # "absolute" or "cache"
         self.q = None  # qmodel.QForward doing the work for backend "q8", else None
@@ -289,12 +295,15 @@ class Model:
     # cache) that cache does not outgrow (same layout, no more slots or blocks per
     # sequence, h2o scores kept alike); ModelError otherwise, and nothing changes
     def bind(self, cache):
-        was = self.cache
+        was = self.shape
         lay, wl = cache.layout, was.layout
         if (lay.n_layers, lay.n_kv_heads, lay.head_dim, lay.dtype, lay.tokens_per_block) != \
                 (wl.n_layers, wl.n_kv_heads, wl.head_dim, wl.dtype, wl.tokens_per_block):
             raise ModelError("bind: the cache's layout differs from the one the model was built for")
-        if cache.max_slots > was.max_slots or cache.max_blocks > was.max_blocks or (cache.map_size > 0) != (was.map_size > 0):
+        if (cache.map_size > 0) != (was.map_size > 0):
+            raise ModelError("bind: the cache %s h2o scores and the run state was built %s them" % (
+                "keeps" if cache.map_size > 0 else "keeps no", "for" if was.map_size > 0 else "without"))
+        if cache.max_slots > was.max_slots or cache.max_blocks > was.max_blocks:
             raise ModelError("bind: the cache (%d slots, %d blocks per sequence) outgrows the run state built for %d slots, %d blocks"
                              % (cache.max_slots, cache.max_blocks, was.max_slots, was.max_blocks))
         if self.backend == "numpy":

@@ -49,6 +49,8 @@ def _ok(interp, word, path, part, model, tok, leave, temp, seed):
         "leave=%d" % leave, "temperature=%s" % temp, "seed=%d" % seed, "tokens=%d" % (24 if path == "q8" else 1),
         "board=" + os.path.join(paths.BOARDS, BOARD + ".json"), "config=" + CONFIG], timeout=600)
     m = _LINE.search(r.stdout)
+    if "why=ballast" in r.stdout:
+        raise UserError("heapprobe (%s, %s, %s, leave %d): %s" % (interp, path, part, leave, r.stdout.strip()[-300:]), 1)
     if not m:
         raise UserError("heapprobe (%s, %s, %s, leave %d) failed: %s" % (interp, path, part, leave, (r.stdout + r.stderr).strip()[-300:]), 1)
     return m.group(3) == "1"
@@ -99,7 +101,7 @@ def _boot(interp, word, path, model, tok, board):
     cfg = llama2c.plan(model)[0]
     lay = kv.Layout(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, kvd)
     q8 = path == "q8"
-    shapes = fw_model.run_state_fixed_bytes(cfg, lay.layer_row, q8) + int(plan) * (
+    shapes = fw_model.run_state_fixed_bytes(cfg, lay.layer_row, q8, word) + int(plan) * (
         lay.tokens_per_block * fw_model.run_state_slot_bytes(cfg, q8) + fw_model.run_state_block_bytes(q8))
     return {"residual": heap - int(free0) - int(weights), "holes": int(free) - int(largest),
             "model_extra": int(model_bytes) - shapes, "blocks": int(blocks), "decode_token_bytes": decode.TOKEN_BYTES}

@@ -9,6 +9,10 @@
 # host/generate.py runs this for `./kv generate --runtime micropython`. A mistake is one
 # line "generate: ..." on stderr and exit status 2. --trace-heap collects the heap after every
 # new token and prints "heap: ..." (free heap and pool use, min and max) at the end.
+import gc
+
+if hasattr(gc, "threshold"):  # MicroPython: collect the imports' garbage as it comes, so that the
+    gc.threshold(16384)  # compiled code lands packed, not scattered over the free heap (decode.BOOT_GC_BYTES)
 import sys
 
 from firmware_py import decode

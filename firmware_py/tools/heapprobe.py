@@ -12,6 +12,10 @@
 # boot's rule keeps in one piece). Then the part runs. One line:
 #   "heapprobe: part=P leave=X ok=1 tokens=K" or "... ok=0 why=WHAT", exit 0;
 # bad arguments: one line, exit 2.
+import gc
+
+if hasattr(gc, "threshold"):  # MicroPython: collect the imports' garbage as it comes, so that the
+    gc.threshold(16384)  # compiled code lands packed, not scattered over the free heap (decode.BOOT_GC_BYTES)
 import sys
 
 from firmware_py import compat
@@ -56,7 +60,14 @@ def _ballast(leave, keep):
             size //= 2
     held = None  # noqa: F841 - freed: the `leave` bytes are the free heap now
     compat.collect()
+    if i == len(keep) or compat.mem_free() > leave + 32768:
+        raise BallastError("the free heap could not be eaten down to %d B (%d B free, %d pieces)" % (leave, compat.mem_free(), i))
     return keep
+
+
+class BallastError(Exception):
+    # the measurement itself failed: the host must not read it as the part failing
+    pass
 
 
 def _sink(buf, n=None):
@@ -81,9 +92,9 @@ def main(argv):
     try:
         if part == "decode":
             s = decode.Session(o["model"], o["tokenizer"], o["kv_dtype"], blocks=blocks, temperature=temp, seed=seed)
-            ids = s.encode(o["prompt"])
-            kern = decode.Kernel(decode.RealClock(), max_tasks=4)
             _ballast(leave, keep)
+            ids = s.encode(o["prompt"])  # the request's own allocations are part of what runs after the boot
+            kern = decode.Kernel(decode.RealClock(), max_tasks=4)
             t = kern.spawn("decode", 1, s.task(kern, ids, k, _drop))
             kern.run()
             if t.exc is not None:
@@ -111,6 +122,10 @@ def main(argv):
                 if t is not None and getattr(t, "exc", None) is not None:
                     raise t.exc
             made = s.n_new
+    except BallastError as e:
+        keep = None
+        print("heapprobe: part=%s leave=%d ok=0 why=ballast: %s" % (part, leave, e))
+        return 0
     except MemoryError as e:
         keep = None
         if o.get("trace") == "1":

@@ -18,6 +18,10 @@
 # memory_error_tokens=M block_bytes=S heap_free=F", or "kvprobe: tried blocks=B
 # booted=0 limit=WHAT" (WHAT: the exception that refused it). host/bench/budget.py
 # searches B across processes.
+import gc
+
+if hasattr(gc, "threshold"):  # MicroPython: collect the imports' garbage as it comes, so that the
+    gc.threshold(16384)  # compiled code lands packed, not scattered over the free heap (decode.BOOT_GC_BYTES)
 import sys
 
 from firmware_py import board, compat, kv, llama2c, pool

@@ -18,6 +18,10 @@
 # type, message) and the free-heap samples; exit 0. A boot the firmware refuses prints
 # "soakrun: refused LINE" and exits 1; an exception out of the decode (a MemoryError ...)
 # "soakrun: error TYPE: MESSAGE" and exits 3; bad arguments exit 2.
+import gc
+
+if hasattr(gc, "threshold"):  # MicroPython: collect the imports' garbage as it comes, so that the
+    gc.threshold(16384)  # compiled code lands packed, not scattered over the free heap (decode.BOOT_GC_BYTES)
 import json
 import sys
 
@@ -146,7 +150,8 @@ def run_serve(o, brd, app, opts):
 def run_chats(o, brd, app, opts):
     # batch chats on one Session (seqs=batch) sharing a prefix, the config's tasks beside them
     n = o["batch"]
-    s = decode.Session(o["model"], o["tokenizer"], seqs=n, **opts)
+    # the kernel, the tracker, the config's tasks and the telemetry are made after the boot
+    s = decode.Session(o["model"], o["tokenizer"], seqs=n, margin_for=("decode", "telemetry", "tasks"), **opts)
     s.layer_us = o["layer_us"]
     cs = [s.chat(CHAT_TEXTS[i % len(CHAT_TEXTS)], seed=o["seed"] + i) for i in range(n)]
     tr = _Trace(n * o["tokens"], o["tokens"], cs)
