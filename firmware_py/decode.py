@@ -893,8 +893,11 @@ def budget_blocks(heap, cfg, weights_bytes, lay, firmware_bytes=0, h2o=False, ba
     n, _ = boot_blocks(p["free"], p["largest"], p["margin"], lay, batch, h2o, (batch - 1) * p["chat"])
     if n > p["plan"]:
         n = p["plan"]
-    r = heap - weights_bytes - n * lay.block_bytes
-    return (r if r > 0 else 0), n
+    if n > 0:
+        return heap - weights_bytes - n * lay.block_bytes, n
+    # nothing fits: what the firmware keeps besides the weights before its first block
+    return (p["residual"] + p["model"] + (p["free"] - p["largest"]) + 2 * heapmargin.ALLOWANCE + p["margin"]
+            + pool.POOL_FIXED_BYTES + kv.fixed_bytes(lay, batch)), 0
 
 
 # heap bytes one KV block costs a decoding firmware: the block, its bookkeeping

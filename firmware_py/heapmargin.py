@@ -25,10 +25,10 @@ GC_BLOCKS = 2  # + this many GC blocks per part: the rounding of the largest liv
 GC_HEADROOM = {"q8": 4096, "plain": 32768}
 
 TABLE = {
-    (4, "q8"): {"decode": (1280, 256), "telemetry": (9984, 768), "tasks": (2304, 1280)},
-    (4, "plain"): {"decode": (1536, 0), "telemetry": (9984, 768), "tasks": (2304, 1280)},
-    (8, "q8"): {"decode": (2560, 0), "telemetry": (11776, 768), "tasks": (0, 0)},
-    (8, "plain"): {"decode": (2560, 0), "telemetry": (11776, 768), "tasks": (0, 0)},
+    (4, "q8"): {"decode": (2560, 256), "telemetry": (6400, 768), "tasks": (768, 768)},
+    (4, "plain"): {"decode": (2560, 0), "telemetry": (6400, 768), "tasks": (768, 768)},
+    (8, "q8"): {"decode": (6400, 512), "telemetry": (6912, 1024), "tasks": (256, 256)},
+    (8, "plain"): {"decode": (6656, 0), "telemetry": (6912, 1024), "tasks": (256, 256)},
 }
 # What the boot measures, for the calculator to predict it (decode.predict_boot): per word
 # size, path and context, "residual": the firmware's own heap before the model's run state
@@ -38,10 +38,10 @@ TABLE = {
 # heaps; measured with a model of "vocab" tokens (the residual scales by
 # decode.TOKEN_BYTES per token for another)
 FOOTPRINT = {
-    (4, "q8"): {"decode": {"residual": (277696, 576), "holes": (82782, 285), "model_extra": (6128, 4)}},
-    (4, "plain"): {"decode": {"residual": (260848, 576), "holes": (133362, 3321), "model_extra": (1088, 0)}},
-    (8, "q8"): {"decode": {"residual": (409504, 640), "holes": (136099, 3438), "model_extra": (12212, 4)}},
-    (8, "plain"): {"decode": {"residual": (388352, 640), "holes": (193772, 2441), "model_extra": (2144, 0)}},
+    (4, "q8"): {"decode": {"residual": (279488, 640), "holes": (14968, 49), "model_extra": (5336, 4)}},
+    (4, "plain"): {"decode": {"residual": (262448, 544), "holes": (10896, 249), "model_extra": (960, 0)}},
+    (8, "q8"): {"decode": {"residual": (411360, 640), "holes": (11879, 829), "model_extra": (10628, 4)}},
+    (8, "plain"): {"decode": {"residual": (390272, 544), "holes": (11269, 340), "model_extra": (2016, 0)}},
 }
 VOCAB = 512  # vocabulary of the model the footprints were measured with
 # bytes the calculator takes off the free heap and again off its largest piece beyond the
