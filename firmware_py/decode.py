@@ -211,7 +211,10 @@ class Session:
             except kv.KVError as e:
                 raise DecodeError(str(e))
         finally:
-            compat.gc_threshold(gc_was)
+            # back to what it was; an entry script's own boot setting (main.py and the tools
+            # collect their imports' garbage the same way) ends with the boot: a threshold
+            # left on would collect the whole heap every 16 KB of a float decode's garbage
+            compat.gc_threshold(-1 if gc_was == BOOT_GC_BYTES else gc_was)
         self.tokens = None  # array('i') of the ids generated (the prompt excluded), sized by task()
         self.n_new = 0  # ids generated so far
         self.n_prompt = 0  # prompt ids (BOS included)
@@ -410,6 +413,7 @@ class Session:
         self.n_new = 0
         self.t_start = kernel.now()
         # the request's token array is made now, after the boot: it must leave the margin free
+        compat.collect()  # mem_free() counts garbage as taken until a collection
         free = compat.mem_free()
         if free is not None and free - 4 * n - 64 < self.margin:
             self.tokens = compat.new_array("i", 0)
@@ -664,6 +668,7 @@ class Session:
     # the clear line for an early stop, or "" when decoding made every token asked
     def stop_line(self):
         if self.stop == "tokens":
+            compat.collect()
             room = (compat.mem_free() or 0) - self.margin - 64
             return ("%sa request of %d tokens needs a %d B token array and the heap keeps %d B free beyond the boot's margin: "
                     "ask for at most %d" % (STOP, self.stop_n, 4 * self.stop_n, room if room > 0 else 0, room // 4 if room > 0 else 0))

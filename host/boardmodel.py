@@ -49,21 +49,20 @@ def resolve(model_arg, tok_arg=""):
 # KV dtype of FIT_KV_DTYPES that fits; UserError (exit 3) naming the calculator's
 # figures when none does
 def check_fits(board_name, model_path):
-    first = None
+    r = None
     # an int8 model runs with int8 KV on the board (serve's default, the integer path's)
     order = ("int8",) if llama2c.plan(model_path)[1].q8_len else FIT_KV_DTYPES
     for dtype in order:
         r = budget.compute(board_name, model_path, dtype)
         if r["fits"]:
             return r
-        first = first or r
-    r = first
+    # the figures of the last KV type tried, int8: the smallest block
     name = os.path.basename(model_path)
     raise UserError(
-        "%s does not fit board %s: heap %s B - firmware reserve %s B - weights %s B - activations %s B leaves %s B "
-        "for the KV cache, one block of %s B needed even with int8 KV (./kv budget --board %s --model %s)"
+        "%s does not fit board %s: heap %s B - firmware reserve %s B (its run state included) - weights %s B leaves %s B "
+        "for the KV cache, one block of %s B needed even with %s KV (./kv budget --board %s --model %s)"
         % (name, r["board"], _n(r["memory_bytes"]), _n(r["reserved_bytes"]), _n(r["weights_bytes"]),
-           _n(r["activations_bytes"]), _n(r["kv_avail_bytes"]), _n(r["block_bytes"]), r["board"], model_path),
+           _n(r["kv_avail_bytes"]), _n(r["block_bytes"]), r["kv_dtype"], r["board"], model_path),
         budget.EXIT_DOES_NOT_FIT)
 
 

@@ -124,7 +124,7 @@ def test_the_calculator_inverts_its_own_rule():
 def test_the_heap_probe_finds_a_piece_that_really_allocates(interp):
     if interp == "micropython32":
         mp32_or_skip()
-    code = ("from firmware_py import compat\nkeep = bytearray(300000)\nhole = bytearray(200000)\nkeep2 = bytearray(1000)\n"
+    code = ("from firmware_py import compat\nkeep = bytearray(300000)\nhole = bytearray(200000)\nkeep2 = bytearray(100000)\n"
             "hole = None\nf, L = compat.heap_probe()\nb = bytearray(L)\nprint('probe', f, L)\n")
     script = os.path.join(ROOT, "out", "heap_probe_check.py")
     os.makedirs(os.path.dirname(script), exist_ok=True)

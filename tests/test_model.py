@@ -469,7 +469,10 @@ def test_generate_cli_vocab_mismatch_is_one_line(tmp_path):
 
 def test_budget_too_small_is_one_line_on_micropython(tmp_path):
     # a heap that holds the weights but not one KV block
+    cfg, lay = llama2c.plan(os.path.join(TINY, "model.bin"))
+    kl = kv.Layout(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, "fp32")
+    no_block = decode.heap_for_blocks(1, cfg, lay.memory_bytes(), kl, 0, False, 1, 8) - 64  # the rule's heap for one block, less
     r = run_firmware(os.path.join(ROOT, ENTRY), "micropython", heap=SMALL_HEAP,
-                     args=TINY_ARGS + ["--tokens", "4", "--heap", "1380000"])
+                     args=TINY_ARGS + ["--tokens", "4", "--heap", str(no_block)])
     assert r.returncode == 2 and r.stderr.strip().startswith("generate: the KV budget is too small"), r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stdout + r.stderr

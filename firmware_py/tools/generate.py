@@ -3,8 +3,9 @@
 #   micropython -X heapsize=N firmware_py/tools/generate.py --model M --tokenizer T \
 #       --prompt TEXT --tokens N [--temperature T --top-p P --seed S --kv-dtype D
 #       --policy P --window W --backend B --rope R --heap BYTES --reserve BYTES --trace-heap]
-# --heap: the usable heap the pool is sized from (default: this interpreter's);
-# --reserve: the firmware's own share (default decode.reserve_bytes: a board profile's
+# --heap: the usable heap the calculator's rule sizes the pool from (default: none, the
+# boot measures this interpreter's heap and sizes the pool from it, as a board does);
+# --reserve: a floor for the firmware's own share in that rule (a board profile's
 # firmware_reserved_bytes, so host/budget.py computes the same pool)
 # host/generate.py runs this for `./kv generate --runtime micropython`. A mistake is one
 # line "generate: ..." on stderr and exit status 2. --trace-heap collects the heap after every
@@ -12,7 +13,8 @@
 import gc
 
 if hasattr(gc, "threshold"):  # MicroPython: collect the imports' garbage as it comes, so that the
-    gc.threshold(16384)  # compiled code lands packed, not scattered over the free heap (decode.BOOT_GC_BYTES)
+    gc.threshold(16384)  # compiled code lands packed, not scattered over the free heap (decode.BOOT_GC_BYTES;
+    # a decode.Session boot ends it)
 import sys
 
 from firmware_py import decode

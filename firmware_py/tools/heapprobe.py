@@ -15,7 +15,8 @@
 import gc
 
 if hasattr(gc, "threshold"):  # MicroPython: collect the imports' garbage as it comes, so that the
-    gc.threshold(16384)  # compiled code lands packed, not scattered over the free heap (decode.BOOT_GC_BYTES)
+    gc.threshold(16384)  # compiled code lands packed, not scattered over the free heap (decode.BOOT_GC_BYTES;
+    # a decode.Session boot ends it)
 import sys
 
 from firmware_py import compat
