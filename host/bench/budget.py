@@ -256,6 +256,8 @@ def render(r):
                                 "within 3 % (or two blocks) in every row" if r["boot_slack_within_3_percent"] else
                                 "**more than 3 % in some rows** (the `why` field of the JSON says what the margin needs)"))
         return L
+    L[0] += (" This run predates the firmware's boot-time sizing (it has no boot column): its predictions are the "
+             "reserve rule that sizing replaced; rerun the benchmark for the boot's figures.")
     L += [
         "| interpreter | word | board | KV | weights | heap | `-X heapsize` | predicted `max_tokens` | fit (tokens) | limited by | MemoryError at | slack tokens | slack bytes | predicted / fit | probe runs |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
