@@ -165,26 +165,26 @@ def write(r, path=OUT):
     # rewrite the TABLE and SOURCE lines of firmware_py/heapmargin.py from r
     with open(path) as f:
         text = f.read()
-    rows = []
-    for key in ("4,q8", "4,plain", "8,q8", "8,plain"):
-        w, p = key.split(",")
-        parts = ", ".join('"%s": (%d, %d)' % (k, v[0], v[1]) for k, v in r["table"][key].items())
-        rows.append('    (%s, "%s"): {%s},' % (w, p, parts))
-    table = "TABLE = {\n" + "\n".join(rows) + "\n}\n"
-    text = re.sub(r"TABLE = \{\n.*?\n\}\n", lambda m: table, text, flags=re.S)
-    rows = []
-    for key in ("4,q8", "4,plain", "8,q8", "8,plain"):
-        w, p = key.split(",")
-        parts = ", ".join('"%s": (%d, %d)' % (k, v[0], v[1]) for k, v in r["footprint"][key].items())
-        rows.append('    (%s, "%s"): {"decode": {%s}},' % (w, p, parts))
-    foot = "FOOTPRINT = {\n" + "\n".join(rows) + "\n}\n"
-    text = re.sub(r"FOOTPRINT = \{\n.*?\n\}\n", lambda m: foot, text, flags=re.S)
+    text = _sub_table(text, "TABLE", r["table"], "%s")
+    text = _sub_table(text, "FOOTPRINT", r["footprint"], '"decode": {%s}')
     src = ('SOURCE = "./kv heapmargin --write on %s (%s heap, draws %s; the float path: its decode greedy, '
            'the other parts the integer path\'s)"  # the command and date of the figures\n') % (
         r["date"], r["board"], ", ".join("t=%s" % d[0] for d in r["draws"]))
     text = re.sub(r"SOURCE = .*\n", lambda m: src, text)
     with open(path, "w") as f:
         f.write(text)
+
+
+def _sub_table(text, name, figures, row_fmt):
+    # text with its `NAME = {...}` dict rewritten from figures {"W,PATH": {key: (most, spread)}},
+    # each row's items put through row_fmt
+    rows = []
+    for key in ("4,q8", "4,plain", "8,q8", "8,plain"):
+        w, p = key.split(",")
+        parts = ", ".join('"%s": (%d, %d)' % (k, v[0], v[1]) for k, v in figures[key].items())
+        rows.append('    (%s, "%s"): {%s},' % (w, p, row_fmt % parts))
+    table = name + " = {\n" + "\n".join(rows) + "\n}\n"
+    return re.sub(name + r" = \{\n.*?\n\}\n", lambda m: table, text, flags=re.S)
 
 
 def run(write_table=False, as_json=False, workers=2):
