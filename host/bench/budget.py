@@ -193,15 +193,31 @@ def measure_case(interp, board, dtype, weights, model, tok, heap_from):
     return row
 
 
+def jobs():
+    # rows measured at once: KVRTOS_BENCH_JOBS, else one per core (each row is a chain of
+    # interpreter processes; memory figures do not depend on timing, so rows run side by side)
+    v = os.environ.get("KVRTOS_BENCH_JOBS", "")
+    if v:
+        if not v.isdigit() or int(v) < 1:
+            raise UserError("KVRTOS_BENCH_JOBS must be a whole number >= 1, not %r" % v, 2)
+        return int(v)
+    return max(1, os.cpu_count() or 1)
+
+
 def measure():
-    # every case on every interpreter, at both heaps
+    # every case on every interpreter, at both heaps; rows in the order listed whatever
+    # order they finish in
+    from concurrent.futures import ThreadPoolExecutor
+
     with tempfile.TemporaryDirectory() as tmp:
-        rows = []
+        work = []
         for i in interpreters():
             for b, dt, w in CASES:
-                model, tok, desc = model_path(tmp, w)
+                model, tok, desc = model_path(tmp, w)  # converted once, before any row runs
                 for h in ("calculator", "board"):
-                    rows.append(measure_case(i, b, dt, w, model, tok, h))
+                    work.append((i, b, dt, w, model, tok, h))
+        with ThreadPoolExecutor(max_workers=jobs()) as ex:
+            rows = list(ex.map(lambda a: measure_case(*a), work))
         desc = model_path(tmp)[2]
     return {"model": desc, "policy": "full", "rows": rows, "interpreters": interpreters(),
             "safe": all(r["slack_tokens"] >= 0 and r["ok"] for r in rows),
