@@ -339,12 +339,22 @@ def emulate(c, board=None, model=None, tokenizer=None, policy=None, window=None,
     emu.main(spec, out=paths_user(out) if out else None, as_json=json)
 
 
-@task(help={"src": "MicroPython source tree (default: $KVRTOS_MICROPYTHON_SRC or ../shared/micropython-src)"})
+@task(help={"src": "MicroPython source tree (default: $KVRTOS_MICROPYTHON_SRC or ../shared/micropython-src)",
+            "ref": "a tagged MicroPython version to build instead (v1.20.0, a commit), exported from --repo",
+            "repo": "a git clone (or mirror) of micropython/micropython, for --ref"})
 @one_line_errors
-def mp32(c, src=None):
+def mp32(c, src=None, ref=None, repo=None):
     """Build (once, cached in .cache/) the 32-bit MicroPython unix port, the board's word size; print its path."""
     from host import mp32 as mp32_mod
 
+    if ref is not None or repo is not None:
+        if src:
+            raise UserError("give --src DIR or --ref TAG --repo DIR, not both (./kv mp32 --help)", 2)
+        if not ref or not repo:
+            raise UserError("--ref and --repo go together: --ref v1.20.0 --repo DIR (a clone of micropython/micropython)", 2)
+        src = mp32_mod.tree_at(paths_user(repo), ref)
+        print(mp32_mod.build(src, cflags=mp32_mod.TAG_CFLAGS))
+        return
     print(mp32_mod.build(paths_user(src) if src else None))
 
 
@@ -400,6 +410,21 @@ def sweep(c, grid=None, boards=None, models=None, policies=None, windows=None, k
         raise UserError("--grid needs a grid file (./kv sweep --help)", 2)
     settings = sweep_mod.merge(paths_user(grid) if grid else None, **given)
     sweep_mod.main(settings, as_json=json, command="./kv " + shlex.join(sys.argv[1:]))
+
+
+@task(help={"write": "rewrite the MicroPython cost figures of every board profile from docs/bench/boardspeed.json",
+            "json": "print the factors as one JSON object"})
+@one_line_errors
+def boardspeed(c, write=False, json=False):
+    """The board-speed factors per core and emitter, fitted to published board timings (docs/bench/boardspeed.json; ./kv bench boardspeed remeasures)."""
+    from host import boardspeed as bs
+
+    rec = bs.committed()
+    if write:
+        for p in bs.write_profiles(rec):
+            print("boardspeed: wrote %s" % os.path.relpath(p, ROOT))
+        return
+    bs.show(rec, as_json=json)
 
 
 @task(help={"port": "the board's serial port (a virtual board's: ./kv vboard prints it)", "board": "the profile to start from (boards/NAME.json or a path; default esp32s3_n8r8)",

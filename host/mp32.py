@@ -12,6 +12,7 @@
 import fcntl
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -24,6 +25,7 @@ CACHE = paths.state(".cache", "micropython32")  # built binaries, one folder per
 _MAKE_FLAGS = [  # the unix port's standard variant, 32-bit and static, without the parts that need libraries
     "VARIANT=standard", "CFLAGS_EXTRA=-m32", "LDFLAGS_EXTRA=-m32 -static",
     "MICROPY_PY_FFI=0", "MICROPY_PY_BTREE=0", "MICROPY_PY_SSL=0", "MICROPY_SSL_AXTLS=0", "MICROPY_SSL_MBEDTLS=0",
+    "MICROPY_PY_USSL=0",  # the same switch's name before v1.21 (older tags: ./kv mp32 --ref)
 ]
 _KEY_DIRS = ("py", "extmod", "shared", "ports/unix", "mpy-cross")  # what the binary is made of
 
@@ -64,13 +66,13 @@ def cached(src=None):
     return b if os.access(b, os.X_OK) else None
 
 
-def build(src=None, log=None):
+def build(src=None, log=None, cflags=""):
     # the 32-bit binary for the source tree, built once and cached; UserError when
     # there is no source tree or the build fails (the last compiler line says why)
     s = source(src)
     if s is None:
         raise UserError("no MicroPython source tree: pass --src DIR, set %s, or put one at ../shared/micropython-src" % SRC_ENV, 2)
-    out_dir = os.path.join(CACHE, _key(s))
+    out_dir = os.path.join(CACHE, _key(s) + ("-" + hashlib.sha256(cflags.encode()).hexdigest()[:8] if cflags else ""))
     binary = os.path.join(out_dir, "micropython")
     os.makedirs(CACHE, exist_ok=True)
     with open(os.path.join(CACHE, ".lock"), "w") as lock:
@@ -86,23 +88,111 @@ def build(src=None, log=None):
                     if not os.path.islink(p):
                         os.chmod(p, os.stat(p).st_mode | 0o200)
             manifest = os.path.join(tree, "extmod", "asyncio", "manifest.py")
-            cmd = ["make", "-C", os.path.join(tree, "ports", "unix"), "-j%d" % (os.cpu_count() or 2)] + _MAKE_FLAGS
-            if os.path.isfile(manifest):
-                cmd.append("FROZEN_MANIFEST=" + manifest)
+            extra = _undefined(tree, cflags)
+            cmd = ["make", "-C", os.path.join(tree, "ports", "unix"), "-j%d" % (os.cpu_count() or 2)] + [
+                f + " " + extra if extra and f.startswith("CFLAGS_EXTRA=") else f for f in _MAKE_FLAGS]
+            # freeze asyncio where the tree has it in extmod; older trees freeze from the
+            # micropython-lib submodule, which an exported tag lacks: freeze nothing
+            cmd.append("FROZEN_MANIFEST=" + (manifest if os.path.isfile(manifest) else ""))
+            if not os.path.isfile(manifest):
+                cmd.append("FROZEN_MPY_DIR=")  # before v1.12 the unix port froze upip from ports/unix/modules
             try:
-                r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+                # mpy-cross first, on its own: the port's make would pass its variables
+                # (the frozen manifest) down to it, which some versions reject at link time
+                r = subprocess.run(["make", "-C", os.path.join(tree, "mpy-cross"), "-j%d" % (os.cpu_count() or 2)],
+                                   capture_output=True, text=True, timeout=900)
+                if r.returncode == 0:
+                    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
             except FileNotFoundError:
                 raise UserError("make is not installed; the 32-bit MicroPython build needs make and gcc", 1)
             if log:
                 with open(log, "w") as f:
                     f.write(r.stdout + r.stderr)
             built = os.path.join(tree, "ports", "unix", "build-standard", "micropython")
+            if not os.path.isfile(built):  # before v1.19 the binary was written beside the Makefile
+                built = os.path.join(tree, "ports", "unix", "micropython")
             if r.returncode != 0 or not os.path.isfile(built):
                 raise UserError("32-bit MicroPython build failed: %s" % _why(r.stderr or r.stdout), 1)
             os.makedirs(out_dir, exist_ok=True)
             shutil.copy2(built, binary + ".tmp")
             os.replace(binary + ".tmp", binary)
     return binary
+
+
+_TAG_DIRS = ("py", "extmod", "shared", "lib", "drivers", "ports/unix", "mpy-cross", "tools", "docs/conf.py")  # what a tagged build
+# needs (docs/conf.py: where makeversionhdr.py read the version before v1.20)
+# a tagged build as the boards' firmware had it: random's extra functions (randrange,
+# choice, ...), which the unix standard variant left out before v1.19 and the perf_bench
+# programs call (both names: urandom before v1.21, random after)
+TAG_CFLAGS = "-DMICROPY_PY_URANDOM_EXTRA_FUNCS=1 -DMICROPY_PY_RANDOM_EXTRA_FUNCS=1"
+_REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,99}$")
+
+
+def tree_at(repo, ref):
+    # a source tree of MicroPython at `ref` (a tag such as v1.20.0, or a commit) exported
+    # from `repo` (a git clone or bare mirror of micropython/micropython) into the cache,
+    # once; UserError when repo or ref is not there
+    if not _REF.match(ref or "") or ".." in ref:
+        raise UserError("--ref must be a tag or commit such as v1.20.0, not %r" % ref, 2)
+    if not repo or not os.path.isdir(repo):
+        raise UserError("no MicroPython git repository at %s (pass --repo DIR: a clone of micropython/micropython)" % repo, 2)
+    def git(*a, **kw):
+        try:
+            return subprocess.run(["git", "--git-dir", _git_dir(repo)] + list(a), capture_output=True, timeout=300, **kw)
+        except FileNotFoundError:
+            raise UserError("git is not installed; building a tagged MicroPython needs it", 1)
+    r = git("rev-parse", "--verify", "--quiet", ref + "^{commit}")
+    if r.returncode != 0:
+        raise UserError("%s has no tag or commit %s" % (repo, ref), 2)
+    commit = r.stdout.decode().strip()
+    out = os.path.join(paths.state(".cache", "micropython-src"), commit[:16])
+    if os.path.isfile(os.path.join(out, "py", "mpconfig.h")):
+        return out
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix="tree-", dir=os.path.dirname(out))
+    try:
+        tar = git("archive", "--format=tar", commit, *[d for d in _TAG_DIRS if _has(git, commit, d)])
+        if tar.returncode != 0:
+            raise UserError("git archive of %s failed: %s" % (ref, tar.stderr.decode(errors="replace").strip()[:200]), 1)
+        subprocess.run(["tar", "-x", "-C", tmp], input=tar.stdout, check=True, timeout=300)
+        if not os.path.isfile(os.path.join(tmp, "py", "mpconfig.h")):
+            raise UserError("%s at %s is not a MicroPython source tree (no py/mpconfig.h)" % (repo, ref), 2)
+        lib = os.path.join(tmp, "lib", "micropython-lib")
+        if os.path.isdir(lib) and not os.listdir(lib):  # a submodule git archive leaves empty; the
+            with open(os.path.join(lib, "README.md"), "w") as f:  # build checks for this file before freezing
+                f.write("placeholder: the exported tag has no micropython-lib submodule; nothing is frozen from it\n")
+        try:
+            os.replace(tmp, out)
+        except OSError:  # another process exported it first
+            pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def _git_dir(repo):
+    # the git directory of a clone (repo/.git) or of a bare mirror (repo itself)
+    return os.path.join(repo, ".git") if os.path.isdir(os.path.join(repo, ".git")) else repo
+
+
+def _has(git, commit, d):
+    return git("cat-file", "-e", "%s:%s" % (commit, d)).returncode == 0
+
+
+def _undefined(tree, cflags):
+    # the -DNAME=V of cflags whose NAME the unix port's own headers do not define already
+    # (a second definition is an error under -Werror)
+    text = ""
+    for h in ("ports/unix/mpconfigport.h", "ports/unix/variants/standard/mpconfigvariant.h",
+              "ports/unix/variants/mpconfigvariant_common.h"):
+        try:
+            with open(os.path.join(tree, h)) as f:
+                text += f.read()
+        except OSError:
+            pass
+    keep = [f for f in cflags.split() if not (f.startswith("-D") and re.search(
+        r"#define\s+%s\b" % re.escape(f[2:].split("=")[0]), text))]
+    return " ".join(keep)
 
 
 def _why(text):

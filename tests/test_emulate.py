@@ -162,7 +162,8 @@ def test_board_time_limit_and_long_runs():
     assert 0 < cut["tokens"] < 96 and cut["stop_reason"] == "time_limit"
     assert "board-time limit of 100 s" in cut["stop"] and "--max-ms" in cut["stop"] and "\n" not in cut["stop"]
     assert cut["invariants"]["ok"], cut["invariants"]
-    for rep in (cut, emulate.run({"board": "rp2350_pico_plus2", "cost": "bytecode", "tokens": 300, "weights": "fp32"})):
+    for rep in (cut, emulate.run({"board": "rp2350_pico_plus2", "cost": "bytecode", "tokens": 300, "weights": "fp32",
+                                             "max_ms": 3600000})):
         assert rep["tok_s"] > 0 and rep["ms_per_token"] > 0 and rep["decode_ms"] > 0 and rep["ttft_ms"] > 0
         assert abs(rep["tok_s"] * rep["ms_per_token"] / 1000 - 1) < 0.01
         assert rep["decode_ms"] <= rep["elapsed_ms"] <= rep["spec"]["max_ms"] + 60000
@@ -344,7 +345,7 @@ def test_kv_dtype_compute_is_charged():
     r = {dt: emulate.run({"tokens": 8, "kv_dtype": dt}) for dt in ("fp32", "fp16")}
     assert r["fp16"]["ms_per_token"] > r["fp32"]["ms_per_token"]
     figs = r["fp16"]["cost"]["cpu"]["figures"]
-    assert figs["kv_rd_fp16_mcyc"]["value"] > 0 and figs["kv_rd_fp16_mcyc"]["kind"] == "estimate"
+    assert figs["kv_rd_fp16_mcyc"]["value"] > 0 and figs["kv_rd_fp16_mcyc"]["kind"] == "fit"  # host timing x factor
 
 
 # --- the bounded slice and the verdict (issue 17, finding 2) ------------------------------
@@ -387,7 +388,8 @@ def test_unbounded_fp32_fails_with_the_verdict_line(capsys):
     v = rep["verdict"]
     assert not v["ok"] and not rep["invariants"]["ok"] and not rep["invariants"]["deadlines"]["ok"]
     line = v["line"]
-    assert line.startswith("mic: ") and "deadlines missed" in line and "decode held the CPU" in line, line
+    assert ("mic: " in line and line.split(":")[0] in ("mic", "wakeword") and "deadlines missed" in line
+            and "decode held the CPU" in line), line
     assert "bytecode matvec, fp32 weights, slice unbounded" in line and "use int8 weights" in line and "\n" not in line
     assert v["holder_max_slice_us"] > 100000
     for as_json in (False, True):

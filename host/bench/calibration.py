@@ -11,8 +11,6 @@
 # with int8 weights, bytecode with fp32) on every board with cost figures.
 import json
 import os
-import statistics
-import subprocess
 import tempfile
 
 from firmware_py import bandwidth as bwm
@@ -20,9 +18,8 @@ from firmware_py import cpucost, decode, llama2c
 from firmware_py import kv as kvm
 from firmware_py.clock import VirtualClock
 from firmware_py import board as fboard
-from host import boards, mp32, paths
+from host import boards, paths
 from host import emulate as emu
-from host.errors import UserError
 from host.bench import budget as budget_bench
 from host.bench import emit
 
@@ -58,7 +55,7 @@ S15 = ("stories15m-int4-flash", 1.4, "stories15M int4 (group 32) from memory-map
 LINE_BYTES = {"esp32-llm-fork": 64}  # eric-humane/esp32-llm sdkconfig: CONFIG_ESP32S3_DATA_CACHE_LINE_64B
 # cases whose KV sits in SRAM: the positions it is sized for (the firmware's decode runs STEPS positions)
 KV_SRAM_POSITIONS = 256  # 512 positions of stories260K's KV need 640 KiB, more than the chips' 520 KB SRAM
-PROBE = os.path.join(paths.ROOT, "firmware_py", "tools", "costprobe.py")
+PROBE = os.path.join(paths.ROOT, "firmware_py", "tools", "costprobe.py")  # host/boardspeed.py runs it
 PROBE_RUNS = 5
 OWN_BOARDS = ("esp32s3_n8r8", "esp32s3_n4r2", "esp32s3_n16r8", "esp32cam_ai_thinker", "esp32_wroom32", "rp2350_pico2",
               "rp2350_pico_plus2")
@@ -139,21 +136,10 @@ def stories15m():
 
 
 def host_probe(runs=PROBE_RUNS):
-    # the viper/bytecode kernels' host cost on the 32-bit unix port: median of runs runs of
-    # firmware_py/tools/costprobe.py (the profiles' viper/bytecode figures quote such a run)
-    exe = mp32.build()
-    env = dict(os.environ, MICROPYPATH=paths.ROOT)
-    rs = []
-    for _ in range(runs):
-        p = subprocess.run([exe, PROBE], cwd=paths.ROOT, env=env, capture_output=True, text=True, timeout=120)
-        if p.returncode != 0:
-            raise UserError("calibration: %s failed under the 32-bit port: %s" % (
-                os.path.basename(PROBE), (p.stderr.strip().splitlines() or ["exit %d" % p.returncode])[-1]), 1)
-        rs.append(json.loads(p.stdout.strip().splitlines()[-1]))
-    out = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
-    out.update({"runs": runs, "script": "firmware_py/tools/costprobe.py", "interpreter": "./kv mp32 (32-bit unix port)",
-                "each_run": rs})
-    return out
+    # the viper/bytecode kernels' host cost on the 32-bit unix port (host/boardspeed.py)
+    from host import boardspeed
+
+    return boardspeed.host_probe(runs)
 
 
 def _profile(board_name):
@@ -258,6 +244,7 @@ def measure(steps=STEPS):
     chosen = _chosen()
     return {"model": desc, "steps": steps, "goal_permille": int(GOAL * 1000), "cases": out, "own_decode": own,
             "chosen": chosen, "sensitivity": sens, "kv_sram": kv_notes, "host_probe": host_probe(),
+            "boardspeed": boardspeed_summary(),
             "figures": figures}
 
 
@@ -271,9 +258,28 @@ def _chosen():
         c = [t for t in _profile(b)["memory"] if t["name"] == "psram"][0]["cost"]
         out.append({"figure": "%s memory[psram].cost.read_bytes_per_s (%.1f MB/s)" % (b, c["read_bytes_per_s"]["value"] / 1e6),
                     "depends": cases, "how": c["read_bytes_per_s"]["source"]})
-    out.append({"figure": "viper and bytecode per-MAC and exp figures of every profile", "depends": "kvrtos's own decode",
-                "how": "the host figure measured (host_probe) times 9 board cycles per host ns (an estimate)"})
+    bs = boardspeed_summary()
+    fx = ", ".join("%s %.1f (band %.1f-%.1f, %d points)" % (e, f["factor"], f["band"][0], f["band"][1], f["points"])
+                   for e, f in sorted(bs["fit"].get("xtensa", {}).items()))
+    out.append({"figure": "viper and bytecode per-MAC, exp and KV figures of every MicroPython profile",
+                "depends": "kvrtos's own decode",
+                "how": "the firmware's kernels timed on the host (costprobe.py in ./kv bench boardspeed's run) times the "
+                       "board cycles per host ns of the emitter that runs them, fitted to published board timings "
+                       "(xtensa: %s; see below)" % fx})
     return out
+
+
+def boardspeed_summary():
+    # the committed board-speed fit (docs/bench/boardspeed.json) as this page shows it
+    from host import boardspeed
+
+    rec = boardspeed.committed()
+    keep = ("id", "url", "where", "chip", "board", "mhz", "mhz_source", "micropython_version", "emitter", "published_us",
+            "host_us", "host_build", "ratio", "covers")
+    used = [{k: p.get(k) for k in keep} for p in rec["points"] if "host_us" in p]
+    left = [{"id": p["id"], "url": p.get("url"), "why": p.get("excluded") or p.get("note") or "not obtainable"}
+            for p in rec["points"] if "host_us" not in p]
+    return {"fit": rec["fit"], "points": used, "left_out": left, "runs": rec["runs"]}
 
 
 def _int8_traffic(cfg):
@@ -282,6 +288,43 @@ def _int8_traffic(cfg):
     per = d * (2 * d + 2 * kv) + 3 * d * h
     cls = cfg.vocab_size * d
     return per + 4 * (per // 32) + 2 * 4 * d, 4 * d + cls + 4 * (cls // 32) + d + 4 * (d // 32)
+
+
+def boardspeed_tables(b):
+    # the board-speed section: the factor per core and emitter, each point with its
+    # leave-one-out error, the points left out and why
+    L = ["", "## How much slower the board runs MicroPython: a factor per emitter", "",
+         "Published timings of MicroPython programs on boards, each re-run here on the 32-bit unix port built from "
+         "the MicroPython version it was measured with (`./kv mp32 --ref TAG`; %d runs, median). Ratio = published "
+         "time x the board's clock / host time, in board cycles per host ns; the factor of a core family and emitter "
+         "is the median of its points, its band the lowest and highest point; leave-one-out predicts each point's "
+         "board time from the median of the others. A clock marked *assumed* is the firmware's default at that "
+         "version (the source does not state it). Command: `./kv bench boardspeed` (needs a clone of "
+         "micropython/micropython: `KVRTOS_MICROPYTHON_REPO`)." % b["runs"], "",
+         "| core | emitter | points | factor | band | leave-one-out median error | worst |",
+         "| --- | --- | --- | --- | --- | --- | --- |"]
+    for fam in sorted(b["fit"]):
+        for em, f in sorted(b["fit"][fam].items()):
+            L.append("| %s | %s | %d | %.1f | %.1f-%.1f | %s | %s |" % (
+                fam, em, f["points"], f["factor"], f["band"][0], f["band"][1],
+                "%.0f %%" % (100 * f["loo_median_abs_error"]) if f["loo_median_abs_error"] is not None else "n/a",
+                "%.0f %%" % (100 * f["loo_max_abs_error"]) if f["loo_max_abs_error"] is not None else "n/a"))
+    L += ["", "The points (board time as published; host time measured here):", "",
+          "| point | chip | MHz | MicroPython | emitter | board us | host us | ratio | leave-one-out error |",
+          "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    from host import boardspeed
+
+    for p in b["points"]:
+        f = b["fit"].get(boardspeed.family(p["chip"]), {}).get(p["emitter"], {})
+        e = [x["error"] for x in f.get("loo", []) if x["id"] == p["id"]]
+        clk = "%d%s" % (p["mhz"], " (assumed)" if str(p["mhz_source"]).startswith(("assumed", "not stated", "inferred")) else "")
+        L.append("| [%s](%s) | %s | %s | %s | %s | {:,} | {:,} | %.1f | %s |".format(int(p["published_us"]), int(p["host_us"]))
+                 % (p["id"], p["url"], p["chip"], clk, p["micropython_version"].split(" (")[0], p["emitter"],
+                    p["ratio"], "%+.0f %%" % (100 * e[0]) if e else "n/a"))
+    L += ["", "Left out of the fit:", ""]
+    for p in b["left_out"]:
+        L.append("- [%s](%s): %s" % (p["id"], p["url"], " ".join(str(p["why"]).split())[:300]))
+    return L
 
 
 def run(as_json=False):
@@ -347,8 +390,10 @@ def tables(r):
         L.append("| %s | " % c["id"] + " | ".join("%.2f (%+.1f %%)" % (c[lbl]["tok_s"], c[lbl]["diff_permille"] / 10)
                                                   for lbl, _, _ in SENS) + " |")
     hp = r["host_probe"]
-    L += ["", "Host figures of kvrtos's own kernels (`%s` under %s, median of %d runs; the profiles' viper/bytecode "
-          "figures are these times 9 board cycles per host ns, an estimate): %.3f ns per int8 MAC (viper matvec_v), "
+    L += boardspeed_tables(r["boardspeed"]) if "boardspeed" in r else []
+    L += ["", "Host figures of kvrtos's own kernels in this run (`%s` under %s, median of %d runs; the profiles' "
+          "viper/bytecode figures are the same probe's figures in `./kv bench boardspeed`'s run times each emitter's "
+          "factor above): %.3f ns per int8 MAC (viper matvec_v), "
           "%.1f ns per fp32 MAC (bytecode Plain.matvec), %.1f ns per math.exp." % (
               hp["script"], hp["interpreter"], hp["runs"], hp["viper_mac_i8_ns"], hp["bytecode_mac_f32_ns"],
               hp["exp_ns"]), "",

@@ -1,0 +1,438 @@
+# How much slower the board runs MicroPython than this host does, per emitter (bytecode,
+# native, viper), derived from published board timings of code anyone can get.
+#
+# Each point (boards/speed/points.json) is a published time of a MicroPython program on
+# a board: its source (URL, where on the page, the quoted line), the chip, its clock
+# (stated, or the firmware's default at that version, labelled), the MicroPython version,
+# the emitter and where its code is (MicroPython's tests/perf_bench at a tag, read from
+# a git clone of micropython/micropython at run time: no benchmark code is kept here).
+# measure() runs each obtainable point's code on the 32-bit unix port (the board's word
+# size) built from the tag it was measured with, takes the median of RUNS runs, and
+# gives the point's ratio in board cycles per host ns:
+#     published_us x MHz / (host_us x 1000)
+# fit() gives, per emitter, the factor (the median of its points), its band (the lowest
+# and highest point) and a leave-one-out table: each point's board time predicted from
+# the others' median, with its error. A point whose code or figure cannot be obtained
+# is listed with the reason and kept out of the fit.
+import hashlib
+import json
+import os
+import re
+import statistics
+import subprocess
+import tempfile
+
+from host import mp32, paths
+from host.errors import UserError
+
+POINTS = os.path.join(paths.BOARDS, "speed", "points.json")
+REPO_ENV = "KVRTOS_MICROPYTHON_REPO"  # a git clone of micropython/micropython (tests/perf_bench, old tags)
+EMITTERS = ("bytecode", "native", "viper")
+RUNS = 5
+_KEYS = ("id", "url", "where", "quote", "chip", "mhz", "mhz_source", "micropython_version", "emitter", "code",
+         "published_us", "covers", "obtainable")
+_UNIT_US = {"s": 1e6, "ms": 1e3, "us": 1.0}
+_TIME = re.compile(r"^(-?\d+) (-?[\d.]+) ", re.M)  # benchrun's line: time_us norm result
+
+
+def load(path=POINTS):
+    # the points, checked: one UserError line naming the point and the field otherwise
+    try:
+        with open(path) as f:
+            pts = json.load(f)
+    except (OSError, ValueError) as e:
+        raise UserError("%s: %s" % (path, e), 2)
+    if not isinstance(pts, list):
+        raise UserError("%s: a JSON list of points is expected" % path, 2)
+    seen = set()
+    for i, p in enumerate(pts):
+        name = p.get("id", "#%d" % i) if isinstance(p, dict) else "#%d" % i
+        if not isinstance(p, dict):
+            raise UserError("%s: point %s is not an object" % (path, name), 2)
+        for k in (_KEYS if usable(p) else ("id", "url", "where", "obtainable")):
+            if k not in p:
+                raise UserError("%s: point %s has no %r" % (path, name, k), 2)
+        if name in seen:
+            raise UserError("%s: point id %s appears twice" % (path, name), 2)
+        seen.add(name)
+        if usable(p):
+            if p["emitter"] not in EMITTERS:
+                raise UserError("%s: point %s: emitter must be one of %s" % (path, name, ", ".join(EMITTERS)), 2)
+            if not (isinstance(p["mhz"], (int, float)) and p["mhz"] > 0):
+                raise UserError("%s: point %s: mhz must be a positive number" % (path, name), 2)
+            if not (isinstance(p["published_us"], (int, float)) and p["published_us"] > 0):
+                raise UserError("%s: point %s: published_us must be a positive number" % (path, name), 2)
+            c = p["code"]
+            if not isinstance(c, dict) or c.get("kind") not in ("perf_bench", "script") or not c.get("path") or not c.get("ref"):
+                raise UserError("%s: point %s: code must be {kind: perf_bench or script, repo, path, ref, ...}" % (path, name), 2)
+            if c["kind"] == "perf_bench":
+                nm = c.get("params", {})
+                if not all(isinstance(nm.get(k), int) and nm[k] > 0 for k in ("N", "M")):
+                    raise UserError("%s: point %s: code.params needs whole numbers N and M" % (path, name), 2)
+            else:
+                try:
+                    ok = re.compile(c.get("output", "")).groups == 1 and c.get("unit") in _UNIT_US
+                except (re.error, TypeError):
+                    ok = False
+                if not ok:
+                    raise UserError("%s: point %s: a script point needs output (a regex with one group) and unit (s, ms, us)"
+                                    % (path, name), 2)
+    return pts
+
+
+def usable(p):
+    # a point that can be timed here: obtainable and not excluded (excluded says why)
+    return bool(p.get("obtainable")) and not p.get("excluded")
+
+
+def repo(given=None):
+    # the git clone of micropython/micropython to read code and tags from, or UserError
+    r = given or os.environ.get(REPO_ENV)
+    if not r:
+        raise UserError("the published points' code is MicroPython's tests/perf_bench: set %s to a git clone of "
+                        "micropython/micropython (with jonnor/embeddedml and micropython/micropython-lib beside it)" % REPO_ENV, 2)
+    r = paths.user_path(r)
+    if not os.path.isdir(r):
+        raise UserError("no MicroPython git repository at %s" % r, 2)
+    return r
+
+
+def _git(rep, *args):
+    r = subprocess.run(["git", "--git-dir", mp32._git_dir(rep)] + list(args), capture_output=True, timeout=120)
+    return r.returncode, r.stdout
+
+
+def mirror(rep, name):
+    # the git repository for `name` ("owner/repo"): micropython/micropython is `rep`; another
+    # is looked for beside it (DIR/owner+repo/repo, DIR/owner+repo, DIR/repo) under rep's parents
+    if name in (None, "micropython/micropython"):
+        return rep
+    owner, _, base = name.partition("/")
+    top = os.path.abspath(rep)
+    for _ in range(3):
+        top = os.path.dirname(top)
+        for cand in (os.path.join(top, owner + "+" + base, "repo"), os.path.join(top, owner + "+" + base),
+                     os.path.join(top, base)):
+            if os.path.isdir(cand) and _git(cand, "rev-parse", "--git-dir")[0] == 0:
+                return cand
+    return None
+
+
+def script(point, rep):
+    # the program the point's source ran, read from its repository at the point's ref:
+    # perf_bench: the benchmark file, benchrun.py and bm_run(N, M), as run-perfbench.py
+    # sends them; script: the file itself. (text, sha256)
+    c = point["code"]
+    src = mirror(rep, c.get("repo"))
+    if src is None:
+        raise UserError("point %s: its code is in %s: put a clone beside %s (as owner+name/repo)" % (point["id"], c["repo"], rep), 2)
+    files = [c["path"]]
+    if c["kind"] == "perf_bench":
+        files.append(os.path.join(os.path.dirname(c["path"]), "benchrun.py"))
+    parts = []
+    for path in files:
+        rc, out = _git(src, "show", "%s:%s" % (c["ref"], path))
+        if rc != 0:
+            raise UserError("point %s: %s has no %s at %s" % (point["id"], src, path, c["ref"]), 1)
+        parts.append(out.decode())
+    if c["kind"] == "perf_bench":
+        text = "import sys\nsys.path.remove('')\n\n" + parts[0] + parts[1] + "bm_run(%d, %d)\n" % (c["params"]["N"], c["params"]["M"])
+    else:
+        text = parts[0]
+    return text, hashlib.sha256(text.encode()).hexdigest()
+
+
+def build_for(point, rep):
+    # (binary, the MicroPython version it runs): the 32-bit unix port built from the tag
+    # the point was measured with (code.build_ref, else code.ref)
+    ref = point["code"].get("build_ref") or point["code"]["ref"]
+    return mp32.build(mp32.tree_at(rep, ref), cflags=mp32.TAG_CFLAGS), ref
+
+
+def host_us(binary, text, runs=RUNS, code=None):
+    # the median of `runs` timings (µs) of the program, and all of them. perf_bench: fed on
+    # stdin as run-perfbench.py feeds a unix build, timed by benchrun's own ticks_us;
+    # script: run as a file with code.argv, its printed figure (code.output, code.unit)
+    # times code.scale (published work over the host's, e.g. 500 / 20000 pystone passes)
+    code = code or {"kind": "perf_bench"}
+    cmd = [binary] + (["-X", "emit=" + code["emit"]] if code.get("emit") else [])
+    path = None
+    if code["kind"] == "script":
+        fd, path = tempfile.mkstemp(suffix=".py")
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+    times = []
+    try:
+        for _ in range(runs):
+            try:
+                if path:
+                    r = subprocess.run(cmd + [path] + list(code.get("argv", [])), capture_output=True, text=True,
+                                       timeout=600, cwd=os.path.dirname(path))
+                else:
+                    r = subprocess.run(cmd, input=text, capture_output=True, text=True, timeout=600)
+            except subprocess.TimeoutExpired:
+                raise UserError("%s ran past 600 s" % binary, 1)
+            if path:
+                m = re.search(code["output"], r.stdout, re.M)
+                t = float(m.group(1)) * _UNIT_US[code["unit"]] * code.get("scale", 1.0) if m else -1
+            else:
+                m = _TIME.search(r.stdout)
+                t = int(m.group(1)) if m else -1
+            if r.returncode != 0 or t <= 0:
+                raise UserError("the benchmark failed on %s: %s" % (binary, (r.stdout + r.stderr).strip()[-200:] or
+                                                                     "no time printed"), 1)
+            times.append(t)
+    finally:
+        if path:
+            os.unlink(path)
+    return statistics.median(times), times
+
+
+PROBE = os.path.join(paths.FIRMWARE, "tools", "costprobe.py")
+
+
+def host_probe(runs=RUNS):
+    # the firmware's viper/bytecode kernels' host cost on the 32-bit unix port: the median
+    # of `runs` runs of firmware_py/tools/costprobe.py, and each run
+    exe = mp32.build()
+    env = dict(os.environ, MICROPYPATH=paths.ROOT)
+    rs = []
+    for _ in range(runs):
+        try:
+            p = subprocess.run([exe, PROBE], cwd=paths.ROOT, env=env, capture_output=True, text=True, timeout=300)
+        except subprocess.TimeoutExpired:
+            raise UserError("%s ran past 300 s under the 32-bit port" % os.path.basename(PROBE), 1)
+        if p.returncode != 0:
+            raise UserError("%s failed under the 32-bit port: %s" % (
+                os.path.basename(PROBE), (p.stderr.strip().splitlines() or ["exit %d" % p.returncode])[-1]), 1)
+        rs.append(json.loads(p.stdout.strip().splitlines()[-1]))
+    out = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+    out.update({"runs": runs, "script": "firmware_py/tools/costprobe.py", "interpreter": "./kv mp32 (32-bit unix port)",
+                "each_run": rs})
+    return out
+
+
+def ratio(published_us, mhz, host):
+    # board cycles per host ns
+    return published_us * mhz / (host * 1000.0)
+
+
+def measure(rep, points=None, runs=RUNS, progress=None):
+    # every point with its host time and ratio (obtainable ones), then the fit
+    pts = load() if points is None else points
+    out = []
+    for p in pts:
+        row = dict(p)
+        if usable(p):
+            binary, ref = build_for(p, rep)
+            text, sha = script(p, rep)
+            try:
+                med, times = host_us(binary, text, runs, p["code"])
+            except UserError as e:  # counted and reported: the point is left out, the run goes on
+                row["excluded"] = "failed on the host build of %s: %s" % (ref, " ".join(str(e).split())[-200:])
+                if progress:
+                    progress("%s: left out: %s" % (p["id"], row["excluded"]))
+                out.append(row)
+                continue
+            row.update({"host_us": med, "host_runs_us": times, "host_build": ref, "code_sha256": sha,
+                        "ratio": round(ratio(p["published_us"], p["mhz"], med), 3)})
+            if progress:
+                progress("%s: host %d us, board %.0f us at %d MHz: %.1f cycles per host ns" % (
+                    p["id"], med, p["published_us"], p["mhz"], row["ratio"]))
+        out.append(row)
+    probe = host_probe(runs)
+    return {"points": out, "fit": fit(out), "runs": runs, "probe": probe, "probe_runs": runs,
+            "interpreter": "micropython32 (the 32-bit unix port, built from each point's tag; the probe on ./kv mp32's)"}
+
+
+def fit(rows):
+    # {core family: {emitter: factor (median ratio), band (lowest, highest), points,
+    # leave-one-out}} over the obtainable points that were timed
+    out = {}
+    for fam in sorted({family(r["chip"]) for r in rows if usable(r) and "host_us" in r}):
+        out[fam] = {}
+        for em in EMITTERS:
+            pts = [r for r in rows if usable(r) and "host_us" in r and r["emitter"] == em and family(r["chip"]) == fam]
+            if pts:
+                out[fam][em] = fit_one(pts)
+    return out
+
+
+def fit_one(pts):
+    rs = [ratio(r["published_us"], r["mhz"], r["host_us"]) for r in pts]
+    loo = []
+    for i, r in enumerate(pts):
+        others = rs[:i] + rs[i + 1:]
+        if not others:
+            continue
+        f = statistics.median(others)
+        pred = r["host_us"] * f * 1000.0 / r["mhz"]
+        loo.append({"id": r["id"], "factor_without": round(f, 3), "predicted_us": round(pred, 1),
+                    "published_us": r["published_us"], "error": round(pred / r["published_us"] - 1, 4)})
+    return {"points": len(pts), "factor": round(statistics.median(rs), 3), "band": [round(min(rs), 3), round(max(rs), 3)],
+            "loo": loo,
+            "loo_median_abs_error": round(statistics.median(abs(x["error"]) for x in loo), 4) if loo else None,
+            "loo_max_abs_error": round(max(abs(x["error"]) for x in loo), 4) if loo else None}
+
+
+# --- the profiles' MicroPython figures: host timings of the firmware's own kernels -------
+# (firmware_py/tools/costprobe.py on the same interpreter, in the same run as the points,
+# so the host's own speed cancels) times the factor of the emitter that runs them.
+# (kind, parameter) -> ([(probe figure, weight, emitter)], what the probe times)
+_PLAIN_MAC = "ns per fp32 MAC of kernels.Plain.matvec (the marginal cost of 192 more columns)"
+_KV_TEXT = {
+    "rd_fp16": "ns per K/V element over fp32's copy, kernels.Plain._vec's IEEE half decode (_half: bit fields, ldexp)",
+    "rd_int8": "ns per K/V element over fp32's copy, kernels.Plain._vec's int8 sign fix and group scale multiply",
+    "rd_int4tok": "ns per K/V element over fp32's copy, kernels.Plain._vec's nibble unpack, sign fix and group scale multiply",
+    "rd_int4": "ns per K/V element: V's nibble unpack in kernels.Plain._vec (K read as fp32) plus half of kvkivi.dequant's "
+               "per K element (viper, per-channel keys of a folded block), averaged over K and V",
+    "wr_fp16": "ns per K/V element over fp32's copy, quant.pack_layer's struct '<e' pack",
+    "wr_int8": "ns per K/V element over fp32's copy, quant.pack_layer's per-group max|x|, scale and round",
+    "wr_int4tok": "ns per K/V element over fp32's copy, quant.pack_layer's per-group max|x|, scale, round and nibble pack",
+    "wr_int4": "ns per element of quant.pack_layer (K packed as fp32, V quantized per token) plus kvkivi.fold per K "
+               "element taken as 3 x kvkivi.dequant (viper; three passes over the block: not measured), averaged over K and V",
+}
+
+
+def _kv_terms(key):
+    t = [("bytecode_%s_ns" % key, 1.0, "bytecode")]
+    if key == "rd_int4":
+        t.append(("viper_kivi_deq_ns", 0.5, "viper"))
+    if key == "wr_int4":
+        t.append(("viper_kivi_deq_ns", 1.5, "viper"))
+    return t
+
+
+TERMS = {
+    ("viper", "mac_i8_mcyc"): ([("viper_mac_i8_ns", 1.0, "viper")], "ns per int8 MAC of kernels_q.matvec_v (@viper, 64 "
+                               "rows, group 32: the marginal cost of 192 more columns, its share of the per-group scaling included)"),
+    ("viper", "attn_mac_mcyc"): ([("viper_mac_i8_ns", 1.0, "viper")], "ns per int8 MAC of kernels_q.matvec_v, taken for "
+                                 "the integer attention kernels (viper like matvec_v; not measured separately)"),
+    ("viper", "mac_f32_mcyc"): ([("bytecode_mac_f32_ns", 1.0, "bytecode")], _PLAIN_MAC + "; the firmware has no fp32 viper matvec"),
+    ("viper", "kv_wr_int8_mcyc"): ([("viper_pack_i8_ns", 1.0, "viper")], "ns per element of kernels_q.pack_v (viper: per-head "
+                                   "max, scale, round to int8)"),
+    ("bytecode", "mac_f32_mcyc"): ([("bytecode_mac_f32_ns", 1.0, "bytecode")], _PLAIN_MAC),
+    ("bytecode", "mac_i8_mcyc"): ([("bytecode_mac_f32_ns", 1.0, "bytecode")], _PLAIN_MAC + ", taken for int8 too (the "
+                                  "bytecode kernels box every product; not measured separately)"),
+    ("bytecode", "attn_mac_mcyc"): ([("bytecode_mac_f32_ns", 1.0, "bytecode")], _PLAIN_MAC + ", taken for the plain "
+                                    "attention loops (the same bytecode; not measured separately)"),
+    ("bytecode", "exp_mcyc"): ([("exp_ns", 1.0, "bytecode")], "ns per math.exp in a bytecode loop (less the same loop without it)"),
+}
+for _k, _txt in _KV_TEXT.items():
+    TERMS[("bytecode", "kv_%s_mcyc" % _k)] = (_kv_terms(_k), _txt)
+    # viper's int8 KV: written by pack_v (above) and read as it is by kernels_q.attend_v (no
+    # dequantization, priced by attn_mac: the profiles' 0); the other types run kernels.Plain
+    if _k not in ("wr_int8", "rd_int8"):
+        TERMS[("viper", "kv_%s_mcyc" % _k)] = (_kv_terms(_k), _txt + "; the integer path (qmodel) reads int8 KV "
+                                               "only, so with this type attention runs kernels.Plain in bytecode")
+del _k, _txt
+
+FAMILIES = {"esp32": "xtensa", "esp32s3": "xtensa", "xtensa-lx6": "xtensa", "xtensa-lx7": "xtensa", "esp32c3": "riscv",
+            "rp2040": "cortex-m0+", "rp2350": "cortex-m33", "stm32f405": "cortex-m4f"}
+
+
+def family(chip_or_arch):
+    # the core family a chip or profile arch belongs to ("xtensa", "cortex-m33", ...), or the name itself
+    return FAMILIES.get(str(chip_or_arch).lower(), str(chip_or_arch).lower())
+
+
+def figure(kind, param, probe, factors, runs):
+    # {"value": millicycles, "source": ..., "derived": ...} for one TERMS entry, from the
+    # host figures `probe` and factors {emitter: {"factor", "band", "points", "family", "assumed"}}
+    terms, what = TERMS[(kind, param)]
+    ns = sum(w * probe[k] for k, w, _ in terms)
+    cyc = sum(w * probe[k] * factors[e]["factor"] for k, w, e in terms)
+    ems = []
+    for _, _, e in terms:
+        if e not in ems:
+            ems.append(e)
+    fx = "; ".join("x %.1f board cycles per host ns, the %s factor (%d published points on %s, band %.1f-%.1f%s)" % (
+        factors[e]["factor"], e, factors[e]["points"], factors[e]["family"], factors[e]["band"][0], factors[e]["band"][1],
+        "; assumed for this core: it has no points of its own" if factors[e]["assumed"] else "") for e in ems)
+    src = ("fit: firmware_py/tools/costprobe.py on the 32-bit MicroPython unix port, median of %d runs (./kv bench "
+           "boardspeed, docs/calibration.md): %.2f %s; %s; so %d cycles" % (runs, ns, what, fx, round(cyc)))
+    return {"value": int(round(cyc * 1000)), "source": src,
+            "derived": {"terms": [{"probe": k, "ns": probe[k], "weight": w, "emitter": e} for k, w, e in terms],
+                        "factors": {e: factors[e]["factor"] for e in ems}}}
+
+
+# a core with no published points takes the nearest one's factors, labelled assumed:
+# the RP2350's Cortex-M33 runs the same Thumb-2 code as the STM32F405's Cortex-M4F
+NEAREST = {"cortex-m33": "cortex-m4f"}
+
+
+def profile_factors(fits, arch):
+    # the factors a profile of this arch takes: its own family's where it has points, else
+    # the nearest core's (NEAREST, else xtensa's), labelled assumed
+    fam = family(arch)
+    near = NEAREST.get(fam, "xtensa")
+    out = {}
+    for e in EMITTERS:
+        own = fits.get(fam, {}).get(e)
+        use, assumed = (own, False) if own and own["factor"] else (fits.get(near, {}).get(e), True)
+        if not use or not use["factor"]:
+            continue
+        out[e] = {"factor": use["factor"], "band": use["band"], "points": use["points"],
+                  "family": fam if not assumed else near, "assumed": assumed}
+    return out
+
+
+def profiles():
+    # the board profiles that carry MicroPython cost figures: [(path, parsed JSON)]
+    import glob
+
+    out = []
+    for p in sorted(glob.glob(os.path.join(paths.BOARDS, "*.json"))):
+        with open(p) as f:
+            d = json.load(f)
+        cost = d.get("cpu", {}).get("cost", {})
+        if any(k in cost for k in ("viper", "bytecode")):
+            out.append((p, d))
+    return out
+
+
+def write_profiles(record):
+    # rewrite every TERMS figure of every MicroPython profile from a measure() record
+    # ({"probe": host figures, "fit": ..., "probe_runs": n}); the files written
+    done = []
+    for p, d in profiles():
+        fx = profile_factors(record["fit"], d["cpu"].get("arch", ""))
+        cost = d["cpu"]["cost"]
+        for (kind, param) in TERMS:
+            if kind in cost and param in cost[kind]:
+                cost[kind][param] = figure(kind, param, record["probe"], fx, record["probe_runs"])
+        text = json.dumps(d, indent=2) + "\n"
+        with open(p) as f:
+            same = f.read() == text
+        if not same:
+            with open(p + ".tmp", "w") as f:
+                f.write(text)
+            os.replace(p + ".tmp", p)
+            done.append(p)
+    return done
+
+
+RECORD = os.path.join(paths.ROOT, "docs", "bench", "boardspeed.json")
+
+
+def committed(path=RECORD):
+    # the committed measurement (docs/bench/boardspeed.json's figures), or UserError
+    try:
+        with open(path) as f:
+            rec = json.load(f)["figures"]
+        rec["fit"], rec["probe"], rec["probe_runs"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UserError("%s: no board-speed record (%s); ./kv bench-docs --only boardspeed makes it" % (path, e), 2)
+    return rec
+
+
+def show(rec, as_json=False):
+    # the factors, one line per core family and emitter
+    if as_json:
+        print(json.dumps(rec["fit"], sort_keys=True))
+        return
+    for fam in sorted(rec["fit"]):
+        for em, f in sorted(rec["fit"][fam].items()):
+            print("%-11s %-8s factor %5.1f board cycles per host ns, band %.1f-%.1f over %d points%s" % (
+                fam, em, f["factor"], f["band"][0], f["band"][1], f["points"],
+                ", leave-one-out median error %.0f %%" % (100 * f["loo_median_abs_error"]) if f["loo_median_abs_error"] is not None else ""))

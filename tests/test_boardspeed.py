@@ -1,0 +1,142 @@
+# the board-speed factors (host/boardspeed.py): the committed points and record, the fit
+# recomputed from them, the profiles' MicroPython figures tied to the record, and the
+# bad-input paths of the points file and of `./kv mp32 --ref`
+import copy
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from host import boardspeed as bs
+from host import boards, mp32
+from host.errors import UserError
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+
+
+@pytest.fixture(scope="module")
+def rec():
+    return bs.committed()
+
+
+def test_points_load_and_every_used_point_is_sourced():
+    pts = bs.load()
+    used = [p for p in pts if bs.usable(p)]
+    assert len(used) >= 20
+    for p in used:
+        assert p["url"].startswith("https://") and p["where"] and p["quote"], p["id"]
+        assert p["mhz_source"] and p["micropython_version"], p["id"]
+    for p in pts:
+        if not bs.usable(p):
+            assert p.get("excluded") or p.get("note"), p["id"]  # a point left out says why
+
+
+def test_fit_recomputes_from_the_committed_points(rec):
+    # the factors, bands and leave-one-out errors follow from the points' own figures
+    assert bs.fit(rec["points"]) == rec["fit"]
+    for p in rec["points"]:
+        if "host_us" in p:
+            assert p["ratio"] == round(p["published_us"] * p["mhz"] / (p["host_us"] * 1000.0), 3)
+            assert p["host_us"] == sorted(p["host_runs_us"])[len(p["host_runs_us"]) // 2] or len(p["host_runs_us"]) % 2 == 0
+    x = rec["fit"]["xtensa"]
+    assert {"bytecode", "viper"} <= set(x)
+    for f in x.values():
+        assert f["band"][0] <= f["factor"] <= f["band"][1]
+        assert len(f["loo"]) == (f["points"] if f["points"] > 1 else 0)
+
+
+def test_leave_one_out_is_the_median_of_the_others():
+    rows = [{"id": str(i), "obtainable": True, "chip": "esp32", "emitter": "bytecode", "mhz": 100,
+             "published_us": 1000.0 * r, "host_us": 100.0} for i, r in enumerate((1, 2, 4, 8))]
+    f = bs.fit(rows)["xtensa"]["bytecode"]
+    assert f["factor"] == 3.0 and f["band"] == [1.0, 8.0]  # ratios 1, 2, 4, 8
+    assert [x["factor_without"] for x in f["loo"]] == [4.0, 4.0, 2.0, 2.0]
+    assert f["loo"][0]["error"] == 3.0  # predicted 4,000 us against 1,000
+
+
+def test_profiles_follow_the_committed_record(rec):
+    # every MicroPython figure the record derives is the one in the profile, and no
+    # profile or page keeps the old fixed estimate
+    n = 0
+    for path, d in bs.profiles():
+        fx = bs.profile_factors(rec["fit"], d["cpu"]["arch"])
+        for (kind, param) in bs.TERMS:
+            got = d["cpu"]["cost"].get(kind, {}).get(param)
+            if got is None:
+                continue
+            want = bs.figure(kind, param, rec["probe"], fx, rec["probe_runs"])
+            assert got == want, (os.path.basename(path), kind, param)
+            n += 1
+        assert boards.load(os.path.basename(path)[:-5]).cpu_cost["viper"]["mac_i8_mcyc"] > 0
+    assert n >= 5 * len(bs.TERMS) - 10
+    for folder in ("boards", "docs", "host", "firmware_py"):
+        for dirpath, _, files in os.walk(os.path.join(ROOT, folder)):
+            for fn in files:
+                if fn.endswith((".json", ".md", ".py")):
+                    with open(os.path.join(dirpath, fn), encoding="utf-8") as f:
+                        text = f.read()
+                    assert "9 board cycles per host ns" not in text and "IPC ratio of 3" not in text, fn
+
+
+def test_a_profile_without_points_of_its_own_core_says_what_it_assumes(rec):
+    fx = bs.profile_factors(rec["fit"], "cortex-m33")
+    if "cortex-m33" not in rec["fit"]:
+        assert all(f["assumed"] and f["family"] == "cortex-m4f" for f in fx.values())
+        src = boards.load("rp2350_pico2").cpu_cost_source["viper"]["mac_i8_mcyc"]
+        assert "assumed for this core" in src
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda p: p.pop("url"), "has no 'url'"),
+    (lambda p: p.update(emitter="fortran"), "emitter must be one of"),
+    (lambda p: p.update(mhz=0), "mhz must be a positive number"),
+    (lambda p: p["code"].update(kind="script", output="(", unit="s"), "needs output"),
+    (lambda p: p["code"]["params"].update(N="100"), "whole numbers N and M"),
+])
+def test_a_bad_points_file_is_one_line(tmp_path, edit, match):
+    pts = bs.load()
+    p = copy.deepcopy([x for x in pts if bs.usable(x) and x["code"]["kind"] == "perf_bench"][0])
+    edit(p)
+    f = tmp_path / "points.json"
+    f.write_text(json.dumps([p]))
+    with pytest.raises(UserError, match=match):
+        bs.load(str(f))
+    f.write_text("[{")
+    with pytest.raises(UserError, match="points.json"):
+        bs.load(str(f))
+    f.write_text(json.dumps([pts[0], pts[0]]))
+    with pytest.raises(UserError, match="appears twice"):
+        bs.load(str(f))
+
+
+def test_a_missing_record_or_repository_is_one_line(tmp_path, monkeypatch):
+    with pytest.raises(UserError, match="no board-speed record"):
+        bs.committed(str(tmp_path / "none.json"))
+    monkeypatch.delenv(bs.REPO_ENV, raising=False)
+    with pytest.raises(UserError, match="KVRTOS_MICROPYTHON_REPO"):
+        bs.repo()
+    with pytest.raises(UserError, match="no MicroPython git repository"):
+        bs.repo(str(tmp_path / "nowhere"))
+    with pytest.raises(UserError, match="--ref must be a tag"):
+        mp32.tree_at(str(tmp_path), "a;b")
+    with pytest.raises(UserError, match="no MicroPython git repository"):
+        mp32.tree_at(str(tmp_path / "nowhere"), "v1.20.0")
+
+
+def test_cli_boardspeed_prints_the_factors_and_refuses_bad_flags():
+    kv = [sys.executable, "-m", "host.cli"]
+    r = subprocess.run(kv + ["boardspeed"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "xtensa" in r.stdout and "bytecode" in r.stdout, r.stderr
+    r = subprocess.run(kv + ["mp32", "--ref", "v1.20.0"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--ref and --repo go together" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.skipif(not os.environ.get(bs.REPO_ENV), reason="no clone of micropython/micropython (set KVRTOS_MICROPYTHON_REPO)")
+def test_the_recorded_code_is_the_repositorys(rec):
+    # each timed point's program, read again from the repository, is the one that was timed
+    rep = bs.repo()
+    for p in rec["points"][:40]:
+        if "host_us" in p and bs.mirror(rep, p["code"].get("repo")):
+            assert bs.script(p, rep)[1] == p["code_sha256"], p["id"]
