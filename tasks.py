@@ -412,6 +412,31 @@ def sweep(c, grid=None, boards=None, models=None, policies=None, windows=None, k
     sweep_mod.main(settings, as_json=json, command="./kv " + shlex.join(sys.argv[1:]))
 
 
+@task(help={"file": "a MicroPython source file (.py) holding the function to time",
+            "call": "the function to time, called with no arguments (default main)",
+            "board": "the board profile to predict for (default esp32s3_n8r8)",
+            "freq": "the board's CPU clock in MHz (default: the profile's)",
+            "emitter": "bytecode, native or viper (default: from the file's decorators)",
+            "runs": "timed calls after one warm-up (default 7; the median is taken)",
+            "json": "print one JSON object"})
+@one_line_errors
+def boardtime(c, file, call="main", board="esp32s3_n8r8", freq=None, emitter=None, runs="7", json=False):
+    """Time a MicroPython function on the 32-bit host build and predict its time on the board, with the band (docs/calibration.md)."""
+    import math
+
+    from host import boardtime as bt
+
+    mhz = None
+    if freq is not None:
+        try:
+            mhz = float(freq)
+        except ValueError:
+            mhz = -1.0
+        if not (math.isfinite(mhz) and 1 <= mhz <= 10000):
+            raise UserError("--freq must be a clock in MHz between 1 and 10000, got %r" % freq, 2)
+    bt.main(paths_user(file), call=call, board=board, mhz=mhz, emitter=emitter, runs=_whole(runs, "--runs", 1), as_json=json)
+
+
 @task(help={"write": "rewrite the MicroPython cost figures of every board profile from docs/bench/boardspeed.json",
             "json": "print the factors as one JSON object"})
 @one_line_errors

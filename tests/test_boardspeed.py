@@ -140,3 +140,48 @@ def test_the_recorded_code_is_the_repositorys(rec):
     for p in rec["points"][:40]:
         if "host_us" in p and bs.mirror(rep, p["code"].get("repo")):
             assert bs.script(p, rep)[1] == p["code_sha256"], p["id"]
+
+
+# --- ./kv boardtime: a user's function timed on the host, predicted on the board ---------
+_LOOP = "def main():\n    s = 0\n    for i in range(3000):\n        s += i * i\n    return s\n"
+
+
+def test_boardtime_predicts_with_the_emitters_factor_and_band(tmp_path, rec):
+    from host import boardtime
+
+    mp32.available()[0] or pytest.skip("no 32-bit MicroPython build")
+    f = tmp_path / "loop.py"
+    f.write_text(_LOOP)
+    r = boardtime.predict(str(f), runs=3)
+    x = rec["fit"]["xtensa"]["bytecode"]
+    assert r["emitter"] == "bytecode" and r["factor"] == x["factor"] and r["band"] == x["band"] and not r["assumed"]
+    assert r["host_us"] == sorted(r["host_runs_us"])[1] and r["host_us"] > 0
+    assert r["board_us"] == round(r["host_us"] * 1000 * x["factor"] / 240, 1)
+    assert r["band_us"][0] <= r["board_us"] <= r["band_us"][1]
+    slow = boardtime.predict(str(f), runs=3, mhz=120, record=rec)  # half the clock: about twice the time
+    assert slow["mhz"] == 120 and slow["board_us"] > 1.5 * r["board_us"]
+    v = tmp_path / "v.py"
+    v.write_text("@micropython.viper\ndef main():\n    s: int = 0\n    for i in range(1000):\n        s += i\n")
+    assert boardtime.predict(str(v), runs=1)["emitter"] == "viper"
+
+
+@pytest.mark.parametrize("body,args,match", [
+    (_LOOP, {"call": "nope"}, "has no function nope"),
+    (_LOOP, {"call": "a b"}, "--call must be a function name"),
+    ("def main(:\n", {}, "does not compile"),
+    ("def main():\n    raise ValueError('boom')\n", {}, "ValueError: boom"),
+    (_LOOP, {"board": "apple_m1_8gb"}, "does not run MicroPython"),
+    (_LOOP, {"emitter": "fortran"}, "--emitter must be one of"),
+    (_LOOP, {"mhz": 0}, "--freq must be"),
+])
+def test_boardtime_bad_input_is_one_line(tmp_path, body, args, match):
+    from host import boardtime
+
+    mp32.available()[0] or pytest.skip("no 32-bit MicroPython build")
+    f = tmp_path / "u.py"
+    f.write_text(body)
+    with pytest.raises(UserError, match=match) as e:
+        boardtime.predict(str(f), runs=1, **args)
+    assert "\n" not in str(e.value)
+    with pytest.raises(UserError, match="no file"):
+        boardtime.predict(str(tmp_path / "none.py"))

@@ -290,6 +290,12 @@ def _int8_traffic(cfg):
     return per + 4 * (per // 32) + 2 * 4 * d, 4 * d + cls + 4 * (cls // 32) + d + 4 * (d // 32)
 
 
+def boardspeed_family(chip):
+    from host import boardspeed
+
+    return boardspeed.family(chip)
+
+
 def boardspeed_tables(b):
     # the board-speed section: the factor per core and emitter, each point with its
     # leave-one-out error, the points left out and why
@@ -309,6 +315,26 @@ def boardspeed_tables(b):
                 fam, em, f["points"], f["factor"], f["band"][0], f["band"][1],
                 "%.0f %%" % (100 * f["loo_median_abs_error"]) if f["loo_median_abs_error"] is not None else "n/a",
                 "%.0f %%" % (100 * f["loo_max_abs_error"]) if f["loo_max_abs_error"] is not None else "n/a"))
+    L += ["", "What the factors can and cannot say:", ""]
+    for fam in sorted(b["fit"]):
+        vp = [p for p in b["points"] if p["emitter"] == "viper" and boardspeed_family(p["chip"]) == fam]
+        calls = [p for p in vp if "viper_call" in p["id"]]
+        loops = [p for p in vp if p not in calls]
+        if calls and loops:
+            L.append("- %s viper: %d of its %d points are perf_bench's viper_call* (a native loop calling a viper "
+                     "function: call overhead), %d %s a viper loop (%s); kvrtos's viper kernels are loops (matvec_v's "
+                     "inner product), so their board time may sit toward the loop point%s rather than the median." % (
+                         fam, len(calls), len(vp), len(loops), "is" if len(loops) == 1 else "are",
+                         ", ".join("%s at %.1f" % (p["id"], p["ratio"]) for p in loops),
+                         "" if len(loops) > 1 else ", the top of the band"))
+    clocks = sorted({(p["chip"], p["mhz"]) for p in b["points"] if p["chip"] in ("esp32", "esp32s3")})
+    L.append("- Clock: the xtensa points ran at %s; the profiles run their cores at 240 MHz. A ratio in cycles holds "
+             "across clocks only where the code runs from cache; the esp32 commit behind most points says only bm_fft, "
+             "bm_pidigits and misc_aes scaled with the CPU clock on its firmware, so at 240 MHz the others may take "
+             "more cycles than here." % ", ".join("%s %d MHz" % c for c in clocks))
+    L.append("- Versions: each point's host time is its own version's; kvrtos's kernels are timed on the build it "
+             "runs (`./kv mp32`, v1.29 preview). The factor assumes the board/host ratio does not depend on the "
+             "version; esp32 points older than commit 549448e8bb (the VM moved to IRAM) are left out for that reason.")
     L += ["", "The points (board time as published; host time measured here):", "",
           "| point | chip | MHz | MicroPython | emitter | board us | host us | ratio | leave-one-out error |",
           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]

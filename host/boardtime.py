@@ -1,0 +1,124 @@
+# `./kv boardtime FILE.py [--call NAME] [--board B] [--freq MHZ] [--emitter E] [--json]`:
+# a user's MicroPython function timed on the 32-bit unix port (the board's word size) and
+# its time on the board predicted with the factor of the emitter that runs it, fitted to
+# published board timings (host/boardspeed.py, docs/calibration.md), with the band:
+#     board us = host us x 1000 x factor (board cycles per host ns) / board MHz
+# The function is called once to warm up, then `runs` times; the median is the host time.
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import tempfile
+
+from host import boards, boardspeed, mp32
+from host.errors import UserError
+
+RUNS = 7
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_LINE = re.compile(r"^BOARDTIME (\S+)(?: (.*))?$", re.M)
+_DRIVER = """import sys
+sys.path.insert(0, %(dir)r)
+from time import ticks_us, ticks_diff
+try:
+    import %(mod)s as m
+except SyntaxError as e:
+    print("BOARDTIME syntax", e)
+    raise SystemExit
+f = getattr(m, %(call)r, None)
+if f is None or not callable(f):
+    print("BOARDTIME nofunc")
+    raise SystemExit
+f()
+ts = []
+for _ in range(%(runs)d):
+    t0 = ticks_us()
+    f()
+    ts.append(ticks_diff(ticks_us(), t0))
+print("BOARDTIME ok", " ".join(str(t) for t in ts))
+"""
+
+
+def emitter_of(text):
+    # the emitter a file's code runs under, from its decorators: viper, else native, else bytecode
+    if re.search(r"^\s*@micropython\.viper\b", text, re.M):
+        return "viper"
+    if re.search(r"^\s*@micropython\.native\b", text, re.M):
+        return "native"
+    return "bytecode"
+
+
+def predict(path, call="main", board="esp32s3_n8r8", mhz=None, emitter=None, runs=RUNS, record=None):
+    # {"host_us", "board_us", "band_us", "factor", ...} for one function of a file
+    if not os.path.isfile(path):
+        raise UserError("no file %s" % path, 2)
+    if not path.endswith(".py"):
+        raise UserError("%s: a MicroPython source file (.py) is expected" % path, 2)
+    if not _NAME.match(call or ""):
+        raise UserError("--call must be a function name, not %r" % call, 2)
+    if emitter is not None and emitter not in boardspeed.EMITTERS:
+        raise UserError("--emitter must be one of %s, not %r" % (", ".join(boardspeed.EMITTERS), emitter), 2)
+    if runs < 1:
+        raise UserError("--runs must be at least 1", 2)
+    b = boards.load(board)
+    if not any(k in b.cpu_cost for k in ("viper", "bytecode")):
+        raise UserError("%s does not run MicroPython in kvrtos's profiles (no viper or bytecode cost figures): pick a "
+                        "microcontroller such as esp32s3_n8r8" % board, 2)
+    clock = b.cpu_mhz if mhz is None else mhz
+    if not (isinstance(clock, (int, float)) and 1 <= clock <= 10000):
+        raise UserError("--freq must be a clock in MHz between 1 and 10000, not %r" % mhz, 2)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError("%s: %s" % (path, e), 2)
+    em = emitter or emitter_of(text)
+    rec = record or boardspeed.committed()
+    fx = boardspeed.profile_factors(rec["fit"], b.cpu_arch).get(em)
+    if fx is None:
+        raise UserError("no %s factor for %s's core (%s)" % (em, board, b.cpu_arch), 1)
+    exe = mp32.build()
+    with tempfile.TemporaryDirectory(prefix="kvrtos-boardtime-") as tmp:
+        mod = "kvrtos_user_code"
+        shutil.copyfile(path, os.path.join(tmp, mod + ".py"))
+        drv = os.path.join(tmp, "drive.py")
+        with open(drv, "w") as f:
+            f.write(_DRIVER % {"dir": tmp, "mod": mod, "call": call, "runs": runs})
+        try:
+            r = subprocess.run([exe, drv], cwd=tmp, capture_output=True, text=True, timeout=600)
+        except subprocess.TimeoutExpired:
+            raise UserError("%s:%s() ran past 600 s on the host" % (path, call), 1)
+    m = _LINE.search(r.stdout)
+    if not m or m.group(1) != "ok":
+        if m and m.group(1) == "nofunc":
+            raise UserError("%s has no function %s(): name the one to time with --call" % (path, call), 2)
+        if m and m.group(1) == "syntax":
+            raise UserError("%s does not compile under MicroPython: %s" % (path, m.group(2)), 2)
+        err = [x for x in (r.stdout + "\n" + r.stderr).strip().splitlines() if x.strip() and not x.startswith("BOARDTIME")]
+        raise UserError("%s:%s() failed under the 32-bit MicroPython: %s" % (path, call, err[-1] if err else "exit %d" % r.returncode), 1)
+    ts = [int(x) for x in m.group(2).split()]
+    host = statistics.median(ts)
+
+    def on_board(f):
+        return host * 1000.0 * f / clock
+    return {"file": path, "call": call, "emitter": em, "emitter_from": "--emitter" if emitter else "the file's decorators",
+            "host_us": host, "host_runs_us": ts, "interpreter": "./kv mp32 (32-bit unix port)", "board": board,
+            "mhz": clock, "factor": fx["factor"], "band": fx["band"], "points": fx["points"], "family": fx["family"],
+            "assumed": fx["assumed"], "board_us": round(on_board(fx["factor"]), 1),
+            "band_us": [round(on_board(fx["band"][0]), 1), round(on_board(fx["band"][1]), 1)]}
+
+
+def main(path, call="main", board="esp32s3_n8r8", mhz=None, emitter=None, runs=RUNS, as_json=False):
+    r = predict(path, call, board, mhz, emitter, runs)
+    if as_json:
+        print(json.dumps(r, sort_keys=True))
+        return r
+    print("%s:%s()  %s, host %s us (median of %d runs on the 32-bit unix port)" % (
+        os.path.basename(path), call, r["emitter"], "{:,}".format(int(r["host_us"])), len(r["host_runs_us"])))
+    print("on %s at %g MHz: %s us predicted, band %s-%s us (the %s factor %.1f board cycles per host ns, band "
+          "%.1f-%.1f, %d published points on %s%s; docs/calibration.md)" % (
+              r["board"], r["mhz"], "{:,}".format(int(r["board_us"])), "{:,}".format(int(r["band_us"][0])),
+              "{:,}".format(int(r["band_us"][1])), r["emitter"], r["factor"], r["band"][0], r["band"][1], r["points"],
+              r["family"], ", assumed for this core" if r["assumed"] else ""))
+    return r
