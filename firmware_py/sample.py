@@ -17,7 +17,7 @@ from firmware_py.compat import const, new_array
 
 _ONE = const(65536)  # weight of the most likely token
 _LIMIT = const(0x3FFFFFFF)  # weights sum below this (a small int on the ESP32)
-_MASK32 = const(0xFFFFFFFF)  # xorshift32 state width (allocates on a 32-bit port: sampling only)
+_MASK32 = const(0xFFFFFFFF)  # xorshift32 state width (its arithmetic allocates on a 32-bit port: sampling only)
 _SEED0 = const(0x2545F491)  # the state for seed 0 (xorshift's state must not be 0)
 
 
@@ -40,8 +40,9 @@ class Sampler:
         self.vocab_size = vocab_size  # tokens
         self.temperature = temperature  # 0: greedy
         self.top_p = top_p  # nucleus mass kept (1: all tokens)
-        self.seed = seed  # the seed given
-        self.state = (seed & _MASK32) or _SEED0  # xorshift32 state, 1 .. 2**32 - 1
+        x = (seed & _MASK32) or _SEED0  # xorshift32 state, 1 .. 2**32 - 1, kept as two 16-bit halves:
+        self.state_hi = x >> 16  # small ints on a 32-bit port, where a state of 2**30 or more would be a
+        self.state_lo = x & 0xFFFF  # heap int held between tokens (the free heap would swing by 32 B)
         one = _LIMIT // vocab_size
         self.one = one if one < _ONE else _ONE  # integer weight of probability "the most likely"
         self.weight = new_array("i", vocab_size)  # [token] integer weight of the current step
@@ -49,11 +50,12 @@ class Sampler:
 
     # next xorshift32 output (Marsaglia 13/17/5) in 0 .. 2**30 - 1; O(1)
     def rand(self):
-        x = self.state
+        x = (self.state_hi << 16) | self.state_lo
         x ^= (x << 13) & _MASK32
         x ^= x >> 17
         x ^= (x << 5) & _MASK32
-        self.state = x
+        self.state_hi = x >> 16
+        self.state_lo = x & 0xFFFF
         return x >> 2
 
     # the next token for these logits (frac_bits: int logits in fixed point); O(vocab)
