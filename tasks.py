@@ -321,11 +321,13 @@ def trace(c, log, out=None, json=False):
             "reserve": "heap bytes kept from the KV budget (-1: the MicroPython firmware's reserve; 0 or more: "
                        "e.g. a C firmware's)",
             "out": "folder for report.json, telemetry.jsonl, trace.json and the plots", "json": "print the report as one JSON object",
-            "max_ms": "board-time limit of the run in ms (default 1800000 = 30 min, at most 36000000)"})
+            "max_ms": "board-time limit of the run in ms (default 1800000 = 30 min, at most 36000000)",
+            "speed": "the MicroPython cost at the fitted board-speed factor (fit, the default; the report adds both "
+                     "ends of its band) or at one end of the band: slow or fast (docs/calibration.md)"})
 @one_line_errors
 def emulate(c, board=None, model=None, tokenizer=None, policy=None, window=None, kv_dtype=None, tokens=None, scenario=None,
             seed=None, cost=None, prompt=None, sinks=None, temperature=None, piece_bytes=None, weights_tier=None, out=None,
-            json=False, max_ms=None, kv_tier=None, kv_blocks=None, reserve=None, weights=None, slice_us=None):
+            json=False, max_ms=None, kv_tier=None, kv_blocks=None, reserve=None, weights=None, slice_us=None, speed=None):
     """Run the firmware on the host with a board's cost model: tok/s, latency, memory, bandwidth, deadlines (docs/emulator.md)."""
     from host import emulate as emu
 
@@ -333,7 +335,7 @@ def emulate(c, board=None, model=None, tokenizer=None, policy=None, window=None,
                                  kv_dtype=kv_dtype, tokens=tokens, scenario=scenario, seed=seed, cost=cost, prompt=prompt,
                                  sinks=sinks, temperature=temperature, piece_bytes=piece_bytes, weights_tier=weights_tier,
                                  max_ms=max_ms, kv_tier=kv_tier, kv_blocks=kv_blocks, reserve=reserve, weights=weights,
-                                 slice_us=slice_us)
+                                 slice_us=slice_us, speed=speed)
     if out == "":
         raise UserError("--out needs a folder", 2)
     emu.main(spec, out=paths_user(out) if out else None, as_json=json)

@@ -436,3 +436,30 @@ def show(rec, as_json=False):
             print("%-11s %-8s factor %5.1f board cycles per host ns, band %.1f-%.1f over %d points%s" % (
                 fam, em, f["factor"], f["band"][0], f["band"][1], f["points"],
                 ", leave-one-out median error %.0f %%" % (100 * f["loo_median_abs_error"]) if f["loo_median_abs_error"] is not None else ""))
+
+
+def band_costs(profile_path, kind, end, record=None):
+    # {parameter: millicycles} of a profile's MicroPython kind at one end of the band
+    # ("slow": each emitter's highest point, "fast": its lowest): a figure derived from
+    # host timings is recomputed with that end's factor of each of its emitters; a figure
+    # that is not (a per-call or per-layer estimate) scales by the kind's own emitter's
+    # end over its factor; cores, split and zero figures stay
+    if end not in ("slow", "fast"):
+        raise UserError("speed must be fit, slow or fast, not %r" % end, 2)
+    rec = record or committed()
+    with open(profile_path) as f:
+        d = json.load(f)
+    fx = profile_factors(rec["fit"], d["cpu"].get("arch", ""))
+    i = 1 if end == "slow" else 0
+    own = fx.get(kind if kind in EMITTERS else "bytecode") or fx.get("bytecode")
+    out = {}
+    for p, fig in d["cpu"]["cost"][kind].items():
+        v = fig["value"]
+        der = fig.get("derived")
+        if p in ("cores", "split_permille") or not v:
+            out[p] = v
+        elif der:
+            out[p] = int(round(1000 * sum(t["weight"] * t["ns"] * fx[t["emitter"]]["band"][i] for t in der["terms"])))
+        else:
+            out[p] = int(round(v * own["band"][i] / own["factor"]))
+    return out

@@ -72,13 +72,15 @@ DEFAULTS = {
     "rate_hz": tm.DEFAULT_RATE_HZ,
     "ambient_c": thm.AMBIENT_C,
     "max_ms": 1800000,
+    "speed": "fit",  # the MicroPython cost at the fitted factor, or at the slow or fast end of its band
 }
 _INT_KEYS = {"window": (0, 1 << 20), "sinks": (0, 64), "tokens": (1, 1 << 20), "seed": (0, 0x3FFFFFFF),
              "piece_bytes": (0, 1 << 24), "kv_blocks": (0, 1 << 20), "reserve": (-1, 1 << 30), "link_bps": (100, 1000000), "rate_hz": (1, 1000), "ambient_c": (-40, 120),
              "max_ms": (1, MAX_MS), "slice_us": (0, decode.SLICE_MAX_US)}
 _FLOAT_KEYS = {"temperature": (0.0, 10.0), "top_p": (0.0, 1.0)}
 _STR_KEYS = ("board", "model", "tokenizer", "policy", "kv_dtype", "prompt", "scenario", "cost", "weights_tier",
-             "kv_tier", "weights")
+             "kv_tier", "weights", "speed")
+SPEEDS = ("fit", "slow", "fast")
 WEIGHTS = ("int8", "fp32")  # int8: an fp32 file runs as q8row, converted on the fly (as kv flash --model puts it)
 DECODE_SPEC_KEYS = ("model", "tokenizer", "policy", "window", "sinks", "kv_dtype", "tokens", "prompt", "seed",
                     "temperature", "top_p", "piece_bytes", "kv_blocks", "slice_us")  # what a scenario's "decode" section may set
@@ -200,6 +202,8 @@ def normalize(spec):
         _bad("kv_dtype must be one of %s or auto, got %r" % (", ".join(appcfg.KV_DTYPES), out["kv_dtype"]))
     if out["weights"] not in WEIGHTS:
         _bad("weights must be one of %s, got %r" % (", ".join(WEIGHTS), out["weights"]))
+    if out["speed"] not in SPEEDS:
+        _bad("speed must be one of %s, got %r" % (", ".join(SPEEDS), out["speed"]))
     if out["policy"] == "full":
         if out["window"]:
             _bad("--window applies to the window, sinks and h2o policies, not full")
@@ -336,7 +340,16 @@ def _kv_layout(cfg, n):
         _bad(str(e))
 
 
-def _cost_model(brd, kind, s):
+def _cost_model(brd, kind, s, speed="fit", board=None):
+    if kind in ("viper", "bytecode") and speed != "fit":
+        # the same profile with its MicroPython figures at one end of the band (host/boardspeed.py)
+        import copy  # noqa: PLC0415
+
+        from host import boardspeed  # noqa: PLC0415
+
+        brd = copy.copy(brd)
+        brd.cpu_cost = dict(brd.cpu_cost)
+        brd.cpu_cost[kind] = boardspeed.band_costs(boards.path_of(board or brd.name), kind, speed)
     if kind == "none":
         return None, {"kind": "none", "note": "memory time only: no CPU cost figures used (compute not charged)"}
     try:
@@ -347,7 +360,7 @@ def _cost_model(brd, kind, s):
         m = cpucost.for_session(brd, kind, s)
     except cpucost.CostError as e:
         _bad(str(e))
-    return m, {"kind": kind, "figures": m.figures()}
+    return m, {"kind": kind, "speed": speed, "figures": m.figures()}
 
 
 def _memory_figures(brd):
@@ -491,7 +504,7 @@ def _run(n, out_dir, progress):
     for obj in {id(r[1].model): r[1].model for r in runs}.values():
         reads.watch(obj)
     s.piece_bytes = n["piece_bytes"]
-    cpu, cost = _cost_model(brd, n["cost"], s)
+    cpu, cost = _cost_model(brd, n["cost"], s, n["speed"], n["board"])
     s.cpu = cpu
     try:
         env = appcfg.make_env(k, bw, cfg_app, brd)
@@ -1022,7 +1035,9 @@ def summary(rep):
         ", scenario %s" % rep["spec"]["scenario"] if rep["spec"]["scenario"] else ""),
         "  tokens      %d of %d (prompt %d)%s" % (rep["tokens"], rep["tokens_requested"], rep["prompt_tokens"],
                                                    "; " + rep["stop"] if rep["stop"] else ""),
-        "  speed       %.2f tok/s, %.2f ms/token, time to first token %.1f ms" % (rep["tok_s"], rep["ms_per_token"], rep["ttft_ms"]),
+        "  speed       %.2f tok/s, %.2f ms/token, time to first token %.1f ms%s" % (
+            rep["tok_s"], rep["ms_per_token"], rep["ttft_ms"],
+            " (MicroPython at the %s end of the board-speed band)" % rep["spec"]["speed"] if rep["spec"].get("speed", "fit") != "fit" else ""),
         "  memory      KV %s B (%d tokens cached), pool high-water %d/%d blocks = %s B; weights in %s, KV in %s" % (
             "{:,}".format(rep["kv_bytes"]), rep["kv_cached_tokens"], rep["pool_high_water"], rep["pool_blocks"],
             "{:,}".format(rep["pool_high_water_bytes"]), rep["placement"]["weights"], rep["placement"]["kv"])]
@@ -1041,6 +1056,10 @@ def summary(rep):
     L.append("  events      evictions %d, throttled waits %d, refusals %d, thermal changes %d; telemetry %s" % (
         ev["evictions"], ev["throttled_waits"], ev["refusals"], ev["thermal_events"],
         ", ".join("%s %d" % kv for kv in sorted(ev["counts"].items())) or "none"))
+    for end, b in sorted(rep.get("band", {}).items(), reverse=True):
+        L.append("  band        %-4s end (board-speed factor %s): %.2f tok/s, deadline misses %d%s" % (
+            end, ", ".join("%s %.1f" % kv for kv in sorted(b["factors"].items())), b["tok_s"], b["deadline_misses"],
+            "" if b["verdict_ok"] else ": " + b["verdict_line"]))
     c = rep["cost"]["cpu"]
     L.append("  cpu cost    %s" % (c.get("note") or "%s figures: %s" % (c["kind"], ", ".join(
         "%s=%s (%s)" % (k, v["value"], v.get("kind", "")) for k, v in sorted(c["figures"].items())))))
@@ -1054,6 +1073,25 @@ def summary(rep):
 
 
 # ./kv emulate: the spec from the options (None: not given), the summary or the JSON
+def band(opts, rep):
+    # {"slow": ..., "fast": ...}: the same run with the MicroPython cost at each end of the
+    # board-speed band (tok/s, deadline misses, the verdict); {} when the cost is not MicroPython's
+    kind = rep["spec"]["cost"]
+    if kind not in ("viper", "bytecode") or rep["spec"].get("speed", "fit") != "fit":
+        return {}
+    from host import boardspeed  # noqa: PLC0415
+
+    with open(boards.path_of(normalize(opts)["board"])) as f:
+        arch = json.load(f)["cpu"].get("arch", "")
+    fx = boardspeed.profile_factors(boardspeed.committed()["fit"], arch)
+    out = {}
+    for end, i in (("slow", 1), ("fast", 0)):
+        r = run(dict(opts, speed=end))
+        out[end] = {"tok_s": r["tok_s"], "deadline_misses": r["deadline_misses"], "verdict_ok": r["verdict"]["ok"],
+                    "verdict_line": r["verdict"].get("line", ""), "factors": {e: f["band"][i] for e, f in fx.items()}}
+    return out
+
+
 def main(opts, out=None, as_json=False, err=None):
     err = err or sys.stderr
     prog = _progress_fn(err)
@@ -1061,6 +1099,7 @@ def main(opts, out=None, as_json=False, err=None):
         rep = run(opts, out_dir=out, progress=prog)
     finally:
         prog.close()
+    rep["band"] = band(opts, rep)
     if as_json:
         print(json.dumps(rep, sort_keys=True))
     else:

@@ -378,6 +378,38 @@ def test_scenario_defaults_meet_every_deadline(name):
     assert not {nm for nm in rep["verdict"]["overran"] if nm in ("decode", "prefix", "chat_a", "chat_b")}, rep["verdict"]
 
 
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_scenario_defaults_hold_at_the_slow_end_of_the_board_speed_band(name):
+    # issue 18: the MicroPython cost at the slow end of the fitted band (each emitter's
+    # highest published point): slower tokens, still no deadline missed, the bound held
+    _stories()
+    fit = emulate.run({"scenario": name, "tokens": 96})
+    slow = emulate.run({"scenario": name, "tokens": 96, "speed": "slow"})
+    assert slow["spec"]["speed"] == "slow" and slow["cost"]["cpu"]["speed"] == "slow"
+    assert slow["ms_per_token"] > fit["ms_per_token"]
+    assert slow["deadline_misses"] == 0 and slow["verdict"]["ok"], slow["verdict"]
+    decode_like = [d["max_slice_us"] for nm, d in slow["tasks"].items() if nm in ("decode", "prefix", "chat_a", "chat_b")]
+    assert decode_like and max(decode_like) <= 2000, slow["tasks"]
+
+
+def test_reports_show_both_ends_of_the_band(capsys):
+    # ./kv emulate's report: tok/s and deadline misses at both ends, the slow end slower;
+    # a bad speed is one line
+    _stories()
+    rep = emulate.main({"scenario": "voice-assistant", "tokens": 12}, as_json=True)
+    b = json.loads(capsys.readouterr().out)["band"]
+    assert set(b) == {"slow", "fast"} and b == rep["band"]
+    assert b["slow"]["tok_s"] < rep["tok_s"] < b["fast"]["tok_s"]
+    assert b["slow"]["factors"]["viper"] > b["fast"]["factors"]["viper"]
+    assert all(x["deadline_misses"] == 0 for x in b.values())
+    emulate.main({"scenario": "voice-assistant", "tokens": 12})
+    out = capsys.readouterr().out
+    assert "band        slow end" in out and "band        fast end" in out
+    assert emulate.main({"tokens": 4, "cost": "c"})["band"] == {}  # C kernels: no MicroPython band
+    with pytest.raises(UserError, match="speed must be one of fit, slow, fast"):
+        emulate.run({"tokens": 4, "speed": "slowest"})
+
+
 def test_unbounded_fp32_fails_with_the_verdict_line(capsys):
     # forced onto fp32 weights (the bytecode matvec under viper cost) with no slice bound:
     # the decode holds the CPU a whole layer, the microphone misses, the run exits 1 with
