@@ -351,9 +351,9 @@ def figure(kind, param, probe, factors, runs):
         "; assumed for this core: it has no points of its own" if factors[e]["assumed"] else "") for e in ems)
     src = ("fit: firmware_py/tools/costprobe.py on the 32-bit MicroPython unix port, median of %d runs (./kv bench "
            "boardspeed, docs/calibration.md): %.2f %s; %s; so %d cycles" % (runs, ns, what, fx, round(cyc)))
-    return {"value": int(round(cyc * 1000)), "source": src,
-            "derived": {"terms": [{"probe": k, "ns": probe[k], "weight": w, "emitter": e} for k, w, e in terms],
-                        "factors": {e: factors[e]["factor"] for e in ems}}}
+    # (the terms stay out of the profile: the firmware keeps the whole profile it loads, so
+    # every byte here is a byte of the board's heap; band_costs recomputes them from TERMS)
+    return {"value": int(round(cyc * 1000)), "source": src}
 
 
 # a core with no published points takes the nearest one's factors, labelled assumed:
@@ -455,11 +455,10 @@ def band_costs(profile_path, kind, end, record=None):
     out = {}
     for p, fig in d["cpu"]["cost"][kind].items():
         v = fig["value"]
-        der = fig.get("derived")
         if p in ("cores", "split_permille") or not v:
             out[p] = v
-        elif der:
-            out[p] = int(round(1000 * sum(t["weight"] * t["ns"] * fx[t["emitter"]]["band"][i] for t in der["terms"])))
+        elif (kind, p) in TERMS and str(fig.get("source", "")).startswith("fit:"):  # a host timing x factor: recomputed
+            out[p] = int(round(1000 * sum(w * rec["probe"][k] * fx[e]["band"][i] for k, w, e in TERMS[(kind, p)][0])))
         else:
             out[p] = int(round(v * own["band"][i] / own["factor"]))
     return out

@@ -68,6 +68,7 @@ def test_profiles_follow_the_committed_record(rec):
                 continue
             want = bs.figure(kind, param, rec["probe"], fx, rec["probe_runs"])
             assert got == want, (os.path.basename(path), kind, param)
+            assert set(got) == {"value", "source"}  # the firmware keeps the profile it loads: nothing more
             n += 1
         assert boards.load(os.path.basename(path)[:-5]).cpu_cost["viper"]["mac_i8_mcyc"] > 0
     assert n >= 5 * len(bs.TERMS) - 10
