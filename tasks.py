@@ -443,13 +443,18 @@ def boardtime(c, file, call="main", board="esp32s3_n8r8", freq=None, emitter=Non
             "json": "print the factors as one JSON object"})
 @one_line_errors
 def boardspeed(c, write=False, json=False):
-    """The board-speed factors per core and emitter, fitted to published board timings (docs/bench/boardspeed.json; ./kv bench boardspeed remeasures)."""
+    """The board-speed factors per core and emitter, fitted to published board timings (docs/bench/boardspeed.json; ./kv bench-docs --only boardspeed remeasures it)."""
     from host import boardspeed as bs
 
     rec = bs.committed()
     if write:
-        for p in bs.write_profiles(rec):
+        done, kept = bs.write_profiles(rec)
+        for p in done:
             print("boardspeed: wrote %s" % os.path.relpath(p, ROOT))
+        for k in kept:
+            print("boardspeed: kept %s (measured on a board)" % k)
+        if not done:
+            print("boardspeed: every profile is up to date with docs/bench/boardspeed.json")
         return
     bs.show(rec, as_json=json)
 

@@ -28,10 +28,29 @@ from host.errors import UserError
 POINTS = os.path.join(paths.BOARDS, "speed", "points.json")
 REPO_ENV = "KVRTOS_MICROPYTHON_REPO"  # a git clone of micropython/micropython (tests/perf_bench, old tags)
 EMITTERS = ("bytecode", "native", "viper")
+WORKLOADS = EMITTERS + ("viper-call",)  # what fit() reports: viper-call is reported, never a kernel's price
 RUNS = 5
 _KEYS = ("id", "url", "where", "quote", "chip", "mhz", "mhz_source", "micropython_version", "emitter", "code",
          "published_us", "covers", "obtainable")
 _UNIT_US = {"s": 1e6, "ms": 1e3, "us": 1.0}
+_DILATE = """import sys
+import time as _time
+
+
+class _Dilated:
+    def __getattr__(self, name):
+        return getattr(_time, name)
+
+    def ticks_us(self):
+        return _time.ticks_us() * 1000
+
+
+sys.modules["time"] = _Dilated()
+with open(%(path)r) as _f:
+    _src = _f.read()
+exec(compile(_src, "benchmark.py", "exec"), {"__name__": "__main__"})
+"""
+_SAFE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._/+-]{0,199}$")  # a ref, path or owner/name: never an option
 _TIME = re.compile(r"^(-?\d+) (-?[\d.]+) ", re.M)  # benchrun's line: time_us norm result
 
 
@@ -47,6 +66,8 @@ def load(path=POINTS):
     seen = set()
     for i, p in enumerate(pts):
         name = p.get("id", "#%d" % i) if isinstance(p, dict) else "#%d" % i
+        if not isinstance(name, str) or not name:
+            raise UserError("%s: point #%d: id must be a non-empty string" % (path, i), 2)
         if not isinstance(p, dict):
             raise UserError("%s: point %s is not an object" % (path, name), 2)
         for k in (_KEYS if usable(p) else ("id", "url", "where", "obtainable")):
@@ -58,13 +79,24 @@ def load(path=POINTS):
         if usable(p):
             if p["emitter"] not in EMITTERS:
                 raise UserError("%s: point %s: emitter must be one of %s" % (path, name, ", ".join(EMITTERS)), 2)
-            if not (isinstance(p["mhz"], (int, float)) and p["mhz"] > 0):
+            if isinstance(p["mhz"], bool) or not (isinstance(p["mhz"], (int, float)) and p["mhz"] > 0):
                 raise UserError("%s: point %s: mhz must be a positive number" % (path, name), 2)
-            if not (isinstance(p["published_us"], (int, float)) and p["published_us"] > 0):
+            if isinstance(p["published_us"], bool) or not (isinstance(p["published_us"], (int, float)) and p["published_us"] > 0):
                 raise UserError("%s: point %s: published_us must be a positive number" % (path, name), 2)
             c = p["code"]
             if not isinstance(c, dict) or c.get("kind") not in ("perf_bench", "script") or not c.get("path") or not c.get("ref"):
                 raise UserError("%s: point %s: code must be {kind: perf_bench or script, repo, path, ref, ...}" % (path, name), 2)
+            for k in ("ref", "build_ref", "path", "repo"):
+                v = c.get(k)
+                if v is not None and (not isinstance(v, str) or not _SAFE.match(v) or ".." in v):
+                    raise UserError("%s: point %s: code.%s must be a plain tag, commit or path, not %r" % (path, name, k, v), 2)
+            if not isinstance(c.get("params", {}), dict):
+                raise UserError("%s: point %s: code.params must be an object" % (path, name), 2)
+            nrm, sc = c.get("params", {}).get("norm"), p.get("published_score")
+            if isinstance(nrm, (int, float)) and isinstance(sc, (int, float)) and sc > 0:
+                if abs(1e6 * nrm / sc - p["published_us"]) > 0.01 * p["published_us"]:
+                    raise UserError("%s: point %s: published_us %s is not 1e6 x norm %s / score %s" % (
+                        path, name, p["published_us"], nrm, sc), 2)
             if c["kind"] == "perf_bench":
                 nm = c.get("params", {})
                 if not all(isinstance(nm.get(k), int) and nm[k] > 0 for k in ("N", "M")):
@@ -78,6 +110,15 @@ def load(path=POINTS):
                     raise UserError("%s: point %s: a script point needs output (a regex with one group) and unit (s, ms, us)"
                                     % (path, name), 2)
     return pts
+
+
+def workload(p):
+    # the emitter a point prices: perf_bench's viper_call* time a native loop calling an
+    # empty viper function, i.e. call overhead ("viper-call"), not emitted viper loops
+    em = p.get("emitter")
+    if em == "viper" and "viper_call" in str((p.get("code") or {}).get("path", "")):
+        return "viper-call"
+    return em
 
 
 def usable(p):
@@ -98,7 +139,12 @@ def repo(given=None):
 
 
 def _git(rep, *args):
-    r = subprocess.run(["git", "--git-dir", mp32._git_dir(rep)] + list(args), capture_output=True, timeout=120)
+    try:
+        r = subprocess.run(["git", "--git-dir", mp32._git_dir(rep)] + list(args), capture_output=True, timeout=120)
+    except FileNotFoundError:
+        raise UserError("git is not installed; the published points' code is read with it", 1)
+    except subprocess.TimeoutExpired:
+        raise UserError("git %s in %s ran past 120 s" % (args[0], rep), 1)
     return r.returncode, r.stdout
 
 
@@ -157,10 +203,19 @@ def host_us(binary, text, runs=RUNS, code=None):
     code = code or {"kind": "perf_bench"}
     cmd = [binary] + (["-X", "emit=" + code["emit"]] if code.get("emit") else [])
     path = None
+    dilate = 1
     if code["kind"] == "script":
         fd, path = tempfile.mkstemp(suffix=".py")
         with os.fdopen(fd, "w") as f:
             f.write(text)
+        if code.get("timer") == "dilate":
+            # the script prints its time truncated to a millisecond, about the host's whole
+            # run: run it unchanged under a time module whose ticks_us counts nanoseconds,
+            # so its printed figure has a microsecond's resolution (divided back below)
+            drv_fd, drv = tempfile.mkstemp(suffix=".py")
+            with os.fdopen(drv_fd, "w") as f:
+                f.write(_DILATE % {"path": path})
+            path_script, path, dilate = path, drv, 1000
     times = []
     try:
         for _ in range(runs):
@@ -174,7 +229,7 @@ def host_us(binary, text, runs=RUNS, code=None):
                 raise UserError("%s ran past 600 s" % binary, 1)
             if path:
                 m = re.search(code["output"], r.stdout, re.M)
-                t = float(m.group(1)) * _UNIT_US[code["unit"]] * code.get("scale", 1.0) if m else -1
+                t = float(m.group(1)) * _UNIT_US[code["unit"]] * code.get("scale", 1.0) / dilate if m else -1
             else:
                 m = _TIME.search(r.stdout)
                 t = int(m.group(1)) if m else -1
@@ -185,6 +240,8 @@ def host_us(binary, text, runs=RUNS, code=None):
     finally:
         if path:
             os.unlink(path)
+            if dilate != 1:
+                os.unlink(path_script)
     return statistics.median(times), times
 
 
@@ -205,7 +262,10 @@ def host_probe(runs=RUNS):
         if p.returncode != 0:
             raise UserError("%s failed under the 32-bit port: %s" % (
                 os.path.basename(PROBE), (p.stderr.strip().splitlines() or ["exit %d" % p.returncode])[-1]), 1)
-        rs.append(json.loads(p.stdout.strip().splitlines()[-1]))
+        try:
+            rs.append(json.loads(p.stdout.strip().splitlines()[-1]))
+        except (IndexError, ValueError):
+            raise UserError("%s printed no figures under the 32-bit port: %r" % (os.path.basename(PROBE), p.stdout[-200:]), 1)
     out = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
     out.update({"runs": runs, "script": "firmware_py/tools/costprobe.py", "interpreter": "./kv mp32 (32-bit unix port)",
                 "each_run": rs})
@@ -220,16 +280,22 @@ def ratio(published_us, mhz, host):
 def measure(rep, points=None, runs=RUNS, progress=None):
     # every point with its host time and ratio (obtainable ones), then the fit
     pts = load() if points is None else points
+    mp32.build()  # the probe's interpreter, before minutes of points: a missing source tree says so now
+    for name in sorted({(p["code"] or {}).get("repo") or "micropython/micropython" for p in pts if usable(p)}):
+        if mirror(rep, name) is None:
+            raise UserError("the points' code is in %s too: put a clone of it beside %s (as DIR/owner+name/repo, "
+                            "DIR/owner+name or DIR/name)" % (name, rep), 2)
     out = []
     for p in pts:
         row = dict(p)
         if usable(p):
             binary, ref = build_for(p, rep)
-            text, sha = script(p, rep)
             try:
+                text, sha = script(p, rep)
                 med, times = host_us(binary, text, runs, p["code"])
             except UserError as e:  # counted and reported: the point is left out, the run goes on
-                row["excluded"] = "failed on the host build of %s: %s" % (ref, " ".join(str(e).split())[-200:])
+                why = " ".join(str(e).replace(binary, "the %s build" % ref).split())
+                row["excluded"] = "failed on the host build of %s: %s" % (ref, why[-200:])
                 if progress:
                     progress("%s: left out: %s" % (p["id"], row["excluded"]))
                 out.append(row)
@@ -251,10 +317,16 @@ def fit(rows):
     out = {}
     for fam in sorted({family(r["chip"]) for r in rows if usable(r) and "host_us" in r}):
         out[fam] = {}
-        for em in EMITTERS:
-            pts = [r for r in rows if usable(r) and "host_us" in r and r["emitter"] == em and family(r["chip"]) == fam]
+        for em in WORKLOADS:
+            pts = [r for r in rows if usable(r) and "host_us" in r and workload(r) == em and family(r["chip"]) == fam]
             if pts:
                 out[fam][em] = fit_one(pts)
+        v, c = out[fam].get("viper"), out[fam].get("viper-call")
+        if v and c and v["points"] == 1 and c["factor"] < v["factor"]:
+            # one viper loop point has no spread of its own: the call-overhead median (the same
+            # emitter, less of the emitted code whose in-order cost the loop shows) is its fast end
+            v["band"] = [c["factor"], v["band"][1]]
+            v["band_note"] = "fast end: the viper-call median (a lower bound for loops); slow end: the one loop point"
     return out
 
 
@@ -269,7 +341,19 @@ def fit_one(pts):
         pred = r["host_us"] * f * 1000.0 / r["mhz"]
         loo.append({"id": r["id"], "factor_without": round(f, 3), "predicted_us": round(pred, 1),
                     "published_us": r["published_us"], "error": round(pred / r["published_us"] - 1, 4)})
+    # leave one source out: every point of one source (its URL) predicted from the others'
+    # median, so that two runs of one comparison do not vouch for each other
+    loso = []
+    for url in sorted({r["url"] for r in pts}):
+        others = [x for x, r in zip(rs, pts, strict=True) if r["url"] != url]
+        if not others:
+            continue
+        f = statistics.median(others)
+        errs = [r["host_us"] * f * 1000.0 / r["mhz"] / r["published_us"] - 1 for r in pts if r["url"] == url]
+        loso.append({"source": url, "points": len(errs), "factor_without": round(f, 3),
+                     "median_error": round(statistics.median(errs), 4)})
     return {"points": len(pts), "factor": round(statistics.median(rs), 3), "band": [round(min(rs), 3), round(max(rs), 3)],
+            "sources": len({r["url"] for r in pts}), "loso": loso,
             "loo": loo,
             "loo_median_abs_error": round(statistics.median(abs(x["error"]) for x in loo), 4) if loo else None,
             "loo_max_abs_error": round(max(abs(x["error"]) for x in loo), 4) if loo else None}
@@ -340,6 +424,10 @@ def figure(kind, param, probe, factors, runs):
     # {"value": millicycles, "source": ..., "derived": ...} for one TERMS entry, from the
     # host figures `probe` and factors {emitter: {"factor", "band", "points", "family", "assumed"}}
     terms, what = TERMS[(kind, param)]
+    missing = sorted({e for _, _, e in terms if e not in factors})
+    if missing:
+        raise UserError("no %s factor for %s.%s: the record has no such points for this core or a nearest one"
+                        % (", ".join(missing), kind, param), 1)
     ns = sum(w * probe[k] for k, w, _ in terms)
     cyc = sum(w * probe[k] * factors[e]["factor"] for k, w, e in terms)
     ems = []
@@ -368,12 +456,12 @@ def profile_factors(fits, arch):
     near = NEAREST.get(fam, "xtensa")
     out = {}
     for e in EMITTERS:
-        own = fits.get(fam, {}).get(e)
-        use, assumed = (own, False) if own and own["factor"] else (fits.get(near, {}).get(e), True)
-        if not use or not use["factor"]:
-            continue
-        out[e] = {"factor": use["factor"], "band": use["band"], "points": use["points"],
-                  "family": fam if not assumed else near, "assumed": assumed}
+        for src in (fam, near, "xtensa"):  # its own core, the nearest one, else xtensa's (the best covered)
+            use = fits.get(src, {}).get(e)
+            if use and use["factor"]:
+                out[e] = {"factor": use["factor"], "band": use["band"], "points": use["points"],
+                          "family": src, "assumed": src != fam}
+                break
     return out
 
 
@@ -383,10 +471,16 @@ def profiles():
 
     out = []
     for p in sorted(glob.glob(os.path.join(paths.BOARDS, "*.json"))):
-        with open(p) as f:
-            d = json.load(f)
-        cost = d.get("cpu", {}).get("cost", {})
-        if any(k in cost for k in ("viper", "bytecode")):
+        try:
+            with open(p) as f:
+                d = json.load(f)
+            cost = d.get("cpu", {}).get("cost", {})
+            mp = any(k in cost for k in ("viper", "bytecode"))
+            if mp and not all(isinstance(cost[k], dict) for k in ("viper", "bytecode") if k in cost):
+                raise ValueError("cpu.cost.viper/bytecode must be objects")
+        except (OSError, ValueError, AttributeError, TypeError) as e:
+            raise UserError("bad board profile %s: %s" % (os.path.relpath(p, paths.ROOT), e), 2)
+        if mp:
             out.append((p, d))
     return out
 
@@ -394,22 +488,28 @@ def profiles():
 def write_profiles(record):
     # rewrite every TERMS figure of every MicroPython profile from a measure() record
     # ({"probe": host figures, "fit": ..., "probe_runs": n}); the files written
-    done = []
+    # a figure measured on a board (./kv calibrate: "measured: ...") is kept, and listed;
+    # every profile is computed before any is written, so a bad one leaves them all as they were
+    todo, kept = [], []
     for p, d in profiles():
         fx = profile_factors(record["fit"], d["cpu"].get("arch", ""))
         cost = d["cpu"]["cost"]
         for (kind, param) in TERMS:
             if kind in cost and param in cost[kind]:
+                cur = cost[kind][param]
+                if isinstance(cur, dict) and str(cur.get("source", "")).startswith("measured:"):
+                    kept.append("%s %s.%s" % (os.path.basename(p), kind, param))
+                    continue
                 cost[kind][param] = figure(kind, param, record["probe"], fx, record["probe_runs"])
         text = json.dumps(d, indent=2) + "\n"
         with open(p) as f:
-            same = f.read() == text
-        if not same:
-            with open(p + ".tmp", "w") as f:
-                f.write(text)
-            os.replace(p + ".tmp", p)
-            done.append(p)
-    return done
+            if f.read() != text:
+                todo.append((p, text))
+    for p, text in todo:
+        with open(p + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(p + ".tmp", p)
+    return [p for p, _ in todo], kept
 
 
 RECORD = os.path.join(paths.ROOT, "docs", "bench", "boardspeed.json")
@@ -420,9 +520,18 @@ def committed(path=RECORD):
     try:
         with open(path) as f:
             rec = json.load(f)["figures"]
-        rec["fit"], rec["probe"], rec["probe_runs"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise UserError("%s: no board-speed record (%s); ./kv bench-docs --only boardspeed makes it" % (path, e), 2)
+        ok = isinstance(rec["fit"], dict) and rec["fit"] and isinstance(rec["probe"], dict) and rec["probe_runs"] >= 1
+        for fam in rec["fit"].values():
+            for f in fam.values():
+                ok = ok and isinstance(f["factor"], (int, float)) and f["factor"] > 0 and len(f["band"]) == 2 \
+                    and all(isinstance(x, (int, float)) and x > 0 for x in f["band"]) and isinstance(f["points"], int)
+        for (_, _), (terms, _) in TERMS.items():
+            for k, _, _ in terms:
+                ok = ok and isinstance(rec["probe"][k], (int, float))
+        if not ok:
+            raise ValueError("a factor, band or probe figure is missing or not a number")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise UserError("%s: no usable board-speed record (%s); ./kv bench-docs --only boardspeed makes it" % (path, e), 2)
     return rec
 
 
@@ -433,8 +542,8 @@ def show(rec, as_json=False):
         return
     for fam in sorted(rec["fit"]):
         for em, f in sorted(rec["fit"][fam].items()):
-            print("%-11s %-8s factor %5.1f board cycles per host ns, band %.1f-%.1f over %d points%s" % (
-                fam, em, f["factor"], f["band"][0], f["band"][1], f["points"],
+            print("%-11s %-10s factor %5.1f board cycles per host ns, band %.1f-%.1f over %d point%s%s" % (
+                fam, em, f["factor"], f["band"][0], f["band"][1], f["points"], "" if f["points"] == 1 else "s",
                 ", leave-one-out median error %.0f %%" % (100 * f["loo_median_abs_error"]) if f["loo_median_abs_error"] is not None else ""))
 
 

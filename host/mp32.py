@@ -141,11 +141,16 @@ def tree_at(repo, ref):
             return subprocess.run(["git", "--git-dir", _git_dir(repo)] + list(a), capture_output=True, timeout=300, **kw)
         except FileNotFoundError:
             raise UserError("git is not installed; building a tagged MicroPython needs it", 1)
+    if git("rev-parse", "--git-dir").returncode != 0:
+        raise UserError("%s is not a git repository (a clone of micropython/micropython is needed)" % repo, 2)
     r = git("rev-parse", "--verify", "--quiet", ref + "^{commit}")
     if r.returncode != 0:
         raise UserError("%s has no tag or commit %s" % (repo, ref), 2)
     commit = r.stdout.decode().strip()
-    out = os.path.join(paths.state(".cache", "micropython-src"), commit[:16])
+    # the folder names what was exported (the commit and _TAG_DIRS), so an export made with
+    # another list of folders is never taken for this one
+    tag = hashlib.sha256(repr(_TAG_DIRS).encode()).hexdigest()[:6]
+    out = os.path.join(paths.state(".cache", "micropython-src"), commit[:16] + "-" + tag)
     if os.path.isfile(os.path.join(out, "py", "mpconfig.h")):
         return out
     os.makedirs(os.path.dirname(out), exist_ok=True)
@@ -154,7 +159,12 @@ def tree_at(repo, ref):
         tar = git("archive", "--format=tar", commit, *[d for d in _TAG_DIRS if _has(git, commit, d)])
         if tar.returncode != 0:
             raise UserError("git archive of %s failed: %s" % (ref, tar.stderr.decode(errors="replace").strip()[:200]), 1)
-        subprocess.run(["tar", "-x", "-C", tmp], input=tar.stdout, check=True, timeout=300)
+        try:
+            x = subprocess.run(["tar", "-x", "-C", tmp], input=tar.stdout, capture_output=True, timeout=300)
+        except (FileNotFoundError, subprocess.TimeoutExpired) as e:
+            raise UserError("unpacking %s failed: %s" % (ref, e), 1)
+        if x.returncode != 0:
+            raise UserError("unpacking %s failed: %s" % (ref, x.stderr.decode(errors="replace").strip()[:200]), 1)
         if not os.path.isfile(os.path.join(tmp, "py", "mpconfig.h")):
             raise UserError("%s at %s is not a MicroPython source tree (no py/mpconfig.h)" % (repo, ref), 2)
         lib = os.path.join(tmp, "lib", "micropython-lib")
@@ -171,8 +181,19 @@ def tree_at(repo, ref):
 
 
 def _git_dir(repo):
-    # the git directory of a clone (repo/.git) or of a bare mirror (repo itself)
-    return os.path.join(repo, ".git") if os.path.isdir(os.path.join(repo, ".git")) else repo
+    # the git directory of a clone (repo/.git: a folder, or a file naming it in a worktree or
+    # submodule) or of a bare mirror (repo itself)
+    g = os.path.join(repo, ".git")
+    if os.path.isfile(g):
+        try:
+            with open(g) as f:
+                line = f.read().strip()
+        except OSError:
+            return g
+        if line.startswith("gitdir:"):
+            d = line[len("gitdir:"):].strip()
+            return d if os.path.isabs(d) else os.path.normpath(os.path.join(repo, d))
+    return g if os.path.isdir(g) else repo
 
 
 def _has(git, commit, d):
@@ -180,18 +201,31 @@ def _has(git, commit, d):
 
 
 def _undefined(tree, cflags):
-    # the -DNAME=V of cflags whose NAME the unix port's own headers do not define already
-    # (a second definition is an error under -Werror)
-    text = ""
-    for h in ("ports/unix/mpconfigport.h", "ports/unix/variants/standard/mpconfigvariant.h",
-              "ports/unix/variants/mpconfigvariant_common.h"):
-        try:
-            with open(os.path.join(tree, h)) as f:
-                text += f.read()
-        except OSError:
-            pass
-    keep = [f for f in cflags.split() if not (f.startswith("-D") and re.search(
-        r"#define\s+%s\b" % re.escape(f[2:].split("=")[0]), text))]
+    # cflags for the make line: a -DNAME=V whose NAME the unix port's own headers define
+    # already (a second definition is an error under -Werror) is written into that header
+    # of the build's copy instead, so the build gets V either way
+    keep = []
+    for f in cflags.split():
+        if not f.startswith("-D") or "=" not in f:
+            keep.append(f)
+            continue
+        name, val = f[2:].split("=", 1)
+        hit = False
+        for h in ("ports/unix/mpconfigport.h", "ports/unix/variants/standard/mpconfigvariant.h",
+                  "ports/unix/variants/mpconfigvariant_common.h"):
+            p = os.path.join(tree, h)
+            try:
+                with open(p) as fh:
+                    text = fh.read()
+            except OSError:
+                continue
+            new, n = re.subn(r"(#define\s+%s\b)[^\n]*" % re.escape(name), r"\g<1> (%s)" % val, text)
+            if n:
+                hit = True
+                with open(p, "w") as fh:
+                    fh.write(new)
+        if not hit:
+            keep.append(f)
     return " ".join(keep)
 
 

@@ -386,7 +386,7 @@ def test_scenario_defaults_hold_at_the_slow_end_of_the_board_speed_band(name):
     fit = emulate.run({"scenario": name, "tokens": 96})
     slow = emulate.run({"scenario": name, "tokens": 96, "speed": "slow"})
     assert slow["spec"]["speed"] == "slow" and slow["cost"]["cpu"]["speed"] == "slow"
-    assert slow["ms_per_token"] > fit["ms_per_token"]
+    assert slow["ms_per_token"] >= fit["ms_per_token"]  # the viper fit is its slowest published loop point already
     assert slow["deadline_misses"] == 0 and slow["verdict"]["ok"], slow["verdict"]
     decode_like = [d["max_slice_us"] for nm, d in slow["tasks"].items() if nm in ("decode", "prefix", "chat_a", "chat_b")]
     assert decode_like and max(decode_like) <= 2000, slow["tasks"]
@@ -399,8 +399,9 @@ def test_reports_show_both_ends_of_the_band(capsys):
     rep = emulate.main({"scenario": "voice-assistant", "tokens": 12}, as_json=True)
     b = json.loads(capsys.readouterr().out)["band"]
     assert set(b) == {"slow", "fast"} and b == rep["band"]
-    assert b["slow"]["tok_s"] < rep["tok_s"] < b["fast"]["tok_s"]
+    assert b["slow"]["tok_s"] <= rep["tok_s"] < b["fast"]["tok_s"]
     assert b["slow"]["factors"]["viper"] > b["fast"]["factors"]["viper"]
+    assert b["slow"]["factors"]["bytecode"] > b["fast"]["factors"]["bytecode"]
     assert all(x["deadline_misses"] == 0 for x in b.values())
     emulate.main({"scenario": "voice-assistant", "tokens": 12})
     out = capsys.readouterr().out

@@ -198,9 +198,13 @@ def jobs():
     # interpreter processes; memory figures do not depend on timing, so rows run side by side)
     v = os.environ.get("KVRTOS_BENCH_JOBS", "")
     if v:
-        if not v.isdigit() or int(v) < 1:
+        try:
+            n = int(v) if v.isascii() and v.strip() == v else 0
+        except ValueError:
+            n = 0
+        if n < 1:
             raise UserError("KVRTOS_BENCH_JOBS must be a whole number >= 1, not %r" % v, 2)
-        return int(v)
+        return n
     return max(1, os.cpu_count() or 1)
 
 

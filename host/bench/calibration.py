@@ -279,7 +279,8 @@ def boardspeed_summary():
     used = [{k: p.get(k) for k in keep} for p in rec["points"] if "host_us" in p]
     left = [{"id": p["id"], "url": p.get("url"), "why": p.get("excluded") or p.get("note") or "not obtainable"}
             for p in rec["points"] if "host_us" not in p]
-    return {"fit": rec["fit"], "points": used, "left_out": left, "runs": rec["runs"]}
+    probe = {k: rec["probe"][k] for k in ("viper_mac_i8_ns", "bytecode_mac_f32_ns", "exp_ns")}
+    return {"fit": rec["fit"], "points": used, "left_out": left, "runs": rec["runs"], "probe": probe}
 
 
 def _int8_traffic(cfg):
@@ -301,7 +302,7 @@ def boardspeed_tables(b):
     # leave-one-out error, the points left out and why
     L = ["", "## How much slower the board runs MicroPython: a factor per emitter", "",
          "Published timings of MicroPython programs on boards, each re-run here on the 32-bit unix port built from "
-         "the MicroPython version it was measured with (`./kv mp32 --ref TAG`; %d runs, median). Ratio = published "
+         "the MicroPython version it was measured with (`./kv mp32 --ref TAG --repo DIR`; %d runs, median). Ratio = published "
          "time x the board's clock / host time, in board cycles per host ns; the factor of a core family and emitter "
          "is the median of its points, its band the lowest and highest point; leave-one-out predicts each point's "
          "board time from the median of the others. A clock marked *assumed* is the firmware's default at that "
@@ -417,9 +418,15 @@ def tables(r):
                                                   for lbl, _, _ in SENS) + " |")
     hp = r["host_probe"]
     L += boardspeed_tables(r["boardspeed"]) if "boardspeed" in r else []
-    L += ["", "Host figures of kvrtos's own kernels in this run (`%s` under %s, median of %d runs; the profiles' "
-          "viper/bytecode figures are the same probe's figures in `./kv bench boardspeed`'s run times each emitter's "
-          "factor above): %.3f ns per int8 MAC (viper matvec_v), "
+    bp = r.get("boardspeed", {}).get("probe")
+    if bp:
+        L += ["", "The profiles' viper/bytecode figures are the probe's figures in the board-speed run (`%s`, in the "
+              "same run as the points, so this host's speed cancels) times each emitter's factor: %.3f ns per int8 "
+              "MAC (viper matvec_v), %.1f ns per fp32 MAC (bytecode Plain.matvec), %.1f ns per math.exp; "
+              "`./kv boardspeed --write` rewrites them from that record (a figure measured on a board by "
+              "`./kv calibrate` is kept)." % (hp["script"], bp["viper_mac_i8_ns"], bp["bytecode_mac_f32_ns"], bp["exp_ns"])]
+    L += ["", "Host figures of kvrtos's own kernels in this run (`%s` under %s, median of %d runs; recorded, not used: "
+          "this machine is noisy): %.3f ns per int8 MAC (viper matvec_v), "
           "%.1f ns per fp32 MAC (bytecode Plain.matvec), %.1f ns per math.exp." % (
               hp["script"], hp["interpreter"], hp["runs"], hp["viper_mac_i8_ns"], hp["bytecode_mac_f32_ns"],
               hp["exp_ns"]), "",
