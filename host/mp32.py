@@ -72,7 +72,9 @@ def build(src=None, log=None, cflags=""):
     s = source(src)
     if s is None:
         raise UserError("no MicroPython source tree: pass --src DIR, set %s, or put one at ../shared/micropython-src" % SRC_ENV, 2)
-    out_dir = os.path.join(CACHE, _key(s) + ("-" + hashlib.sha256(cflags.encode()).hexdigest()[:8] if cflags else ""))
+    # a build with cflags is keyed by them and by how they are applied (_CFLAGS_RECIPE)
+    out_dir = os.path.join(CACHE, _key(s) + ("-" + hashlib.sha256((cflags + _CFLAGS_RECIPE).encode()).hexdigest()[:8]
+                                             if cflags else ""))
     binary = os.path.join(out_dir, "micropython")
     os.makedirs(CACHE, exist_ok=True)
     with open(os.path.join(CACHE, ".lock"), "w") as lock:
@@ -125,6 +127,7 @@ _TAG_DIRS = ("py", "extmod", "shared", "lib", "drivers", "ports/unix", "mpy-cros
 # choice, ...), which the unix standard variant left out before v1.19 and the perf_bench
 # programs call (both names: urandom before v1.21, random after)
 TAG_CFLAGS = "-DMICROPY_PY_URANDOM_EXTRA_FUNCS=1 -DMICROPY_PY_RANDOM_EXTRA_FUNCS=1"
+_CFLAGS_RECIPE = "headers-rewritten-2"  # bump when _undefined changes what a -D does
 _REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,99}$")
 
 
