@@ -352,6 +352,8 @@ def mp32(c, src=None, ref=None, repo=None):
     if ref is not None or repo is not None:
         if src:
             raise UserError("give --src DIR or --ref TAG --repo DIR, not both (./kv mp32 --help)", 2)
+        if ref == "" or repo == "":
+            raise UserError("%s needs a value (./kv mp32 --help)" % ("--ref" if ref == "" else "--repo"), 2)
         if not ref or not repo:
             raise UserError("--ref and --repo go together: --ref v1.20.0 --repo DIR (a clone of micropython/micropython)", 2)
         src = mp32_mod.tree_at(paths_user(repo), ref)
