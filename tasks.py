@@ -448,7 +448,7 @@ def boardspeed(c, write=False, json=False):
     """The board-speed factors per core and emitter, fitted to published board timings (docs/bench/boardspeed.json; ./kv bench-docs --only boardspeed remeasures it)."""
     from host import boardspeed as bs
 
-    rec = bs.committed()
+    rec = bs.committed() if write else bs.factors()
     if write:
         done, kept = bs.write_profiles(rec)
         for p in done:

@@ -505,6 +505,16 @@ def write_profiles(record):
         with open(p) as f:
             if f.read() != text:
                 todo.append((p, text))
+    fit = json.dumps({"fit": record["fit"], "probe": {k: v for k, v in record["probe"].items() if k != "each_run"},
+                      "probe_runs": record["probe_runs"],
+                      "from": "docs/bench/boardspeed.json (./kv bench-docs --only boardspeed); ./kv boardspeed --write"},
+                     indent=1, sort_keys=True) + "\n"
+    try:
+        with open(FIT) as f:
+            if f.read() != fit:
+                todo.append((FIT, fit))
+    except OSError:
+        todo.append((FIT, fit))
     for p, text in todo:
         with open(p + ".tmp", "w") as f:
             f.write(text)
@@ -512,14 +522,22 @@ def write_profiles(record):
     return [p for p, _ in todo], kept
 
 
-RECORD = os.path.join(paths.ROOT, "docs", "bench", "boardspeed.json")
+RECORD = os.path.join(paths.ROOT, "docs", "bench", "boardspeed.json")  # the whole measurement (a checkout's)
+FIT = os.path.join(paths.BOARDS, "speed", "fit.json")  # what the commands read at run time (installed too)
+
+
+def factors(path=FIT):
+    # the run-time figures ({"fit", "probe", "probe_runs"}: boards/speed/fit.json, written
+    # with the profiles by `./kv boardspeed --write`), checked as committed() checks them
+    return committed(path)
 
 
 def committed(path=RECORD):
     # the committed measurement (docs/bench/boardspeed.json's figures), or UserError
     try:
         with open(path) as f:
-            rec = json.load(f)["figures"]
+            rec = json.load(f)
+        rec = rec["figures"] if "figures" in rec else rec
         ok = isinstance(rec["fit"], dict) and rec["fit"] and isinstance(rec["probe"], dict) and rec["probe_runs"] >= 1
         for fam in rec["fit"].values():
             for f in fam.values():
@@ -555,7 +573,7 @@ def band_costs(profile_path, kind, end, record=None):
     # end over its factor; cores, split and zero figures stay
     if end not in ("slow", "fast"):
         raise UserError("speed must be fit, slow or fast, not %r" % end, 2)
-    rec = record or committed()
+    rec = record or factors()
     with open(profile_path) as f:
         d = json.load(f)
     fx = profile_factors(rec["fit"], d["cpu"].get("arch", ""))

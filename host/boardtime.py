@@ -74,7 +74,7 @@ def predict(path, call="main", board="esp32s3_n8r8", mhz=None, emitter=None, run
     except (OSError, UnicodeDecodeError) as e:
         raise UserError("%s: %s" % (path, e), 2)
     em = emitter or emitter_of(text)
-    rec = record or boardspeed.committed()
+    rec = record or boardspeed.factors()
     fx = boardspeed.profile_factors(rec["fit"], b.cpu_arch).get(em)
     if fx is None:
         raise UserError("no %s factor for %s's core (%s)" % (em, board, b.cpu_arch), 1)

@@ -1083,7 +1083,7 @@ def band(opts, rep):
 
     with open(boards.path_of(normalize(opts)["board"])) as f:
         arch = json.load(f)["cpu"].get("arch", "")
-    fx = boardspeed.profile_factors(boardspeed.committed()["fit"], arch)
+    fx = boardspeed.profile_factors(boardspeed.factors()["fit"], arch)
     out = {}
     for end, i in (("slow", 1), ("fast", 0)):
         r = run(dict(opts, speed=end))

@@ -61,6 +61,13 @@ def test_leave_one_out_is_the_median_of_the_others():
     assert f["sources"] == 3 and f["loso"][0] == {"source": "a", "points": 2, "factor_without": 6.0, "median_error": 3.5}
 
 
+def test_the_run_time_factors_are_the_records():
+    # boards/speed/fit.json (installed with the profiles) holds the record's fit and probe
+    f, r = bs.factors(), bs.committed()
+    assert f["fit"] == r["fit"] and f["probe_runs"] == r["probe_runs"]
+    assert f["probe"] == {k: v for k, v in r["probe"].items() if k != "each_run"}
+
+
 def test_profiles_follow_the_committed_record(rec):
     # every MicroPython figure the record derives is the one in the profile, and no
     # profile or page keeps the old fixed estimate
