@@ -553,6 +553,19 @@ def committed(path=RECORD):
     return rec
 
 
+def fit_table(fit, factor_head="factor", one_point="n/a"):
+    # markdown lines: the factor per core family and emitter, its band and leave-one-out errors
+    L = ["| core | emitter | points | %s | band | leave-one-out median error | worst |" % factor_head,
+         "| --- | --- | --- | --- | --- | --- | --- |"]
+    for fam in sorted(fit):
+        for em, f in sorted(fit[fam].items()):
+            L.append("| %s | %s | %d | %.1f | %.1f-%.1f | %s | %s |" % (
+                fam, em, f["points"], f["factor"], f["band"][0], f["band"][1],
+                "%.0f %%" % (100 * f["loo_median_abs_error"]) if f["loo_median_abs_error"] is not None else one_point,
+                "%.0f %%" % (100 * f["loo_max_abs_error"]) if f["loo_max_abs_error"] is not None else "n/a"))
+    return L
+
+
 def show(rec, as_json=False):
     # the factors, one line per core family and emitter
     if as_json:
@@ -565,8 +578,8 @@ def show(rec, as_json=False):
                 ", leave-one-out median error %.0f %%" % (100 * f["loo_median_abs_error"]) if f["loo_median_abs_error"] is not None else ""))
 
 
-def band_costs(profile_path, kind, end, record=None):
-    # {parameter: millicycles} of a profile's MicroPython kind at one end of the band
+def band_costs(brd, kind, end, record=None):
+    # {parameter: millicycles} of a loaded profile's MicroPython kind at one end of the band
     # ("slow": each emitter's highest point, "fast": its lowest): a figure derived from
     # host timings is recomputed with that end's factor of each of its emitters; a figure
     # that is not (a per-call or per-layer estimate) scales by the kind's own emitter's
@@ -574,17 +587,14 @@ def band_costs(profile_path, kind, end, record=None):
     if end not in ("slow", "fast"):
         raise UserError("speed must be fit, slow or fast, not %r" % end, 2)
     rec = record or factors()
-    with open(profile_path) as f:
-        d = json.load(f)
-    fx = profile_factors(rec["fit"], d["cpu"].get("arch", ""))
+    fx = profile_factors(rec["fit"], brd.cpu_arch)
     i = 1 if end == "slow" else 0
     own = fx.get(kind if kind in EMITTERS else "bytecode") or fx.get("bytecode")
     out = {}
-    for p, fig in d["cpu"]["cost"][kind].items():
-        v = fig["value"]
+    for p, v in brd.cpu_cost[kind].items():
         if p in ("cores", "split_permille") or not v:
             out[p] = v
-        elif (kind, p) in TERMS and str(fig.get("source", "")).startswith("fit:"):  # a host timing x factor: recomputed
+        elif (kind, p) in TERMS and brd.cpu_cost_source[kind][p].startswith("fit:"):  # a host timing x factor: recomputed
             out[p] = int(round(1000 * sum(w * rec["probe"][k] * fx[e]["band"][i] for k, w, e in TERMS[(kind, p)][0])))
         else:
             out[p] = int(round(v * own["band"][i] / own["factor"]))

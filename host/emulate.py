@@ -340,16 +340,16 @@ def _kv_layout(cfg, n):
         _bad(str(e))
 
 
-def _cost_model(brd, kind, s, speed="fit", board=None):
+def _cost_model(brd, kind, s, speed="fit"):
     if kind in ("viper", "bytecode") and speed != "fit":
         # the same profile with its MicroPython figures at one end of the band (host/boardspeed.py)
         import copy  # noqa: PLC0415
 
         from host import boardspeed  # noqa: PLC0415
 
+        costs = boardspeed.band_costs(brd, kind, speed)
         brd = copy.copy(brd)
-        brd.cpu_cost = dict(brd.cpu_cost)
-        brd.cpu_cost[kind] = boardspeed.band_costs(boards.path_of(board or brd.name), kind, speed)
+        brd.cpu_cost = dict(brd.cpu_cost, **{kind: costs})
     if kind == "none":
         return None, {"kind": "none", "note": "memory time only: no CPU cost figures used (compute not charged)"}
     try:
@@ -504,7 +504,7 @@ def _run(n, out_dir, progress):
     for obj in {id(r[1].model): r[1].model for r in runs}.values():
         reads.watch(obj)
     s.piece_bytes = n["piece_bytes"]
-    cpu, cost = _cost_model(brd, n["cost"], s, n["speed"], n["board"])
+    cpu, cost = _cost_model(brd, n["cost"], s, n["speed"])
     s.cpu = cpu
     try:
         env = appcfg.make_env(k, bw, cfg_app, brd)
@@ -1081,9 +1081,7 @@ def band(opts, rep):
         return {}
     from host import boardspeed  # noqa: PLC0415
 
-    with open(boards.path_of(normalize(opts)["board"])) as f:
-        arch = json.load(f)["cpu"].get("arch", "")
-    fx = boardspeed.profile_factors(boardspeed.factors()["fit"], arch)
+    fx = boardspeed.profile_factors(boardspeed.factors()["fit"], boards.load(normalize(opts)["board"]).cpu_arch)
     out = {}
     for end, i in (("slow", 1), ("fast", 0)):
         r = run(dict(opts, speed=end))

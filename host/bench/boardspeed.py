@@ -26,12 +26,6 @@ def render(r):
          "time, in board cycles per host ns; factor = the median over a core family's points for one emitter, band = "
          "the lowest and highest point, leave-one-out = each point's board time predicted from the others' median. "
          "The points, their sources and the leave-one-out table: [docs/calibration.md](calibration.md)." % (n, len(left)), "",
-         "| core | emitter | points | factor (cycles per host ns) | band | leave-one-out median error | worst |",
-         "| --- | --- | --- | --- | --- | --- | --- |"]
-    for fam in sorted(r["fit"]):
-        for em, f in sorted(r["fit"][fam].items()):
-            L.append("| %s | %s | %d | %.1f | %.1f-%.1f | %s | %s |" % (
-                fam, em, f["points"], f["factor"], f["band"][0], f["band"][1],
-                "%.0f %%" % (100 * f["loo_median_abs_error"]) if f["loo_median_abs_error"] is not None else "n/a (one point)",
-                "%.0f %%" % (100 * f["loo_max_abs_error"]) if f["loo_max_abs_error"] is not None else "n/a"))
+         ]
+    L += boardspeed.fit_table(r["fit"], "factor (cycles per host ns)", "n/a (one point)")
     return L

@@ -18,7 +18,7 @@ from firmware_py import cpucost, decode, llama2c
 from firmware_py import kv as kvm
 from firmware_py.clock import VirtualClock
 from firmware_py import board as fboard
-from host import boards, paths
+from host import boards, boardspeed, paths
 from host import emulate as emu
 from host.bench import budget as budget_bench
 from host.bench import emit
@@ -137,8 +137,6 @@ def stories15m():
 
 def host_probe(runs=PROBE_RUNS):
     # the viper/bytecode kernels' host cost on the 32-bit unix port (host/boardspeed.py)
-    from host import boardspeed
-
     return boardspeed.host_probe(runs)
 
 
@@ -271,12 +269,10 @@ def _chosen():
 
 def boardspeed_summary():
     # the committed board-speed fit (docs/bench/boardspeed.json) as this page shows it
-    from host import boardspeed
-
     rec = boardspeed.committed()
     keep = ("id", "url", "where", "chip", "board", "mhz", "mhz_source", "micropython_version", "emitter", "published_us",
             "host_us", "host_build", "ratio", "covers")
-    used = [{k: p.get(k) for k in keep} for p in rec["points"] if "host_us" in p]
+    used = [dict({k: p.get(k) for k in keep}, workload=boardspeed.workload(p)) for p in rec["points"] if "host_us" in p]
     left = [{"id": p["id"], "url": p.get("url"), "why": p.get("excluded") or p.get("note") or "not obtainable"}
             for p in rec["points"] if "host_us" not in p]
     probe = {k: rec["probe"][k] for k in ("viper_mac_i8_ns", "bytecode_mac_f32_ns", "exp_ns")}
@@ -291,12 +287,6 @@ def _int8_traffic(cfg):
     return per + 4 * (per // 32) + 2 * 4 * d, 4 * d + cls + 4 * (cls // 32) + d + 4 * (d // 32)
 
 
-def boardspeed_family(chip):
-    from host import boardspeed
-
-    return boardspeed.family(chip)
-
-
 def boardspeed_tables(b):
     # the board-speed section: the factor per core and emitter, each point with its
     # leave-one-out error, the points left out and why
@@ -308,18 +298,12 @@ def boardspeed_tables(b):
          "board time from the median of the others. A clock marked *assumed* is the firmware's default at that "
          "version (the source does not state it). Command: `./kv bench boardspeed` (needs a clone of "
          "micropython/micropython: `KVRTOS_MICROPYTHON_REPO`)." % b["runs"], "",
-         "| core | emitter | points | factor | band | leave-one-out median error | worst |",
-         "| --- | --- | --- | --- | --- | --- | --- |"]
-    for fam in sorted(b["fit"]):
-        for em, f in sorted(b["fit"][fam].items()):
-            L.append("| %s | %s | %d | %.1f | %.1f-%.1f | %s | %s |" % (
-                fam, em, f["points"], f["factor"], f["band"][0], f["band"][1],
-                "%.0f %%" % (100 * f["loo_median_abs_error"]) if f["loo_median_abs_error"] is not None else "n/a",
-                "%.0f %%" % (100 * f["loo_max_abs_error"]) if f["loo_max_abs_error"] is not None else "n/a"))
+         ]
+    L += boardspeed.fit_table(b["fit"])
     L += ["", "What the factors can and cannot say:", ""]
     for fam in sorted(b["fit"]):
-        vp = [p for p in b["points"] if p["emitter"] == "viper" and boardspeed_family(p["chip"]) == fam]
-        calls = [p for p in vp if "viper_call" in p["id"]]
+        vp = [p for p in b["points"] if p["emitter"] == "viper" and boardspeed.family(p["chip"]) == fam]
+        calls = [p for p in vp if p["workload"] == "viper-call"]
         loops = [p for p in vp if p not in calls]
         if calls and loops:
             L.append("- %s viper: %d of its %d points are perf_bench's viper_call* (a native loop calling a viper "
@@ -339,10 +323,8 @@ def boardspeed_tables(b):
     L += ["", "The points (board time as published; host time measured here):", "",
           "| point | chip | MHz | MicroPython | emitter | board us | host us | ratio | leave-one-out error |",
           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    from host import boardspeed
-
     for p in b["points"]:
-        f = b["fit"].get(boardspeed.family(p["chip"]), {}).get(p["emitter"], {})
+        f = b["fit"].get(boardspeed.family(p["chip"]), {}).get(p["workload"], {})
         e = [x["error"] for x in f.get("loo", []) if x["id"] == p["id"]]
         clk = "%d%s" % (p["mhz"], " (assumed)" if str(p["mhz_source"]).startswith(("assumed", "not stated", "inferred")) else "")
         L.append("| [%s](%s) | %s | %s | %s | %s | {:,} | {:,} | %.1f | %s |".format(int(p["published_us"]), int(p["host_us"]))
