@@ -4,21 +4,27 @@
 # (array('f'), a list, a numpy array) and fixed-point int logits (array('i') with
 # frac_bits fractional bits, qmodel's).
 #
-# Sampling works in integers after one float step: each token's weight is
-# floor(exp((logit - max) / T) x ONE) (ONE = 2**16, less for vocabularies over
-# 16,384 so the sum stays a small int), then the top-p cut, the cumulative sums and
-# the draw are integer arithmetic: a float rounding difference between interpreters
-# can only matter where it moves a weight across an integer.
-# Costs: greedy O(vocab), no allocation on int logits; sampling O(vocab + k^2) for the
-# k tokens above run.c's top-p cutoff (most tokens fall below it), allocates floats.
-import math
-
+# Sampling is integer arithmetic on small ints (below 2**30, so none is a heap object on a
+# 32-bit port): each token's weight is ONE x 2**-e with e = (max - logit) x log2(e) / T,
+# taken from a 256-entry table of 2**(-f/256) (steps of 0.27 %) and a shift; then the
+# top-p cut, the cumulative sums and the draw. Float logits are first turned into the
+# same fixed point (16 fraction bits), one float step per token, so a float rounding
+# difference between interpreters can only matter where it moves a logit across 2**-16.
+# Costs: greedy O(vocab); sampling O(vocab + k^2) for the k tokens above run.c's top-p
+# cutoff (most tokens fall below it). Neither allocates on int logits (heap_lock-tested
+# on the 32-bit port, tests/firmware/fw_sample.py); float logits allocate their floats.
 from firmware_py.compat import const, new_array
 
 _ONE = const(65536)  # weight of the most likely token
 _LIMIT = const(0x3FFFFFFF)  # weights sum below this (a small int on the ESP32)
-_MASK32 = const(0xFFFFFFFF)  # xorshift32 state width (its arithmetic allocates on a 32-bit port: sampling only)
+_MASK32 = const(0xFFFFFFFF)  # seed range
 _SEED0 = const(0x2545F491)  # the state for seed 0 (xorshift's state must not be 0)
+_FRAC = const(16)  # fraction bits of (max - logit) as the weight step reads it
+_ESH = const(25)  # fraction bits of the base-2 exponent e (e x 2**25 < 17 x 2**25 < 2**30)
+_EMAX = const(570425344)  # 17 << 25: from 2**-17 of ONE on, a weight is 0
+_STEP = const(1070838486)  # 2**(-1/256) x 2**30, rounded: the table's ratio
+_PBITS = const(15)  # fraction bits of top_p (q = top_p x 2**15)
+_LOG2E = 1.4426950408889634  # log2(e)
 
 
 class SamplerError(ValueError):
@@ -45,18 +51,42 @@ class Sampler:
         self.state_lo = x & 0xFFFF  # heap int held between tokens (the free heap would swing by 32 B)
         one = _LIMIT // vocab_size
         self.one = one if one < _ONE else _ONE  # integer weight of probability "the most likely"
+        self.q_p = int(top_p * (1 << _PBITS) + 0.5)  # top_p in 1/2**15 (2**15: keep all)
         self.weight = new_array("i", vocab_size)  # [token] integer weight of the current step
         self.cand = new_array("i", vocab_size)  # candidate tokens of the top-p cut, by weight descending
+        # the exponent: e x 2**25 = (d >> r) x mul for d = (max - logit) in 1/2**16; r drops
+        # the low bits a high temperature cannot see, so mul keeps 12 or more significant bits
+        self.r = 0  # right shift of d
+        self.mul = 1  # exponent per unit of (d >> r), in 1/2**25
+        self.dmax = 1  # (d >> r) from which a weight is 0
+        self.table = new_array("i", 256)  # [f] ONE x 2**(-f/256), integers
+        if temperature > 0.0:
+            x = _LOG2E * (1 << _ESH) / (temperature * (1 << _FRAC))
+            r = 0
+            while r < 16 and x * (1 << r) < 4096.0:
+                r += 1
+            m = x * (1 << r)
+            m = _EMAX if m >= _EMAX else int(m + 0.5)
+            self.r = r
+            self.mul = m if m > 0 else 1
+            self.dmax = (_EMAX + self.mul - 1) // self.mul
+            v = 1 << 30  # 2**(-f/256) in 1/2**30, stepped in integers: the same table everywhere
+            for f in range(256):
+                self.table[f] = (v * self.one + (1 << 29)) >> 30
+                v = (v * _STEP + (1 << 29)) >> 30
 
-    # next xorshift32 output (Marsaglia 13/17/5) in 0 .. 2**30 - 1; O(1)
+    # next xorshift32 output (Marsaglia 13/17/5) in 0 .. 2**30 - 1, on the 16-bit halves; O(1)
     def rand(self):
-        x = (self.state_hi << 16) | self.state_lo
-        x ^= (x << 13) & _MASK32
-        x ^= x >> 17
-        x ^= (x << 5) & _MASK32
-        self.state_hi = x >> 16
-        self.state_lo = x & 0xFFFF
-        return x >> 2
+        hi = self.state_hi
+        lo = self.state_lo
+        hi ^= ((hi << 13) | (lo >> 3)) & 0xFFFF  # x ^= x << 13
+        lo ^= (lo << 13) & 0xFFFF
+        lo ^= hi >> 1  # x ^= x >> 17
+        hi ^= ((hi << 5) | (lo >> 11)) & 0xFFFF  # x ^= x << 5
+        lo ^= (lo << 5) & 0xFFFF
+        self.state_hi = hi
+        self.state_lo = lo
+        return (hi << 14) | (lo >> 2)
 
     # the next token for these logits (frac_bits: int logits in fixed point); O(vocab)
     def pick(self, logits, frac_bits=None):
@@ -64,28 +94,18 @@ class Sampler:
             return argmax(logits, self.vocab_size)
         return self._sample(logits, frac_bits)
 
-    # temperature + top-p draw; O(vocab + k^2), allocates floats
+    # temperature + top-p draw; O(vocab + k^2); allocates nothing on int logits
     def _sample(self, logits, frac_bits):
         n = self.vocab_size
         best = argmax(logits, n)
-        div = float(1 << frac_bits) if frac_bits is not None else 1.0
-        inv_t = 1.0 / (self.temperature * div)
-        top = float(logits[best])
         wt = self.weight
-        one = self.one
-        total = 0
-        if hasattr(logits, "dtype"):  # numpy: one vectorized step, float64 like the loop
-            np = _np_of(logits)
-            w = np.floor(np.exp((logits.astype(np.float64) - top) * inv_t) * one).astype(np.int64)
-            for i, v in enumerate(w.tolist()):
-                wt[i] = v
-            total = int(w.sum())
+        if hasattr(logits, "dtype"):
+            total = self._weights_np(logits, best, frac_bits)
+        elif frac_bits is None:
+            total = self._weights_float(logits, best)
         else:
-            for i in range(n):
-                v = int(math.exp((float(logits[i]) - top) * inv_t) * one)
-                wt[i] = v
-                total += v
-        if self.top_p >= 1.0:
+            total = self._weights_int(logits, best, frac_bits)
+        if self.q_p >= (1 << _PBITS):
             r = self.rand() % total
             for i in range(n):
                 r -= wt[i]
@@ -93,7 +113,7 @@ class Sampler:
                     return i
             return best
         # run.c's cut: a token below (1 - top_p) / (n - 1) of the mass cannot be in the nucleus
-        cut = int((1.0 - self.top_p) * total / (n - 1)) if n > 1 else 0
+        cut = _mulfrac(total, (1 << _PBITS) - self.q_p) // (n - 1) if n > 1 else 0
         cand = self.cand
         k = 0
         for i in range(n):
@@ -106,7 +126,7 @@ class Sampler:
                     j -= 1
                 cand[j] = i
                 k += 1
-        keep = int(self.top_p * total)
+        keep = _mulfrac(total, self.q_p)
         cum = 0
         last = k - 1
         for j in range(k):
@@ -120,6 +140,85 @@ class Sampler:
             if r < 0:
                 return cand[j]
         return cand[last]
+
+    # fixed-point logits (fb fraction bits) into self.weight; returns their sum
+    def _weights_int(self, logits, best, fb):
+        wt = self.weight
+        tab = self.table
+        mul = self.mul
+        dmax = self.dmax
+        top = logits[best]
+        total = 0
+        sh = _FRAC - fb - self.r  # d >> r = (max - logit) << sh
+        if sh >= 0:
+            lim = ((dmax - 1) >> sh) + 1  # (max - logit) from which a weight is 0, unshifted
+            for i in range(self.vocab_size):
+                a = top - logits[i]
+                if a >= lim:
+                    v = 0
+                else:
+                    e = (a << sh) * mul
+                    v = tab[(e >> 17) & 255] >> (e >> _ESH)
+                wt[i] = v
+                total += v
+        else:
+            sh = -sh
+            for i in range(self.vocab_size):
+                a = (top - logits[i]) >> sh
+                if a >= dmax:
+                    v = 0
+                else:
+                    e = a * mul
+                    v = tab[(e >> 17) & 255] >> (e >> _ESH)
+                wt[i] = v
+                total += v
+        return total
+
+    # float logits: each (max - logit) to 1/2**16 first, then as _weights_int
+    def _weights_float(self, logits, best):
+        wt = self.weight
+        tab = self.table
+        mul = self.mul
+        dmax = self.dmax
+        r = self.r
+        top = float(logits[best])
+        total = 0
+        for i in range(self.vocab_size):
+            d = (top - float(logits[i])) * 65536.0
+            a = int(d) >> r if d < 1e15 else dmax  # d >= 0; 1e15: beyond any weight, and no huge int
+            if a >= dmax:
+                v = 0
+            else:
+                e = a * mul
+                v = tab[(e >> 17) & 255] >> (e >> _ESH)
+            wt[i] = v
+            total += v
+        return total
+
+    # numpy logits (CPython): the same integers, vectorized
+    def _weights_np(self, logits, best, fb):
+        np = _np_of(logits)
+        n = self.vocab_size
+        if fb is None:
+            top = float(logits[best])
+            d = np.nan_to_num((top - logits[:n].astype(np.float64)) * 65536.0, nan=1e15)
+            a = np.minimum(d, 1e15).astype(np.int64) >> self.r
+        else:
+            a = int(logits[best]) - logits[:n].astype(np.int64)
+            sh = _FRAC - fb - self.r
+            a = np.minimum(a, 1 << 40) << sh if sh >= 0 else a >> -sh
+        a = np.minimum(a, self.dmax)
+        e = a * self.mul
+        tab = np.array(self.table, np.int64)
+        w = np.where(a >= self.dmax, 0, tab[(e >> 17) & 255] >> np.minimum(e >> _ESH, 62))
+        for i, v in enumerate(w.tolist()):
+            self.weight[i] = v
+        return int(w.sum())
+
+
+# floor(x * q / 2**15) for 0 <= x < 2**30, 0 <= q <= 2**15, in small ints; O(1)
+def _mulfrac(x, q):
+    return (x >> _PBITS) * q + (((x & 0x7FFF) * q) >> _PBITS)
 
 
 # index of the largest of the first n logits, the lowest index on ties; O(n)
