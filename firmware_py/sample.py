@@ -59,8 +59,9 @@ class Sampler:
         self.r = 0  # right shift of d
         self.mul = 1  # exponent per unit of (d >> r), in 1/2**25
         self.dmax = 1  # (d >> r) from which a weight is 0
-        self.table = new_array("i", 256)  # [f] ONE x 2**(-f/256), integers
+        self.table = None  # [f] ONE x 2**(-f/256), integers (1 KB; greedy has none)
         if temperature > 0.0:
+            self.table = new_array("i", 256)
             x = _LOG2E * (1 << _ESH) / (temperature * (1 << _FRAC))
             r = 0
             while r < 16 and x * (1 << r) < 4096.0:
