@@ -9,7 +9,9 @@
 # taken from a 256-entry table of 2**(-f/256) (steps of 0.27 %) and a shift; then the
 # top-p cut, the cumulative sums and the draw. Float logits are first turned into the
 # same fixed point (16 fraction bits), one float step per token, so a float rounding
-# difference between interpreters can only matter where it moves a logit across 2**-16.
+# difference between interpreters can only matter where it moves a logit across 2**-16
+# (the per-temperature multiplier is computed once in floats: a single-precision port may
+# round it one unit apart from the unix ports' doubles at some temperatures).
 # Costs: greedy O(vocab); sampling O(vocab + k^2) for the k tokens above run.c's top-p
 # cutoff (most tokens fall below it). Neither allocates on int logits (heap_lock-tested
 # on the 32-bit port, tests/firmware/fw_sample.py); float logits allocate their floats.
@@ -64,7 +66,7 @@ class Sampler:
             self.table = new_array("i", 256)
             x = _LOG2E * (1 << _ESH) / (temperature * (1 << _FRAC))
             r = 0
-            while r < 16 and x * (1 << r) < 4096.0:
+            while r < 28 and x * (1 << r) < 4096.0:
                 r += 1
             m = x * (1 << r)
             m = _EMAX if m >= _EMAX else int(m + 0.5)
@@ -119,7 +121,7 @@ class Sampler:
         k = 0
         for i in range(n):
             v = wt[i]
-            if v >= cut and v > 0:
+            if (v >= cut and v > 0) or i == best:  # the most likely token is always a candidate
                 # insertion by weight descending, ties by token id ascending
                 j = k
                 while j > 0 and wt[cand[j - 1]] < v:
@@ -183,6 +185,7 @@ class Sampler:
         dmax = self.dmax
         r = self.r
         top = float(logits[best])
+        _finite(top, best)
         total = 0
         for i in range(self.vocab_size):
             d = (top - float(logits[i])) * 65536.0
@@ -202,6 +205,7 @@ class Sampler:
         n = self.vocab_size
         if fb is None:
             top = float(logits[best])
+            _finite(top, best)
             d = np.nan_to_num((top - logits[:n].astype(np.float64)) * 65536.0, nan=1e15)
             a = np.minimum(d, 1e15).astype(np.int64) >> self.r
         else:
@@ -215,6 +219,12 @@ class Sampler:
         for i, v in enumerate(w.tolist()):
             self.weight[i] = v
         return int(w.sum())
+
+
+# SamplerError unless the top logit is a finite number (NaN or inf: a broken model or input)
+def _finite(top, best):
+    if top != top or top == float("inf") or top == float("-inf"):
+        raise SamplerError("logit %d is %r: the model produced a non-finite value" % (best, top))
 
 
 # floor(x * q / 2**15) for 0 <= x < 2**30, 0 <= q <= 2**15, in small ints; O(1)

@@ -13,7 +13,7 @@ import llama_ref
 from conftest import ROOT, mp32_or_skip, run_firmware
 from firmware_py import decode, kv, llama2c, pool, quant, tokenizer
 from firmware_py.model import Model
-from firmware_py.sample import Sampler, argmax
+from firmware_py.sample import Sampler, SamplerError, argmax
 from host import budget, paths
 from vboard_util import kv as kv_cli
 from vboard_util import one_line_error
@@ -284,6 +284,14 @@ def test_sampler_greedy_temperature_top_p():
     fixed = np.array([256, 768, 512, 768, -256], np.int32)  # the same logits, 8 fraction bits
     sf = Sampler(5, 0.8, 0.9, 42)
     assert [sf.pick(fixed, 8) for _ in range(200)] == x
+    # a nucleus smaller than one near-uniform token still keeps the most likely one (was a
+    # ZeroDivisionError: no candidate passed the cut)
+    assert Sampler(4, 1.0, 0.1, 1).pick([0.0] * 4) == 0
+    assert Sampler(100, 1e6, 0.005, 1).pick([float(i) for i in range(100)]) == 99
+    for broken in ([float("nan"), 0.0, 1.0], [0.0, float("inf"), 1.0], [float("-inf")] * 3):
+        for lg in (broken, np.array(broken, np.float32)):
+            with pytest.raises(SamplerError, match="non-finite"):
+                Sampler(3, 0.8, 0.9, 1).pick(lg)
     for bad in ((5, -1.0), (5, 1.0, 0.0), (5, 1.0, 1.5), (0,), (5, 1.0, 1.0, -1)):
         with pytest.raises(ValueError):
             Sampler(*bad)
