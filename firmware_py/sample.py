@@ -144,7 +144,10 @@ class Sampler:
                 return cand[j]
         return cand[last]
 
-    # fixed-point logits (fb fraction bits) into self.weight; returns their sum
+    # fixed-point logits (fb fraction bits) into self.weight; returns their sum. The weight
+    # step (dmax test, multiply, table, shift) is written out in each loop, here and in
+    # _weights_float, on purpose: a helper call per token of the vocabulary is the loop's cost
+    # again in bytecode on the board
     def _weights_int(self, logits, best, fb):
         wt = self.weight
         tab = self.table
