@@ -205,6 +205,20 @@ class Server:
         self.tasks.append(self.task)
         return OK
 
+    # boot the decode now (model, tokenizer, the pool sized from the heap that is free) with
+    # the options the next request would use, before the kernel runs the config's tasks:
+    # the boot reads the whole model and collects the heap (hundreds of ms on a board), and
+    # done at the first request it would hold the CPU inside the input task while the
+    # real-time tasks wait. True when booted; a boot that fails prints its one line and
+    # the first request boots again (and refuses with that line)
+    def boot(self):
+        try:
+            self._session()
+        except (decode.DecodeError, MemoryError) as e:
+            self.out("serve: boot deferred to the first request: %s" % e)
+            return False
+        return True
+
     # give the slots of finished request tasks back to the kernel
     def _release(self):
         keep = []
@@ -538,6 +552,7 @@ def main(prompt=None, tokens=None, model=None, tokenizer=None,
     print("serve: telemetry at %d Hz on a %d B/s link; waiting for commands (Ctrl-C ends)" % (rate_hz, link_bps))
     _keep_ctrl_c()
     try:
+        srv.boot()  # before the kernel runs the tasks beside the decode (Server.boot)
         if prompt is not None:
             if srv.start(prompt, tokens) != OK:
                 print("serve: the prompt was refused")

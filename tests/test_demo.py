@@ -136,6 +136,34 @@ def test_serve_main_names_the_decode_keys_the_board_ignores(tmp_path, monkeypatc
     assert srv.session.n_new == 3 and srv.task is None
 
 
+def test_serve_main_boots_before_the_tasks_run(tmp_path, monkeypatch, capsysbinary):
+    # the boot (the model read, the heap collected and sized) happens before the kernel runs
+    # the config's tasks, also when serve waits for a command (as under ./kv demo and
+    # monitor --start): done at the first request, inside the input task, it held the CPU
+    # for 150-490 ms on the virtual board while the 16 kHz microphone (48 ms deadline) waited
+    at_run = []
+    monkeypatch.setattr(serve.Server, "run", lambda self, for_us=-1: at_run.append(self.session))
+    cfg = {"decode": {"kv_dtype": "int8"},  # no prompt: serve waits for commands
+           "tasks": [{"kind": "audio", "name": "mic", "rate_hz": 16000, "sample_bytes": 2, "period_us": 16000, "halves": 4}]}
+    srv = _main_in(tmp_path, monkeypatch, cfg)
+    assert len(at_run) == 1 and at_run[0] is not None and at_run[0] is srv.session
+    assert b"boot: " in capsysbinary.readouterr().out
+    # the first request with the same options runs on that session: no second boot
+    s = srv.session
+    assert srv.start("Once", 2) == 0 and srv.session is s
+
+
+def test_serve_boot_that_fails_is_one_line_and_the_request_says_it_again(tmp_path, monkeypatch, capsysbinary):
+    monkeypatch.chdir(tmp_path)
+    lines = []
+    srv = serve.Server(lambda buf, n: None, None, clock=VirtualClock(), model=str(tmp_path / "none.bin"),
+                       tokenizer=os.path.join(TINY, "tokenizer.bin"), out=lines.append)
+    assert srv.boot() is False and srv.session is None
+    assert len(lines) == 1 and lines[0].startswith("serve: boot deferred to the first request: ") and "none.bin" in lines[0]
+    assert srv.start("Once", 2) != 0  # refused with the same reason, serve still up
+    assert lines[-1].startswith("serve: request refused: ") and "none.bin" in lines[-1], lines
+
+
 @pytest.mark.parametrize("cfg, word", [
     ('{"tasks": [{"kind": "sensor", "name": "x", "period_us": 5}]}', "period_us must be in 100..100000000, got 5"),
     ('{"decode": {"policy": "lru"}', "not valid JSON"),
