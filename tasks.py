@@ -122,12 +122,14 @@ def bench_docs(c, render=False, only=None):
         "word_bytes": "MCU heap figures for this word size: 4 the board (default), 8 the 64-bit unix port / virtual board",
         "sram_kv_bytes": "MCU: KV bytes of internal SRAM for the tiers' sram range, or max (default: what is left after ESP-IDF and MicroPython, an estimate)",
         "flash_kv_bytes": "MCU: KV bytes of a preallocated flash file (full policy, not int4), or max (default 0)",
+        "context": "MCU: what runs beside the pool: serve (default: a flashed board serving, ./kv demo and monitor --start), "
+                   "serve+tasks (with a config's tasks, ./kv flash --config), decode (decode.Session by itself)",
         "json": "print one JSON object",
     }
 )
 @one_line_errors
 def budget(c, board="esp32s3_n8r8", model="stories260K", kv_dtype="fp32", policy="full", window="0", batch="1", tokens="0", weights_dtype=None, weights_bytes="0", json=False,
-           word_bytes="0", sram_kv_bytes=None, flash_kv_bytes=None):
+           word_bytes="0", sram_kv_bytes=None, flash_kv_bytes=None, context="serve"):
     """How many KV tokens fit on a board with a model, and the heap the firmware needs."""
     from host import budget as budget_mod
     from host import models
@@ -143,7 +145,7 @@ def budget(c, board="esp32s3_n8r8", model="stories260K", kv_dtype="fp32", policy
         board=board, model=model, kv_dtype=kv_dtype, policy=policy, window=window,
         batch=whole(batch, "--batch", 1), tokens=whole(tokens, "--tokens"), weights_dtype=weights_dtype or "",
         weights_bytes=whole(weights_bytes, "--weights-bytes"), as_json=json, word_bytes=whole(word_bytes, "--word-bytes"),
-        sram_kv_bytes=sram_kv_bytes, flash_kv_bytes=flash_kv_bytes,
+        sram_kv_bytes=sram_kv_bytes, flash_kv_bytes=flash_kv_bytes, context=context,
     )
     if not r["fits"]:
         # the figures are on stdout; exit 3 says "does not fit" (2: bad input)

@@ -36,12 +36,16 @@ TABLE = {
 # the largest piece at the probe, "model_extra": the run state's bytes beyond the shapes
 # of its arrays (model.run_state_fixed_bytes); each (most, spread) over the boards'
 # heaps; measured with a model of "vocab" tokens (the residual scales by
-# decode.TOKEN_BYTES per token for another)
+# decode.TOKEN_BYTES per token for another). Contexts (CONTEXTS): "decode" is
+# decode.Session booted by itself from the source modules (tools/kvprobe.py, the rows
+# `./kv bench budget` checks); "serve" is a flashed board's own boot (tools/serveprobe.py:
+# the board's files in one folder, .mpy modules, main.py's boot report, then serve.main),
+# "serve+tasks" the same with a config's tasks (voice-assistant's) in kvrtos.json
 FOOTPRINT = {
-    (4, "q8"): {"decode": {"residual": (279488, 640), "holes": (14968, 49), "model_extra": (5336, 4)}},
-    (4, "plain"): {"decode": {"residual": (262448, 544), "holes": (10896, 249), "model_extra": (960, 0)}},
-    (8, "q8"): {"decode": {"residual": (411360, 640), "holes": (11879, 829), "model_extra": (10628, 4)}},
-    (8, "plain"): {"decode": {"residual": (390272, 544), "holes": (11269, 340), "model_extra": (2016, 0)}},
+    (4, "q8"): {"decode": {"residual": (280560, 0), "holes": (14413, 0), "model_extra": (5340, 0)}, "serve": {"residual": (338368, 0), "holes": (15559, 0), "model_extra": (5328, 0)}, "serve+tasks": {"residual": (369552, 0), "holes": (12345, 0), "model_extra": (5328, 0)}},
+    (4, "plain"): {"decode": {"residual": (263584, 0), "holes": (10629, 0), "model_extra": (960, 0)}, "serve": {"residual": (321712, 0), "holes": (23669, 0), "model_extra": (960, 0)}, "serve+tasks": {"residual": (352832, 0), "holes": (15392, 0), "model_extra": (960, 0)}},
+    (8, "q8"): {"decode": {"residual": (412864, 0), "holes": (12975, 0), "model_extra": (10628, 0)}, "serve": {"residual": (492000, 0), "holes": (11976, 0), "model_extra": (10600, 0)}, "serve+tasks": {"residual": (530656, 0), "holes": (12820, 0), "model_extra": (10600, 0)}},
+    (8, "plain"): {"decode": {"residual": (392032, 0), "holes": (10107, 0), "model_extra": (2016, 0)}, "serve": {"residual": (471264, 0), "holes": (10513, 0), "model_extra": (2016, 0)}, "serve+tasks": {"residual": (509824, 0), "holes": (8414, 0), "model_extra": (2016, 0)}},
 }
 VOCAB = 512  # vocabulary of the model the footprints were measured with
 # bytes the calculator takes off the free heap and again off its largest piece beyond the
@@ -77,9 +81,10 @@ def margin(word_bytes, q8, parts=("decode",)):
 
 
 # {"residual", "holes", "model_extra": bytes (the most measured), "vocab"} of the boot in
-# context (CONTEXTS; a context not measured falls back to "decode", whose residual is
-# the smallest: serve's objects are measured by its own boot on the board)
+# context (CONTEXTS); ValueError for another
 def footprint(word_bytes, q8, context="decode"):
     row = FOOTPRINT[(4 if word_bytes == 4 else 8, "q8" if q8 else "plain")]
-    f = row.get(context) or row["decode"]
+    if context not in row:
+        raise ValueError("heap footprint: no measured context %r (want %s)" % (context, ", ".join(CONTEXTS)))
+    f = row[context]
     return {"residual": f["residual"][0], "holes": f["holes"][0], "model_extra": f["model_extra"][0], "vocab": VOCAB}

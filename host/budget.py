@@ -59,13 +59,28 @@ FS_FIXED_SOURCE = ("estimate: 384 KiB for the firmware's .mpy files (178,485 B m
 FLASH_BATCH = 16  # tiers.BATCH: write-back batch, tokens (the source documents' "flush after 16 tokens")
 
 
+# what runs on the board beside the pool (firmware_py/heapmargin.py CONTEXTS, each measured):
+# "serve", a flashed board serving (main.py's boot report, then serve.main: ./kv demo,
+# ./kv monitor --start, app.main(serve=True)), the default; "serve+tasks", the same with an
+# application config's tasks (./kv flash --config); "decode", decode.Session booted by
+# itself (what ./kv bench budget's rows boot): the smallest firmware, the most blocks
+CONTEXT_DEFAULT = "serve"
+CONTEXT_WORDS = {
+    "serve": "serve: a flashed board's boot report, then serve.main with its telemetry (./kv demo, monitor --start)",
+    "serve+tasks": "serve+tasks: serve with an application config's tasks (./kv flash --config)",
+    "decode": "decode: decode.Session by itself, no serve (the smallest firmware; ./kv bench budget's rows)",
+}
+
+
 def compute(board, model, kv_dtype="fp32", policy="full", window=0, batch=1, tokens=0, weights_dtype="", weights_bytes=0,
-            word_bytes=0, sram_kv_bytes=None, flash_kv_bytes=None):
+            word_bytes=0, sram_kv_bytes=None, flash_kv_bytes=None, context=CONTEXT_DEFAULT):
     # the budget as a dict (see docs/budget.md for every field); UserError on bad input.
     # weights_dtype re-prices the model's parameters; weights_bytes overrides both;
     # word_bytes: the MicroPython build's word (0: the board's, 4; 8: the 64-bit unix port);
     # sram_kv_bytes / flash_kv_bytes: the tiers' KV bytes (None: the default, "max": the
     # bound; see tiers_of)
+    if context not in heapmargin.CONTEXTS:
+        raise UserError("--context must be one of %s, got %r" % (", ".join(heapmargin.CONTEXTS), context), 2)
     brd = boards.load(board)
     m = models.load(model)
     if weights_dtype:
@@ -106,7 +121,7 @@ def compute(board, model, kv_dtype="fp32", policy="full", window=0, batch=1, tok
         q8 = decode.uses_q8("auto", int8_weights, kv_dtype)  # the board's auto backend
         # every heap byte not in the weights or the KV blocks: the firmware's own (measured
         # by ./kv heapmargin), the run state, the pool's bookkeeping, the boot's margin
-        reserved = decode.budget_blocks(memory, cfg, m.weights_bytes, layout, brd.firmware_bytes, h2o, batch, word, q8)[0]
+        reserved = decode.budget_blocks(memory, cfg, m.weights_bytes, layout, brd.firmware_bytes, h2o, batch, word, q8, context)[0]
         acts = 0  # the run state is in the reserve (the boot measures it with the rest)
     else:
         memory = brd.total_bytes("dram") or brd.total_bytes("psram") or brd.total_bytes("sram")
@@ -115,7 +130,7 @@ def compute(board, model, kv_dtype="fp32", policy="full", window=0, batch=1, tok
     _refuse_absurd(brd, m, memory, reserved, batch, tokens, layout)
     avail = memory - reserved - m.weights_bytes - acts
     if brd.kind == "mcu":
-        blocks = decode.budget_blocks(memory, cfg, m.weights_bytes, layout, brd.firmware_bytes, h2o, batch, word, q8)[1]
+        blocks = decode.budget_blocks(memory, cfg, m.weights_bytes, layout, brd.firmware_bytes, h2o, batch, word, q8, context)[1]
     else:
         blocks = kv.blocks_for(avail, layout, batch, h2o)
     cap = (blocks // batch) * layout.tokens_per_block  # tokens per sequence, each with its own blocks
@@ -183,12 +198,13 @@ def compute(board, model, kv_dtype="fp32", policy="full", window=0, batch=1, tok
         out["kv_bytes_wanted"] = need
         out["fits_wanted"] = out["fits"] and cap >= tokens if policy == "full" else out["fits"]
     if brd.kind == "mcu":
-        p = decode.predict_boot(memory, cfg, m.weights_bytes, layout, brd.firmware_bytes, h2o, batch, word, q8)
+        p = decode.predict_boot(memory, cfg, m.weights_bytes, layout, brd.firmware_bytes, h2o, batch, word, q8, context)
+        out["context"] = context
         out["activations_bytes"] = p["model"] * batch  # the run state, inside reserved_bytes
         out["boot_prediction"] = {"free_bytes": p["free"], "largest_bytes": p["largest"], "margin_bytes": p["margin"],
                                   "firmware_bytes": p["residual"], "run_state_bytes": p["model"],
                                   "source": "firmware_py/heapmargin.py (%s)" % heapmargin.SOURCE}
-        usable = decode.heap_for_blocks(pool_blocks, cfg, m.weights_bytes, layout, brd.firmware_bytes, h2o, batch, word, q8)
+        usable = decode.heap_for_blocks(pool_blocks, cfg, m.weights_bytes, layout, brd.firmware_bytes, h2o, batch, word, q8, context)
         out["heap_bytes_needed_usable"] = usable
         # as a GC heap size (-X heapsize=) of the board's word size (16 B GC blocks:
         # the larger tables), whole KiB
@@ -199,7 +215,7 @@ def compute(board, model, kv_dtype="fp32", policy="full", window=0, batch=1, tok
         out["heap_overhead_bytes"] = out["heap_bytes_needed"] - reserved - m.weights_bytes - acts - pool_blocks * layout.block_bytes
     q8_ = q8 if brd.kind == "mcu" else False
     out["tiers"] = tiers_of(brd, m, cfg, layout, policy, batch, blocks, memory, h2o, q8_, word_bytes or BOARD_WORD_BYTES,
-                            sram_kv_bytes, flash_kv_bytes)
+                            sram_kv_bytes, flash_kv_bytes, context)
     return out
 
 
@@ -249,7 +265,7 @@ def tier_bytes(text, flag):
 
 
 def tiers_of(brd, m, cfg, layout, policy="full", batch=1, heap_blocks=0, memory=0, h2o=False, q8=False, word=BOARD_WORD_BYTES,
-             sram_kv_bytes=None, flash_kv_bytes=None):
+             sram_kv_bytes=None, flash_kv_bytes=None, context=CONTEXT_DEFAULT):
     # the KV tokens each memory tier holds, as a tiered pool would place them
     # (firmware_py/tiers.py over pool.Pool(..., tiers=(n_sram, n_psram)) + a
     # flashkv.FlashStore): a dict (docs/budget.md, "Memory tiers"); UserError (2) on a bad
@@ -290,7 +306,7 @@ def tiers_of(brd, m, cfg, layout, policy="full", batch=1, heap_blocks=0, memory=
         # the SRAM range's blocks are more pool blocks: their bookkeeping and their slots'
         # run state are heap bytes, which the heap's own range gives up
         n_psram = decode.budget_blocks(memory - n_sram * ovh, cfg, m.weights_bytes, layout, brd.firmware_bytes, h2o, batch, word,
-                                       q8)[1] if n_sram else heap_blocks
+                                       q8, context)[1] if n_sram else heap_blocks
         n_psram = min(n_psram, heap_blocks)
         out["heap_tier"] = "psram"
         out["sram"] = {
@@ -400,7 +416,7 @@ def tiers_row(args):
 
     a = _parse(shlex.split(args))
     r = compute(a.board, a.model, a.kv_dtype, a.policy, a.window, a.batch, a.tokens, a.weights_dtype, a.weights_bytes, a.word_bytes,
-                a.sram_kv_bytes, a.flash_kv_bytes)
+                a.sram_kv_bytes, a.flash_kv_bytes, a.context)
     tr = r["tiers"]
     fl = tr.get("flash", {})
     wear = fl.get("wear") or {}
@@ -550,7 +566,8 @@ def _params_of(m):
 
 
 def main(board="esp32s3_n8r8", model="stories260K", kv_dtype="fp32", policy="full", window=0, as_json=False,
-         batch=1, tokens=0, out=None, weights_dtype="", weights_bytes=0, word_bytes=0, sram_kv_bytes=None, flash_kv_bytes=None):
+         batch=1, tokens=0, out=None, weights_dtype="", weights_bytes=0, word_bytes=0, sram_kv_bytes=None, flash_kv_bytes=None,
+         context=CONTEXT_DEFAULT):
     # print the budget (one JSON object with as_json); UserError on bad input
     out = out or sys.stdout
     window = whole(window, "--window")
@@ -559,7 +576,7 @@ def main(board="esp32s3_n8r8", model="stories260K", kv_dtype="fp32", policy="ful
 
     try:
         r = compute(board, model, kv_dtype, policy, window, batch, tokens, weights_dtype, weights_bytes, word_bytes,
-                    sram_kv_bytes, flash_kv_bytes)
+                    sram_kv_bytes, flash_kv_bytes, context)
     except (kv.KVError, llama2c.CheckpointError, fw_board.BoardError) as e:
         raise UserError(str(e), 2) from None
     if as_json:
@@ -600,6 +617,7 @@ def main(board="esp32s3_n8r8", model="stories260K", kv_dtype="fp32", policy="ful
         w("  heap needed       %s B (micropython -X heapsize=%d; usable %s B)\n"
           % (_n(r["heap_bytes_needed"]), r["heap_bytes_needed"], _n(r["heap_bytes_needed_usable"])))
         w("  heap figures      %s\n" % r["heap_figures_from"])
+        w("  beside the pool   %s (--context)\n" % CONTEXT_WORDS[r["context"]])
     _write_tiers(w, r["tiers"])
     if r["note"]:
         w("  note: %s\n" % r["note"])
@@ -687,6 +705,8 @@ def _parser():
     ap.add_argument("--sram-kv-bytes", default=None, help="KV bytes of internal SRAM for the tiers' sram range, or max "
                                                          "(default: what is left after ESP-IDF and MicroPython, an estimate)")
     ap.add_argument("--flash-kv-bytes", default=None, help="KV bytes of a preallocated flash file, or max (default 0)")
+    ap.add_argument("--context", default=CONTEXT_DEFAULT, help="MCU: what runs beside the pool: %s (default %s)"
+                    % (", ".join(heapmargin.CONTEXTS), CONTEXT_DEFAULT))
     ap.add_argument("--json", action="store_true")
     return ap
 
@@ -706,7 +726,7 @@ def _cli(argv=None):
     try:
         a = _parse(argv)
         r = main(a.board, a.model, a.kv_dtype, a.policy, a.window, a.json, a.batch, a.tokens, None, a.weights_dtype, a.weights_bytes,
-                 a.word_bytes, a.sram_kv_bytes, a.flash_kv_bytes)
+                 a.word_bytes, a.sram_kv_bytes, a.flash_kv_bytes, a.context)
     except UserError as e:
         sys.stderr.write("budget: %s\n" % e)
         return e.code

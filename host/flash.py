@@ -166,11 +166,13 @@ def is_virtual(port):
     return real.startswith("/dev/pts/") or real.startswith("/dev/ttyp")
 
 
-def build(board, src=paths.FIRMWARE, virtual=False):
-    # compile the firmware for a board; returns [Artifact] (main.py and board.json included)
+def build(board, src=paths.FIRMWARE, virtual=False, march=None):
+    # compile the firmware for a board; returns [Artifact] (main.py and board.json included);
+    # march: mpy-cross's -march (default: the board's, "host" for a virtual board; "x86" for
+    # the 32-bit unix port)
     if not os.path.isdir(src):
         raise UserError("firmware source %s is not a directory" % src, 2)
-    march = "host" if virtual else board.mpy_arch
+    march = march or ("host" if virtual else board.mpy_arch)
     mpy_cross = paths.tool("mpy-cross")
     out = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -224,6 +226,19 @@ def mpy_format(version, feature):
     arch = feature >> 2
     name = MPY_ARCHS[arch] if arch < len(MPY_ARCHS) else "arch %d" % arch
     return "v%d.%d (%s)" % (version, feature & 3, name if arch else "no native code")
+
+
+def _board_march(t, port):
+    # mpy-cross's -march for the native code of the board on t (its sys.implementation._mpy),
+    # or None when it does not say (check_mpy then refuses what does not load)
+    from mpremote.transport import TransportError  # noqa: PLC0415
+
+    try:
+        mpy = ast.literal_eval(t.exec(_MPY_PROBE).decode().strip().splitlines()[-1])[1]
+    except (ValueError, SyntaxError, IndexError, TypeError, UnicodeError, TransportError, OSError):
+        return None
+    arch = (mpy >> 10) if isinstance(mpy, int) else 0
+    return MPY_ARCHS[arch] if 0 < arch < len(MPY_ARCHS) else None
 
 
 def check_mpy(t, arts, port):
@@ -552,11 +567,17 @@ def flash(port=None, board_name=paths.DEFAULT_BOARD, src=paths.FIRMWARE, out=pri
         port = find_port(board)
         if port is None:
             out("flash: no ESP32-S3 on USB and no virtual board running; starting one")
-            h = vboard.start(board.name, detach=True)
+            h = vboard.start(board_name, detach=True)  # a profile path starts that profile
             port = h.port
     virtual = is_virtual(port)
-    arts = build(board, src, virtual=virtual) + [Artifact(dest, data) for dest, data in model_files + extra]
     t = connect(port, answer_timeout)
+    try:
+        # a virtual board's native code is for the unix port it runs (x64, or x86 for the 32-bit build)
+        march = _board_march(t, port) if virtual else None
+        arts = build(board, src, virtual=virtual, march=march) + [Artifact(dest, data) for dest, data in model_files + extra]
+    except BaseException:
+        _close(t)
+        raise
     copied = skipped = 0
     copied_bytes = skipped_bytes = 0
     current = None

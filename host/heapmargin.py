@@ -13,6 +13,7 @@ import json
 import os
 import re
 
+from firmware_py.heapmargin import CONTEXTS
 from host import boards, mp32, paths
 from host import interp as interp_mod
 from host.errors import UserError
@@ -84,20 +85,26 @@ FOOT_BOARDS = ("esp32s3_n4r2", "esp32s3_n8r8")  # the heaps the footprint is mea
 
 def _boot(interp, word, path, model, tok, board):
     # one kvprobe size=boot on the board's heap: {"residual", "holes", "model_extra"} (B)
-    from firmware_py import decode, kv, llama2c  # noqa: PLC0415
-    from firmware_py import model as fw_model  # noqa: PLC0415
-
     heap = boards.load(board).mpy_heap
     kvd = "int8" if path == "q8" else "fp32"
     r = interp_mod.run(KVPROBE, interp, heapsize=boards.unix_heapsize(heap, word), args=[
         "board=" + os.path.join(paths.BOARDS, board + ".json"), "model=" + model, "tokenizer=" + tok,
         "kv_dtype=" + kvd, "size=boot"], timeout=600)
-    m = _BOOT.search(r.stdout)
+    return _boot_figures(r.stdout + r.stderr, heap, interp, word, path, board, model, "kvprobe size=boot")
+
+
+def _boot_figures(out, heap, interp, word, path, where, model, probe):
+    # {"residual", "holes", "model_extra", "blocks", ...} from a probe's "kvprobe: boot" line
+    from firmware_py import decode, kv, llama2c  # noqa: PLC0415
+    from firmware_py import model as fw_model  # noqa: PLC0415
+
+    kvd = "int8" if path == "q8" else "fp32"
+    m = _BOOT.search(out)
     if not m:
-        raise UserError("kvprobe size=boot (%s, %s, %s) failed: %s" % (interp, path, board, (r.stdout + r.stderr).strip()[-300:]), 1)
+        raise UserError("%s (%s, %s, %s) failed: %s" % (probe, interp, path, where, out.strip()[-300:]), 1)
     blocks, free, largest, margin, model_bytes, status, free0, plan, weights = m.groups()
     if status != "FULL":
-        raise UserError("kvprobe size=boot (%s, %s, %s): the boot-sized pool did not fill (%s)" % (interp, path, board, status), 1)
+        raise UserError("%s (%s, %s, %s): the boot-sized pool did not fill (%s)" % (probe, interp, path, where, status), 1)
     cfg = llama2c.plan(model)[0]
     lay = kv.Layout(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, kvd)
     q8 = path == "q8"
@@ -105,6 +112,48 @@ def _boot(interp, word, path, model, tok, board):
         lay.tokens_per_block * fw_model.run_state_slot_bytes(cfg, q8) + fw_model.run_state_block_bytes(q8))
     return {"residual": heap - int(free0) - int(weights), "holes": int(free) - int(largest),
             "model_extra": int(model_bytes) - shapes, "blocks": int(blocks), "decode_token_bytes": decode.TOKEN_BYTES}
+
+
+SERVEPROBE = os.path.join(paths.FIRMWARE, "tools", "serveprobe.py")
+MARCH = {8: "x64", 4: "x86"}  # mpy-cross -march of the 64- and 32-bit unix ports (this host)
+# the contexts measured by a board's own boot (firmware_py/tools/serveprobe.py: its files
+# in one folder, its .mpy modules, main.py's boot report, serve.main), and the config
+# whose tasks each spawns (None: no kvrtos.json)
+SERVE_CONTEXTS = {"serve": None, "serve+tasks": CONFIG}
+
+
+def _serve_boot(interp, word, path, model, tok, board, context):
+    # one serve boot as a flashed board does it, on the board's heap: {"residual", "holes",
+    # "model_extra"} (B), as _boot's
+    import shutil  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    from host import flash  # noqa: PLC0415
+
+    brd = boards.load(board)
+    heap = brd.mpy_heap
+    with tempfile.TemporaryDirectory() as d:
+        for a in flash.build(brd, march=MARCH[word]):
+            dest = os.path.join(d, *a.dest.split("/"))
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            with open(dest, "wb") as f:
+                f.write(a.data)
+        shutil.copyfile(model, os.path.join(d, "model.bin"))
+        shutil.copyfile(tok, os.path.join(d, "tokenizer.bin"))
+        if SERVE_CONTEXTS[context]:  # the config's tasks (its decode section is the probe's: one request)
+            with open(SERVE_CONTEXTS[context]) as f:
+                app = json.load(f)
+            cfg = {k: app[k] for k in ("name", "tasks", "dma") if k in app}
+            with open(os.path.join(d, "kvrtos.json"), "w") as f:
+                json.dump(cfg, f)
+        # no config: serve's KV is "auto", int8 for the int8 model (the integer path), fp32 for fp32
+        exe = mp32.build() if word == 4 else paths.tool("micropython")
+        shutil.copyfile(SERVEPROBE, os.path.join(d, "serveprobe.py"))
+        r = subprocess.run([exe, "-X", "heapsize=%d" % boards.unix_heapsize(heap, word), "serveprobe.py"], cwd=d,
+                           env=dict(os.environ, MICROPYPATH=d), capture_output=True, timeout=600, stdin=subprocess.DEVNULL)
+    out = r.stdout.decode("latin-1")
+    return _boot_figures(out, heap, interp, word, path, board + " " + context, model, "serveprobe")
 
 
 def measure(workers=2):
@@ -131,7 +180,9 @@ def measure(workers=2):
                 for path in ("q8", "plain"):
                     model, tok = models[path]
                     for board in FOOT_BOARDS:
-                        boots[(word, path, board)] = ex.submit(_boot, interp, word, path, model, tok, board)
+                        boots[(word, path, board, "decode")] = ex.submit(_boot, interp, word, path, model, tok, board)
+                        for ctx in SERVE_CONTEXTS:
+                            boots[(word, path, board, ctx)] = ex.submit(_serve_boot, interp, word, path, model, tok, board, ctx)
             least = {k: f.result() for k, f in jobs.items()}
             boots = {k: f.result() for k, f in boots.items()}
     table = {}
@@ -152,11 +203,13 @@ def measure(workers=2):
                 row[part] = (max(vals), max(vals) - min(vals))
             table["%d,%s" % (word, path)] = row
             fp = {}
-            for f in ("residual", "holes", "model_extra"):
-                vals = [boots[(word, path, b)][f] for b in FOOT_BOARDS]
-                fp[f] = (max(vals), max(vals) - min(vals))
+            for ctx in CONTEXTS:
+                fp[ctx] = {}
+                for f in ("residual", "holes", "model_extra"):
+                    vals = [boots[(word, path, b, ctx)][f] for b in FOOT_BOARDS]
+                    fp[ctx][f] = (max(vals), max(vals) - min(vals))
             foot["%d,%s" % (word, path)] = fp
-    return {"footprint": foot, "boots": {"%d,%s,%s" % k: v for k, v in sorted(boots.items())}, "board": BOARD, "draws": [list(d) for d in DRAWS], "leave_step": LEAVE_STEP, "least": {
+    return {"footprint": foot, "boots": {"%d,%s,%s,%s" % k: v for k, v in sorted(boots.items())}, "board": BOARD, "draws": [list(d) for d in DRAWS], "leave_step": LEAVE_STEP, "least": {
         "%d,%s,%s,%s" % k: v for k, v in sorted(least.items())}, "table": table,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")}
 
@@ -165,8 +218,8 @@ def write(r, path=OUT):
     # rewrite the TABLE and SOURCE lines of firmware_py/heapmargin.py from r
     with open(path) as f:
         text = f.read()
-    text = _sub_table(text, "TABLE", r["table"], "%s")
-    text = _sub_table(text, "FOOTPRINT", r["footprint"], '"decode": {%s}')
+    text = _sub_table(text, "TABLE", r["table"], _items)
+    text = _sub_table(text, "FOOTPRINT", r["footprint"], lambda row: ", ".join('"%s": {%s}' % (c, _items(v)) for c, v in row.items()))
     src = ('SOURCE = "./kv heapmargin --write on %s (%s heap, draws %s; the float path: its decode greedy, '
            'the other parts the integer path\'s)"  # the command and date of the figures\n') % (
         r["date"], r["board"], ", ".join("t=%s" % d[0] for d in r["draws"]))
@@ -175,14 +228,18 @@ def write(r, path=OUT):
         f.write(text)
 
 
+def _items(row):
+    # '"key": (most, spread), ...' of {key: (most, spread)}
+    return ", ".join('"%s": (%d, %d)' % (k, v[0], v[1]) for k, v in row.items())
+
+
 def _sub_table(text, name, figures, row_fmt):
-    # text with its `NAME = {...}` dict rewritten from figures {"W,PATH": {key: (most, spread)}},
-    # each row's items put through row_fmt
+    # text with its `NAME = {...}` dict rewritten from figures {"W,PATH": row}, each row
+    # written by row_fmt(row)
     rows = []
     for key in ("4,q8", "4,plain", "8,q8", "8,plain"):
         w, p = key.split(",")
-        parts = ", ".join('"%s": (%d, %d)' % (k, v[0], v[1]) for k, v in figures[key].items())
-        rows.append('    (%s, "%s"): {%s},' % (w, p, row_fmt % parts))
+        rows.append('    (%s, "%s"): {%s},' % (w, p, row_fmt(figures[key])))
     table = name + " = {\n" + "\n".join(rows) + "\n}\n"
     return re.sub(name + r" = \{\n.*?\n\}\n", lambda m: table, text, flags=re.S)
 
@@ -194,8 +251,9 @@ def run(write_table=False, as_json=False, workers=2):
     if as_json:
         print(json.dumps(r, indent=1, sort_keys=True))
     else:
-        for key, row in r["footprint"].items():
-            print("heapmargin %s boot: %s" % (key, ", ".join("%s %d B (spread %d)" % (k, v[0], v[1]) for k, v in row.items())))
+        for key, rows in r["footprint"].items():
+            for ctx, row in rows.items():
+                print("heapmargin %s boot (%s): %s" % (key, ctx, ", ".join("%s %d B (spread %d)" % (k, v[0], v[1]) for k, v in row.items())))
         for key, row in r["table"].items():
             print("heapmargin %s: %s" % (key, ", ".join("%s %d B (spread %d)" % (k, v[0], v[1]) for k, v in row.items())))
         if write_table:

@@ -197,7 +197,8 @@ class VirtualBoard:
         self.home = home or state_dir(board.name)  # holds port link and pid file
         self.fs_dir = os.path.abspath(fs_dir or os.path.join(self.home, "fs"))  # the board's filesystem
         self.fs_given = fs_dir is not None  # the user named the folder (else it is ours, under home)
-        self.heap = boards.unix_heapsize(board.mpy_heap or 2 * 1024 * 1024)  # -X heapsize giving the profile's usable heap
+        self.exe, word = interpreter()
+        self.heap = boards.unix_heapsize(board.mpy_heap or 2 * 1024 * 1024, word)  # -X heapsize giving the profile's usable heap
         self.vanish_after = vanish_after  # fault injection: vanish after this many host bytes, or None
         self.quiet = quiet  # no status lines on stdout
         self.link = os.path.join(self.home, "port")  # stable port path for clients
@@ -262,7 +263,7 @@ class VirtualBoard:
 
         env = dict(os.environ)
         env.pop("MICROPYPATH", None)
-        cmd = [paths.tool("micropython"), "-X", "heapsize=%d" % self.heap, "-i", BOOT_SCRIPT]
+        cmd = [self.exe, "-X", "heapsize=%d" % self.heap, "-i", BOOT_SCRIPT]
         if raw:
             cmd.append("raw")
         self.child = subprocess.Popen(
@@ -442,6 +443,24 @@ class Handle:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+INTERP_ENV = "KVRTOS_VBOARD_MICROPYTHON"  # another unix-port MicroPython for the board (./kv mp32's: the chip's 32-bit word)
+
+
+def interpreter():
+    # (the unix port the virtual board runs, its word bytes): $KVRTOS_VBOARD_MICROPYTHON when
+    # set (a path; the word size from the name's "32" or asked), else the 64-bit PyPI one
+    exe = os.environ.get(INTERP_ENV)
+    if not exe:
+        return paths.tool("micropython"), 8
+    if not os.path.isfile(exe) or not os.access(exe, os.X_OK):
+        raise UserError("%s=%s is not an executable MicroPython" % (INTERP_ENV, exe), 2)
+    exe = os.path.abspath(exe)  # the board runs in its filesystem folder
+    r = subprocess.run([exe, "-c", "import sys\nprint(sys.maxsize > 2**32)"], capture_output=True, text=True, timeout=20)
+    if r.returncode != 0 or r.stdout.strip() not in ("True", "False"):
+        raise UserError("%s=%s did not run as a MicroPython (%s)" % (INTERP_ENV, exe, (r.stderr.strip() or "no answer")[-120:]), 2)
+    return exe, 8 if r.stdout.strip() == "True" else 4
 
 
 def start(board_name, fs_dir=None, home=None, vanish_after=None, detach=False, timeout=20.0):

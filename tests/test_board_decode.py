@@ -115,7 +115,7 @@ def small_board(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("small")
     heap = small_heap(VBOARD_WORD)
     brd = profile(tmp, "small_heap", heap)
-    calc = budget.compute(brd, TINY_MODEL, "fp32", word_bytes=VBOARD_WORD)
+    calc = budget.compute(brd, TINY_MODEL, "fp32", word_bytes=VBOARD_WORD, context="decode")  # decode.run over the raw REPL, no serve
     assert calc["fits"] and calc["max_tokens"] == 80 and calc["limited_by"] == "kv_budget", calc
     h = vb.start(tmp, board=brd)
     try:

@@ -166,7 +166,7 @@ def test_calculator_is_a_safe_tight_bound_measured_without_it(tmp_path, interp, 
         mp32_or_skip()  # a failure, not a skip, under KVRTOS_REQUIRE_MP32 (.ci/run)
     model, tok, _ = bench_budget.model_path(str(tmp_path), weights)
     word = 4 if interp == "micropython32" else 8
-    d = budget.compute(board, model, dtype, word_bytes=word)
+    d = budget.compute(board, model, dtype, word_bytes=word, context="decode")  # kvprobe boots decode.Session by itself
     for heapsize in (d["heap_bytes_needed"], boards.unix_heapsize(boards.load(board).mpy_heap, word)):
         b = bench_budget.boot(interp, heapsize, board, model, tok, dtype)
         assert b["status"] == "FULL" and b["blocks"] > 0, (heapsize, b)
@@ -212,7 +212,7 @@ def test_the_firmwares_boot_gives_the_calculators_blocks(tmp_path, board, model,
         mp, tp = os.path.join(ROOT, "models", "kvrtos-tiny", "model.bin"), os.path.join(ROOT, "models", "kvrtos-tiny", "tokenizer.bin")
     else:
         mp, tp, _ = bench_budget.model_path(str(tmp_path))
-    d = budget.compute(board, mp, dtype, policy, window)
+    d = budget.compute(board, mp, dtype, policy, window, context="decode")  # the Session by itself
     from host import boards
 
     brd = boards.load(board)
@@ -239,7 +239,7 @@ def check_heapsize(board, model, dtype="fp32", policy="full", window=0, refuse_a
     r = kv_cli(*args)
     assert r.returncode == 0, r.stderr
     # the probe runs on the 64-bit port: the calculator's figures for that word size
-    d = budget.compute(board, model, dtype, policy, window, word_bytes=8)
+    d = budget.compute(board, model, dtype, policy, window, word_bytes=8, context="decode")
     assert json.loads(r.stdout)["word_bytes"] == 4 and d["word_bytes"] == 8
     extra = ["kv_dtype=" + dtype, "policy=" + policy, "window=%d" % window]
     ok = probe(d["heap_bytes_needed"], board, model, *extra)

@@ -158,7 +158,7 @@ def boot(interp, heapsize, board, model, tok, dtype):
 def measure_case(interp, board, dtype, weights, model, tok, heap_from):
     # one row: prediction against measurement at the calculator's or the board's heap
     word = 4 if interp == "micropython32" else 8
-    d = budget.compute(board, model, dtype, word_bytes=word)  # the figures for this build's word size
+    d = budget.compute(board, model, dtype, word_bytes=word, context="decode")  # this build's word size; kvprobe boots decode.Session by itself
     heapsize = d["heap_bytes_needed"] if heap_from == "calculator" else boards.unix_heapsize(boards.load(board).mpy_heap, word)
     fit, r, limit, runs = search(interp, heapsize, board, model, tok, dtype, d["pool_blocks"])
     t = d["tokens_per_block"]
