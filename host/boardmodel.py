@@ -47,13 +47,14 @@ def resolve(model_arg, tok_arg=""):
 
 # the budget (host/budget.compute) under which model_path runs on board_name: the first
 # KV dtype of FIT_KV_DTYPES that fits; UserError (exit 3) naming the calculator's
-# figures when none does
-def check_fits(board_name, model_path):
+# figures when none does. context: what runs beside the pool (budget.CONTEXT_DEFAULT:
+# serve; "serve+tasks" with a config's tasks)
+def check_fits(board_name, model_path, context=budget.CONTEXT_DEFAULT):
     r = None
     # an int8 model runs with int8 KV on the board (serve's default, the integer path's)
     order = ("int8",) if llama2c.plan(model_path)[1].q8_len else FIT_KV_DTYPES
     for dtype in order:
-        r = budget.compute(board_name, model_path, dtype)
+        r = budget.compute(board_name, model_path, dtype, context=context)
         if r["fits"]:
             return r
     # the figures of the last KV type tried, int8: the smallest block
@@ -72,7 +73,7 @@ def check_fits(board_name, model_path):
 # on the fly (one note line through out), the format the integer path (int8 weights, int8
 # KV: the board's default KV type for an int8 model, serve.KV_DTYPE_DEFAULT) reads and
 # the one that keeps the decode's slices short; "fp32": the file as it is
-def files_for(board_name, model_arg, tok_arg="", weights="int8", out=None):
+def files_for(board_name, model_arg, tok_arg="", weights="int8", out=None, context=budget.CONTEXT_DEFAULT):
     mp, tp = resolve(model_arg, tok_arg)
     try:
         plan = llama2c.plan(mp)
@@ -87,7 +88,7 @@ def files_for(board_name, model_arg, tok_arg="", weights="int8", out=None):
         if out is not None:
             out("flash: note: %s" % convert.note(mp, q8, fresh))
         mp = q8
-    r = check_fits(board_name, mp)
+    r = check_fits(board_name, mp, context)
     out = []
     for dest, path in ((decode.MODEL_FILE, mp), (decode.TOKENIZER_FILE, tp)):
         with open(path, "rb") as f:

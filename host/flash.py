@@ -542,6 +542,14 @@ def config_files(path, board, out=print):
     return files
 
 
+def _has_tasks(config):
+    # True when the application config at path config (already checked by config_files) has tasks
+    from firmware_py import appcfg  # noqa: PLC0415
+
+    with open(config) as f:
+        return bool(appcfg.load(f.read())["tasks"])
+
+
 def flash(port=None, board_name=paths.DEFAULT_BOARD, src=paths.FIRMWARE, out=print, reset=True, keep_open=False,
           answer_timeout=ANSWER_TIMEOUT, model=None, tokenizer="", config=None, weights="int8"):
     # flash the firmware (and with model, a checkpoint and its tokenizer: host/boardmodel.py;
@@ -558,7 +566,9 @@ def flash(port=None, board_name=paths.DEFAULT_BOARD, src=paths.FIRMWARE, out=pri
     if model is not None:
         # checked (files, then the budget) before a board is even looked for: a model
         # that cannot fit is refused with the calculator's figures, nothing copied
-        model_files, fit, model_path = boardmodel.files_for(board_name, model, tokenizer, weights, out)
+        # the budget of what the board will run: serve, with the config's tasks when it has some
+        ctx = "serve+tasks" if config is not None and _has_tasks(config) else "serve"
+        model_files, fit, model_path = boardmodel.files_for(board_name, model, tokenizer, weights, out, ctx)
         out("flash: model %s fits %s: KV budget %d tokens (%s KV), generation stops at %d (%s)"
             % (os.path.relpath(model_path, paths.ROOT) if model_path.startswith(paths.ROOT) else model_path, board.name,
                fit["max_tokens"], fit["kv_dtype"], fit["decode_tokens"],
