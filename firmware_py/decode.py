@@ -13,7 +13,8 @@ from firmware_py.clock import RealClock
 from firmware_py.compat import const, ticks_diff
 from firmware_py import model as fw_model
 from firmware_py.model import SAMPLE_UNIT, U_NONE, U_SAMPLE, Model, Slicer
-from firmware_py.sample import Sampler
+from firmware_py import sample as sample_mod
+from firmware_py.sample import Sampler, SamplerError
 from firmware_py.sched import DONE, EventFlags, Kernel  # imported before the pool takes the heap: compiling it later may not fit
 from firmware_py.status import E_FULL, E_NO_BLOCK, E_RANGE, OK
 
@@ -219,6 +220,7 @@ class Session:
         self.n_new = 0  # ids generated so far
         self.n_prompt = 0  # prompt ids (BOS included)
         self.stop = ""  # why decoding ended early ("" when it made all the tokens asked)
+        self.stop_why = ""  # the sampler's one line when stop is "sampler"
         self.stop_n = 0  # stop "tokens": the tokens the request asked for
         self.t_start = 0  # ticks (µs) when the task started
         self.t_first = 0  # ticks when the first new token was picked
@@ -411,6 +413,8 @@ class Session:
         pos0 = self.pos0
         self.n_prompt = pos0 + len(ids)
         self.n_new = 0
+        self.stop = ""  # a Session serve reuses: the last request's stop is not this one's
+        self.stop_why = ""
         self.t_start = kernel.now()
         # the request's token array is made now, after the boot: it must leave the margin free
         compat.collect()  # mem_free() counts garbage as taken until a collection
@@ -560,7 +564,12 @@ class Session:
             if prefill:
                 break
             if sl is None:
-                nxt = sampler.pick(m.logits, m.logit_frac_bits)
+                try:
+                    nxt = sampler.pick(m.logits, m.logit_frac_bits)
+                except SamplerError as e:  # a non-finite logit: the decode stops with one line
+                    self.stop = "sampler"
+                    self.stop_why = str(e)
+                    break
             elif sampler.temperature == 0.0:  # greedy: argmax in units, the slice looked at after each
                 lg = m.logits
                 nv = self.cfg.vocab_size
@@ -579,7 +588,12 @@ class Session:
             else:  # a draw is one unit: in a slice of its own when the last draw would pass the bound
                 if sl.ahead_us(sl.draw_us):
                     yield
-                nxt = sampler.pick(m.logits, m.logit_frac_bits)
+                try:
+                    nxt = sampler.pick(m.logits, m.logit_frac_bits)
+                except SamplerError as e:
+                    self.stop = "sampler"
+                    self.stop_why = str(e)
+                    break
                 if sl.step(U_SAMPLE, self.cfg.vocab_size, 1):  # b 1: a draw (its time foresees the next)
                     yield
             if not self.n_new:
@@ -674,6 +688,8 @@ class Session:
                     "ask for at most %d" % (STOP, self.stop_n, 4 * self.stop_n, room if room > 0 else 0, room // 4 if room > 0 else 0))
         if self.stop == "full":
             return "%s%s is reached after %d tokens (policy full)" % (STOP, self.limit, self.cache.length(self.h))
+        if self.stop == "sampler":
+            return "%sthe next token could not be drawn after %d new tokens: %s" % (STOP, self.n_new, self.stop_why)
         if self.stop:
             return "%sthe cache refused a token (%s) after %d tokens" % (STOP, self.stop, self.cache.length(self.h))
         return ""
@@ -867,6 +883,10 @@ def predict_boot(heap, cfg, weights_bytes, lay, firmware_bytes=0, h2o=False, bat
     fp = heapmargin.footprint(word_bytes, q8, context)
     more = cfg.vocab_size - fp["vocab"]
     residual = fp["residual"] + (TOKEN_BYTES * more if more > 0 else 0)  # a smaller tokenizer: not counted as less
+    # the footprints are measured greedy, whose sampler has no exponent table: a sampled
+    # request's (sample.TABLE_BYTES and its array object, one GC block) is counted for every boot
+    table = sample_mod.TABLE_BYTES + 4 * word_bytes
+    residual += table
     if residual < firmware_bytes:
         residual = firmware_bytes  # the profile's own figure, when larger
     margin = heapmargin.margin(word_bytes, q8, heapmargin.CONTEXTS[context])[0]
@@ -882,7 +902,7 @@ def predict_boot(heap, cfg, weights_bytes, lay, firmware_bytes=0, h2o=False, bat
         + per_seq * t * fw_model.run_state_slot_bytes(cfg, q8, rope) + per_seq * fw_model.run_state_block_bytes(q8)
     free = free0 - model - heapmargin.ALLOWANCE
     return {"free0": free0, "plan": plan, "model": model, "free": free, "largest": free - fp["holes"] - heapmargin.ALLOWANCE,
-            "margin": margin, "residual": residual, "chat": model + 8 * cfg.vocab_size + CHAT_BYTES}
+            "margin": margin, "residual": residual, "chat": model + 8 * cfg.vocab_size + table + CHAT_BYTES}
 
 
 # The one sizing rule of a decoding firmware, which host/budget.py computes in advance:

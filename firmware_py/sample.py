@@ -29,6 +29,9 @@ _PBITS = const(15)  # fraction bits of top_p (q = top_p x 2**15)
 _LOG2E = 1.4426950408889634  # log2(e)
 
 
+TABLE_BYTES = const(1024)  # the exponent table of a sampled (temperature > 0) Sampler: 256 x 4 B
+
+
 class SamplerError(ValueError):
     # a bad sampler setting; one line
     pass

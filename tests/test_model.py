@@ -297,6 +297,51 @@ def test_sampler_greedy_temperature_top_p():
             Sampler(*bad)
 
 
+def test_a_non_finite_logit_mid_decode_stops_with_one_line_and_the_next_request_starts_clean():
+    # a model that produces NaN (a corrupted weight) makes the sampled pick fail: the decode
+    # ends with the sampler's line as its stop, not with the exception out of the task; a
+    # Session that serve reuses starts the next request without the last one's stop
+    from firmware_py import decode
+    from firmware_py.clock import VirtualClock
+    from firmware_py.sched import Kernel
+
+    s = decode.Session(os.path.join(TINY, "model.bin"), os.path.join(TINY, "tokenizer.bin"), "fp32", "full", backend="plain",
+                       temperature=0.8, seed=1, heap=8000000, word_bytes=4)
+    real = s.model.forward
+    calls = []
+
+    def broken(h, token, pos):  # the forward pass, its logits NaN from the 7th position on
+        yield from real(h, token, pos)
+        calls.append(pos)
+        if len(calls) > 6:
+            for i in range(len(s.model.logits)):
+                s.model.logits[i] = float("nan")
+
+    ids = s.encode("Once upon a time")
+    for slice_us in (0, 2000):
+        calls.clear()
+        s.slice_us = slice_us
+        s.model.forward = broken
+        k = Kernel(VirtualClock())
+        out = []
+        t = k.spawn("decode", 1, s.task(k, ids, 20, out.append))
+        k.run()
+        assert t.exc is None, t.exc
+        line = s.stop_line()
+        assert s.stop == "sampler" and 0 < s.n_new < 20, (s.stop, s.n_new)
+        assert line.startswith(decode.STOP + "the next token could not be drawn after %d new tokens: " % s.n_new), line
+        assert "non-finite" in line and "\n" not in line, line
+        s.cache.close(s.h)
+        s.h = s.cache.open(s.region, "full", s.cap)
+        s.model.forward = real
+        k = Kernel(VirtualClock())
+        k.spawn("decode", 1, s.task(k, ids, 3, out.append))
+        k.run()
+        assert s.stop == "" and s.stop_line() == "" and s.n_new == 3, (s.stop, s.n_new)
+        s.cache.close(s.h)
+        s.h = s.cache.open(s.region, "full", s.cap)
+
+
 def _sample_out(interp):
     r = run_firmware(os.path.join(ROOT, "tests", "firmware", "model_sample.py"), interp)
     assert r.returncode == 0, r.stderr
