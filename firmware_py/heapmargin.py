@@ -25,10 +25,10 @@ GC_BLOCKS = 2  # + this many GC blocks per part: the rounding of the largest liv
 GC_HEADROOM = {"q8": 4096, "plain": 32768}
 
 TABLE = {
-    (4, "q8"): {"decode": (2560, 256), "telemetry": (6400, 768), "tasks": (768, 768)},
-    (4, "plain"): {"decode": (2560, 0), "telemetry": (6400, 768), "tasks": (768, 768)},
-    (8, "q8"): {"decode": (6400, 512), "telemetry": (6912, 1024), "tasks": (256, 256)},
-    (8, "plain"): {"decode": (6656, 0), "telemetry": (6912, 1024), "tasks": (256, 256)},
+    (4, "q8"): {"decode": (2304, 0), "telemetry": (5632, 512), "tasks": (1536, 1280)},
+    (4, "plain"): {"decode": (2560, 0), "telemetry": (5632, 512), "tasks": (1536, 1280)},
+    (8, "q8"): {"decode": (6400, 0), "telemetry": (8704, 256), "tasks": (512, 512)},
+    (8, "plain"): {"decode": (6656, 0), "telemetry": (8704, 256), "tasks": (512, 512)},
 }
 # What the boot measures, for the calculator to predict it (decode.predict_boot): per word
 # size, path and context, "residual": the firmware's own heap before the model's run state
@@ -42,10 +42,10 @@ TABLE = {
 # the board's files in one folder, .mpy modules, main.py's boot report, then serve.main),
 # "serve+tasks" the same with a config's tasks (voice-assistant's) in kvrtos.json
 FOOTPRINT = {
-    (4, "q8"): {"decode": {"residual": (280560, 0), "holes": (14413, 0), "model_extra": (5340, 0)}, "serve": {"residual": (338368, 0), "holes": (15559, 0), "model_extra": (5328, 0)}, "serve+tasks": {"residual": (369552, 0), "holes": (12345, 0), "model_extra": (5328, 0)}},
-    (4, "plain"): {"decode": {"residual": (263584, 0), "holes": (10629, 0), "model_extra": (960, 0)}, "serve": {"residual": (321712, 0), "holes": (23669, 0), "model_extra": (960, 0)}, "serve+tasks": {"residual": (352832, 0), "holes": (15392, 0), "model_extra": (960, 0)}},
-    (8, "q8"): {"decode": {"residual": (412864, 0), "holes": (12975, 0), "model_extra": (10628, 0)}, "serve": {"residual": (492000, 0), "holes": (11976, 0), "model_extra": (10600, 0)}, "serve+tasks": {"residual": (530656, 0), "holes": (12820, 0), "model_extra": (10600, 0)}},
-    (8, "plain"): {"decode": {"residual": (392032, 0), "holes": (10107, 0), "model_extra": (2016, 0)}, "serve": {"residual": (471264, 0), "holes": (10513, 0), "model_extra": (2016, 0)}, "serve+tasks": {"residual": (509824, 0), "holes": (8414, 0), "model_extra": (2016, 0)}},
+    (4, "q8"): {"decode": {"residual": (281472, 496), "holes": (16390, 986), "model_extra": (5340, 4)}, "serve": {"residual": (339984, 624), "holes": (16546, 1783), "model_extra": (5328, 0)}, "serve+tasks": {"residual": (371152, 544), "holes": (12473, 116), "model_extra": (5328, 0)}},
+    (4, "plain"): {"decode": {"residual": (264432, 128), "holes": (10694, 68), "model_extra": (960, 0)}, "serve": {"residual": (323440, 448), "holes": (27433, 2908), "model_extra": (960, 0)}, "serve+tasks": {"residual": (354560, 368), "holes": (20277, 3225), "model_extra": (960, 0)}},
+    (8, "q8"): {"decode": {"residual": (414624, 224), "holes": (12306, 837), "model_extra": (10628, 28)}, "serve": {"residual": (494464, 224), "holes": (12472, 483), "model_extra": (10600, 0)}, "serve+tasks": {"residual": (533536, 768), "holes": (12623, 661), "model_extra": (10600, 0)}},
+    (8, "plain"): {"decode": {"residual": (393408, 544), "holes": (11264, 1181), "model_extra": (2016, 0)}, "serve": {"residual": (473760, 480), "holes": (17193, 6740), "model_extra": (2016, 0)}, "serve+tasks": {"residual": (512608, 512), "holes": (9998, 1141), "model_extra": (2016, 0)}},
 }
 VOCAB = 512  # vocabulary of the model the footprints were measured with
 # bytes the calculator takes off the free heap and again off its largest piece beyond the
