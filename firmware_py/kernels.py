@@ -102,6 +102,8 @@ class Plain:
         self.kcos = _zeros("f", (ms * h2 if self.rope_cache else 0))  # [slot][D/2] cos of its rank (rope "cache")
         self.ksin = _zeros("f", (ms * h2 if self.rope_cache else 0))  # [slot][D/2] sin of its rank
         self.acc = _zeros("f", ms)  # [slot] this token's summed mean attention (h2o)
+        self.smax = _zeros("d", cfg.n_heads)  # [head] the softmax's running max (att_softmax_part)
+        self.ssum = _zeros("d", cfg.n_heads)  # [head] its running sum ('d': the float att_softmax keeps)
         self.n = 0  # cached slots of the current token
         self.h = -1  # the sequence of the current token (int4: rows are read through the cache)
 
@@ -352,6 +354,48 @@ class Plain:
             for s in range(n):
                 att[b + s] /= tot
 
+    # ... the softmax in parts, pass p over slots s0 .. s1 - 1 of every head, the passes in
+    # order, each from s0 == 0 to n (a sliced step's units: the same operations in the same
+    # order as att_softmax, so the same floats): p 0 the max, p 1 exp and the sum, p 2 the
+    # division by the sum
+    def att_softmax_part(self, p, s0, s1):
+        ms = self.ms
+        att = self.att
+        if p == 0:
+            mx = self.smax
+            for j in range(self.n_heads):
+                b = j * ms
+                if s0 == 0:
+                    best = att[b]
+                    s = 1
+                else:
+                    best = mx[j]
+                    s = s0
+                while s < s1:
+                    if att[b + s] > best:
+                        best = att[b + s]
+                    s += 1
+                mx[j] = best
+        elif p == 1:
+            mx = self.smax
+            sm = self.ssum
+            for j in range(self.n_heads):
+                b = j * ms
+                best = mx[j]
+                tot = 0.0 if s0 == 0 else sm[j]
+                for s in range(s0, s1):
+                    e = math.exp(att[b + s] - best)
+                    att[b + s] = e
+                    tot += e
+                sm[j] = tot
+        else:
+            sm = self.ssum
+            for j in range(self.n_heads):
+                b = j * ms
+                tot = sm[j]
+                for s in range(s0, s1):
+                    att[b + s] /= tot
+
     # ... the weighted sum of the values of slots s0 .. s1 - 1 into out (zeroed at s0 == 0)
     def att_values(self, out, layer, s0, s1):
         hd = self.hd
@@ -469,6 +513,9 @@ class Numpy:
             self._q = q
 
     def att_softmax(self):
+        pass
+
+    def att_softmax_part(self, p, s0, s1):
         pass
 
     def att_values(self, out, layer, s0, s1):

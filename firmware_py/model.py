@@ -45,6 +45,7 @@ SLICE = const(1)  # what a step yields when its slice is spent (a layer's end yi
 # of the integer path (qmodel.QForward, viper): Q8_UNIT_MACS multiply-adds of rows
 PLAIN_ROWS = const(1)
 PLAIN_SLOTS = const(1)
+SOFTMAX_SLOTS = const(8)  # slots of every head per softmax unit (about one score unit's work: a head's D MACs per slot)
 Q8_UNIT_MACS = const(2048)
 SAMPLE_UNIT = const(64)  # logits the greedy sampler scans per unit (decode.Session.task)
 
@@ -422,8 +423,15 @@ class Model:
             yield SLICE
         u = self.unit_slots
         for p in range(2):
-            if p == 1:
-                k.att_softmax()
+            if p == 1:  # the softmax in units of SOFTMAX_SLOTS slots per pass (its time is in U_ATT's price)
+                for sp in range(3):
+                    s = 0
+                    while s < n:
+                        e = s + SOFTMAX_SLOTS if s + SOFTMAX_SLOTS < n else n
+                        k.att_softmax_part(sp, s, e)
+                        if sl.step(U_ATT, 0, 1):
+                            yield SLICE
+                        s = e
             s = 0
             while s < n:
                 e = s + u if s + u < n else n

@@ -297,6 +297,51 @@ def test_sampler_greedy_temperature_top_p():
             Sampler(*bad)
 
 
+def test_the_plain_sliced_step_splits_the_softmax_and_matches_the_whole_one():
+    # the float path's softmax was one unit over every head and slot (at 500 slots on a
+    # board, tens of ms in one slice); sliced, it runs in units of SOFTMAX_SLOTS slots per
+    # pass with a look at the slice after each, and the logits are the whole step's exactly
+    from firmware_py import kv, llama2c, pool
+    from firmware_py.model import SLICE, SOFTMAX_SLOTS, U_ATT, Model, Slicer
+    from firmware_py.sched import Kernel
+
+    w = llama2c.load(os.path.join(TINY, "model.bin"))
+    cfg = w.cfg
+    n_pos = 40
+    runs = []
+    for sliced in (False, True):
+        lay = kv.Layout(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, "fp32")
+        p = pool.Pool(lay.block_bytes, 4)
+        c = kv.KVCache(p, lay)
+        h = c.open(p.add_region(4))
+        m = Model(w, c, "plain")
+        k = Kernel(verbose=False)
+        got = {"logits": [], "slices": 0, "soft": 0}
+
+        class Counting(Slicer):
+            def step(self, kind, a, b, got=got):
+                if kind == U_ATT and a == 0:
+                    got["soft"] += 1
+                return Slicer.step(self, kind, a, b)
+
+        def task(k=k, sliced=sliced, m=m, h=h, got=got):
+            m.slicer = Counting(k, 1) if sliced else None
+            for pos in range(n_pos):
+                for y in m.forward(h, (7 * pos + 1) % cfg.vocab_size, pos):
+                    if y == SLICE:
+                        got["slices"] += 1
+                    yield
+                got["logits"].append(list(m.logits))
+
+        k.spawn("t", 1, task())
+        k.run()
+        runs.append(got)
+    assert runs[0]["logits"] == runs[1]["logits"] and len(runs[0]["logits"]) == n_pos
+    want = cfg.n_layers * sum(3 * -(-(pos + 1) // SOFTMAX_SLOTS) for pos in range(n_pos))
+    assert runs[0]["soft"] == 0 and runs[1]["soft"] == want, (runs[1]["soft"], want)
+    assert runs[1]["slices"] > runs[1]["soft"]  # a 1 us slice: a yield after nearly every unit
+
+
 def test_a_non_finite_logit_mid_decode_stops_with_one_line_and_the_next_request_starts_clean():
     # a model that produces NaN (a corrupted weight) makes the sampled pick fail: the decode
     # ends with the sampler's line as its stop, not with the exception out of the task; a
