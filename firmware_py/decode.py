@@ -57,7 +57,7 @@ class Session:
     def __init__(self, model_path, tok_path, kv_dtype="fp32", policy="full", window=0, backend="auto",
                  rope="absolute", heap=0, temperature=0.0, top_p=1.0, seed=0, sinks=kv.SINKS, reserve=0, blocks=0,
                  word_bytes=0, seqs=1, slice_us=SLICE_US, sizing="auto", margin_for=("decode",),
-                 cap_context=True):
+                 cap_context=True, context="decode"):
         # heap: the usable heap the pool is sized from (0: the board profile's, else this
         # interpreter's); reserve: the profile's firmware_reserved_bytes (0: the profile's
         # or none); blocks: a fixed pool size that bypasses the rule (measurements only);
@@ -67,7 +67,9 @@ class Session:
         # "rule" uses the calculator's rule, "auto": boot on MicroPython unless heap= or
         # blocks= is given; margin_for: what runs beside the decode after the boot, whose
         # measured allocations the boot keeps free (heapmargin.PARTS); cap_context False:
-        # a full policy's pool is sized by memory alone, past the model's context
+        # a full policy's pool is sized by memory alone, past the model's context; context:
+        # the firmware whose footprint the calculator's rule takes (heapmargin.CONTEXTS; the
+        # emulator's serving board: "serve" or "serve+tasks")
         # (measurements: tools/kvprobe.py size=boot)
         # the boot's garbage is collected every BOOT_GC_BYTES allocated, so that it never
         # spreads over the free heap and the lasting arrays land packed, not scattered
@@ -106,8 +108,10 @@ class Session:
                 raise DecodeError("sizing must be one of %s, got %r" % (", ".join(SIZINGS), sizing))
             self.seqs = seqs  # sequences the pool and the cache are sized for
             word = word_bytes or WORD_BYTES
+            if context not in heapmargin.CONTEXTS:
+                raise DecodeError("context must be one of %s, got %r" % (", ".join(heapmargin.CONTEXTS), context))
             self.reserve, fit = budget_blocks(self.heap, cfg, self.weights.nbytes, lay, fw, policy == "h2o", seqs, word, q8,
-                                              "decode", rope)
+                                              context, rope)
             self.fit_blocks = fit  # KV blocks the calculator's rule gives this heap (its pool_blocks)
             if sizing == "auto":
                 sizing = "boot" if not blocks and not heap else "rule"

@@ -210,8 +210,8 @@ def run_state_block_bytes(q8):
 # float path: the vectors, the kernels' row buffers
 def run_state_fixed_bytes(cfg, layer_row, q8, word_bytes=4):
     d, hid, kvd, hd, v = cfg.dim, cfg.hidden_dim, cfg.kv_dim, cfg.head_dim, cfg.vocab_size
-    if not q8:
-        return 4 * (4 * d + 2 * hid + 3 * kvd + v + 2 * hd) + 3 * layer_row
+    if not q8:  # + the sliced softmax's per-head max and sum (kernels.Plain smax, ssum: 'd' arrays)
+        return 4 * (4 * d + 2 * hid + 3 * kvd + v + 2 * hd) + 3 * layer_row + 2 * 8 * cfg.n_heads
     # the sliced matvec's views of each output at every unit's first row (qmodel.QForward._windows):
     # a memoryview object (4 words) and its list slot each
     ud = Q8_UNIT_MACS // d or 1

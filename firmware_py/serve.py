@@ -25,10 +25,22 @@
 # line with each task's stats (released periods, deadline misses, ...).
 import sys
 
-from firmware_py import compat, decode, kv, telemetry as tm, thermal
-from firmware_py.clock import RealClock
-from firmware_py.sched import Kernel
-from firmware_py.status import E_RANGE, E_STATE, OK
+from firmware_py import compat
+
+# serve is what the raw REPL imports after its soft reset (./kv monitor --start, ./kv demo),
+# which skips main.py's gc.threshold(16384): without it, the imports below scatter their
+# compiled code over the heap with the garbage between collected into holes (on the 32-bit
+# port, 111 KB of a 900 KB heap outside the largest piece, and a pool of 13 blocks where
+# 25 fit). So serve collects its imports' garbage as it comes; decode.Session's boot, or a
+# boot that fails (Server.boot), ends it. A threshold already set (main.py's) is kept
+_GC_WAS = compat.gc_threshold(16384)
+if _GC_WAS is not None and _GC_WAS != -1:
+    compat.gc_threshold(_GC_WAS)
+
+from firmware_py import decode, kv, telemetry as tm, thermal  # noqa: E402 - after the threshold
+from firmware_py.clock import RealClock  # noqa: E402 - after the threshold
+from firmware_py.sched import Kernel  # noqa: E402 - after the threshold
+from firmware_py.status import E_RANGE, E_STATE, OK  # noqa: E402 - after the threshold
 
 INPUT_US = 20000  # the input task looks for command bytes this often
 CTRL_C = 3  # the console's interrupt character: ends serve (stdin_poller)
@@ -215,6 +227,9 @@ class Server:
         try:
             self._session()
         except (decode.DecodeError, MemoryError) as e:
+            was = compat.gc_threshold(-1)  # the import threshold ends here, as the boot would have ended it
+            if was is not None and was != -1 and was != decode.BOOT_GC_BYTES:
+                compat.gc_threshold(was)  # a caller's own threshold stays
             self.out("serve: boot deferred to the first request: %s" % e)
             return False
         return True
@@ -320,6 +335,9 @@ class Server:
 
     # after a request: the decode's summary line and, with a config's tasks, their stats
     def report(self, s):
+        stop = s.stop_line()  # why the request ended early (the KV budget, a non-finite logit), as decode.run says it
+        if stop:
+            self.out(stop)
         self.out(s.summary())
         line = self.slice_line(s.slice_us)
         if line:

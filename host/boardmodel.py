@@ -49,7 +49,37 @@ def resolve(model_arg, tok_arg=""):
 # KV dtype of FIT_KV_DTYPES that fits; UserError (exit 3) naming the calculator's
 # figures when none does. context: what runs beside the pool (budget.CONTEXT_DEFAULT:
 # serve; "serve+tasks" with a config's tasks)
-def check_fits(board_name, model_path, context=budget.CONTEXT_DEFAULT):
+def check_fits(board_name, model_path, context=budget.CONTEXT_DEFAULT, out=None):
+    # a model that fits decode.run (./kv generate --runtime board) but not serve beside its
+    # telemetry (and the config's tasks) is flashed with a note line through out saying so
+    r = _first_fit(board_name, model_path, context)
+    if r["fits"]:
+        return r
+    if context != "decode":
+        d = _first_fit(board_name, model_path, "decode")
+        if d["fits"]:
+            if out is not None:
+                out("flash: note: %s fits board %s for decode.run (./kv generate --runtime board: KV budget %d tokens, %s KV) "
+                    "but not for %s (./kv monitor --start, ./kv demo): %s B of heap left for its KV, one block of %s B needed "
+                    "(./kv budget --board %s --model %s --kv-dtype %s --context %s)"
+                    % (os.path.basename(model_path), d["board"], d["max_tokens"], d["kv_dtype"],
+                       "serve with its telemetry" + (" and the config's tasks" if context == "serve+tasks" else ""),
+                       _n(r["kv_avail_bytes"]), _n(r["block_bytes"]), d["board"], model_path, r["kv_dtype"], context))
+            return d
+        r = d  # the refusal's figures: the smallest firmware's
+    # the figures of the last KV type tried, int8: the smallest block
+    name = os.path.basename(model_path)
+    raise UserError(
+        "%s does not fit board %s: heap %s B - firmware reserve %s B (its run state included) - weights %s B leaves %s B "
+        "for the KV cache, one block of %s B needed even with %s KV (./kv budget --board %s --model %s --kv-dtype %s "
+        "--context decode)"
+        % (name, r["board"], _n(r["memory_bytes"]), _n(r["reserved_bytes"]), _n(r["weights_bytes"]),
+           _n(r["kv_avail_bytes"]), _n(r["block_bytes"]), r["kv_dtype"], r["board"], model_path, r["kv_dtype"]),
+        budget.EXIT_DOES_NOT_FIT)
+
+
+def _first_fit(board_name, model_path, context):
+    # the budget of the first KV dtype that fits in context, else the last one's (int8: the smallest block)
     r = None
     # an int8 model runs with int8 KV on the board (serve's default, the integer path's)
     order = ("int8",) if llama2c.plan(model_path)[1].q8_len else FIT_KV_DTYPES
@@ -57,14 +87,7 @@ def check_fits(board_name, model_path, context=budget.CONTEXT_DEFAULT):
         r = budget.compute(board_name, model_path, dtype, context=context)
         if r["fits"]:
             return r
-    # the figures of the last KV type tried, int8: the smallest block
-    name = os.path.basename(model_path)
-    raise UserError(
-        "%s does not fit board %s: heap %s B - firmware reserve %s B (its run state included) - weights %s B leaves %s B "
-        "for the KV cache, one block of %s B needed even with %s KV (./kv budget --board %s --model %s)"
-        % (name, r["board"], _n(r["memory_bytes"]), _n(r["reserved_bytes"]), _n(r["weights_bytes"]),
-           _n(r["kv_avail_bytes"]), _n(r["block_bytes"]), r["kv_dtype"], r["board"], model_path),
-        budget.EXIT_DOES_NOT_FIT)
+    return r
 
 
 # [(device path, bytes)] of the model and tokenizer after checking both files and the
@@ -88,7 +111,7 @@ def files_for(board_name, model_arg, tok_arg="", weights="int8", out=None, conte
         if out is not None:
             out("flash: note: %s" % convert.note(mp, q8, fresh))
         mp = q8
-    r = check_fits(board_name, mp, context)
+    r = check_fits(board_name, mp, context, out)
     out = []
     for dest, path in ((decode.MODEL_FILE, mp), (decode.TOKENIZER_FILE, tp)):
         with open(path, "rb") as f:

@@ -53,8 +53,10 @@ def _connect(port):
 # the Python the board runs: decode.run over model.bin / tokenizer.bin with the options
 def command(prompt, n, opts):
     args = ", ".join("%s=%r" % (k, opts[k]) for k in sorted(opts))
-    return ("from firmware_py import decode\n"
-            "decode.run(%r, %r, %r, %d, %s)\n" % (decode.MODEL_FILE, decode.TOKENIZER_FILE, prompt, n, args))
+    # the raw REPL's soft reset skipped main.py: its import-time GC threshold first, so the
+    # decode's modules land packed (firmware_py/serve.py says why); the boot ends it
+    return ("import gc\ngc.threshold(%d)\nfrom firmware_py import decode\n"
+            "decode.run(%r, %r, %r, %d, %s)\n" % (decode.BOOT_GC_BYTES, decode.MODEL_FILE, decode.TOKENIZER_FILE, prompt, n, args))
 
 
 # run generation on the board at port with the local model files (mp, tp) and the

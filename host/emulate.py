@@ -313,7 +313,12 @@ def _placement(brd, n, cfg, lay):
     return wt, kt, heap, reserve, why
 
 
-def _budget(heap, cfg, wbytes, n, fw_reserve, seqs=1):
+def _context(cfg_app):
+    # the board the emulator stands for serves: its firmware's footprint with the config's tasks when it has some
+    return "serve+tasks" if cfg_app and cfg_app.get("tasks") else "serve"
+
+
+def _budget(heap, cfg, wbytes, n, fw_reserve, seqs=1, context="serve"):
     # (reserve B, KV blocks) by the firmware's budget rule (decode.budget_blocks: MicroPython's
     # run-state reserve, at least the profile's firmware bytes), or with --reserve R >= 0 the
     # same rule with a heap reserve of exactly R B (a C firmware's: no interpreter to keep)
@@ -323,7 +328,7 @@ def _budget(heap, cfg, wbytes, n, fw_reserve, seqs=1):
         # the board's serve: its boot keeps the telemetry's margin too; the integer path's
         # figures when the board would run it (int8 weights with int8 KV)
         q8 = decode.uses_q8("auto", cfg.groups is not None, lay.dtype)
-        return decode.budget_blocks(heap, cfg, wbytes, lay, fw_reserve, h2o, seqs, 4, q8, "serve")
+        return decode.budget_blocks(heap, cfg, wbytes, lay, fw_reserve, h2o, seqs, 4, q8, context)
     from firmware_py import kv, pool  # noqa: PLC0415
 
     avail = heap - n["reserve"] - wbytes - seqs * (cfg.activation_bytes() + lay.row_bytes)
@@ -482,7 +487,7 @@ def _run(n, out_dir, progress):
         s = decode.Session(mfile, n["tokenizer"], kv_dtype=n["kv_dtype"], policy=n["policy"], window=n["window"],
                            backend="auto", heap=heap, reserve=reserve, temperature=n["temperature"], top_p=n["top_p"],
                            seed=n["seed"], sinks=n["sinks"], word_bytes=4, blocks=blocks, slice_us=n["slice_us"],
-                           **({"seqs": len(chats)} if chats else {}))
+                           context=_context(cfg_app), **({"seqs": len(chats)} if chats else {}))
         prefix = cfg_app["decode"].get("prefix", n["prompt"])
         ids = s.encode(prefix if chats else n["prompt"])
         runs = []  # (name, the object that decodes: the Session or a Chat, tokens asked, priority)

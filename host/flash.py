@@ -228,29 +228,32 @@ def mpy_format(version, feature):
     return "v%d.%d (%s)" % (version, feature & 3, name if arch else "no native code")
 
 
-def _board_march(t, port):
-    # mpy-cross's -march for the native code of the board on t (its sys.implementation._mpy),
-    # or None when it does not say (check_mpy then refuses what does not load)
-    from mpremote.transport import TransportError  # noqa: PLC0415
-
-    try:
-        mpy = ast.literal_eval(t.exec(_MPY_PROBE).decode().strip().splitlines()[-1])[1]
-    except (ValueError, SyntaxError, IndexError, TypeError, UnicodeError, TransportError, OSError):
-        return None
-    arch = (mpy >> 10) if isinstance(mpy, int) else 0
-    return MPY_ARCHS[arch] if 0 < arch < len(MPY_ARCHS) else None
-
-
-def check_mpy(t, arts, port):
-    # refuse (one line) when the board's MicroPython cannot load the .mpy files built:
-    # same mpy version, and for files with native code the same sub-version and arch
-    out = t.exec(_MPY_PROBE).decode().strip()
+def board_mpy(t, port):
+    # (MicroPython version text, sys.implementation._mpy or None) of the board on t, asked
+    # once (check_mpy and the virtual board's -march read it); UserError when it does not say
+    out = t.exec(_MPY_PROBE).decode("utf-8", "replace").strip()
     try:
         version, mpy = ast.literal_eval(out.splitlines()[-1])
         ver = ".".join(str(v) for v in version[:3])
     except (ValueError, SyntaxError, IndexError, TypeError):
         raise UserError("the board on %s did not say which MicroPython it runs (answer %r)" % (port, out[-80:])) from None
-    if not isinstance(mpy, int):
+    return ver, mpy if isinstance(mpy, int) else None
+
+
+def board_march(answer):
+    # mpy-cross's -march for the native code of a board whose board_mpy() answer this is,
+    # or None when it does not say (check_mpy then refuses what does not load)
+    mpy = answer[1]
+    arch = (mpy >> 10) if mpy is not None else 0
+    return MPY_ARCHS[arch] if 0 < arch < len(MPY_ARCHS) else None
+
+
+def check_mpy(t, arts, port, answer=None):
+    # refuse (one line) when the board's MicroPython cannot load the .mpy files built:
+    # same mpy version, and for files with native code the same sub-version and arch;
+    # answer: board_mpy()'s, when already asked
+    ver, mpy = answer or board_mpy(t, port)
+    if mpy is None:
         raise UserError("the board on %s runs MicroPython %s, which does not report its .mpy format "
                         "(sys.implementation._mpy); update it: ./kv flash-firmware --bin FILE" % (port, ver))
     board_ver, board_feat = mpy & 0xFF, mpy >> 8
@@ -581,20 +584,17 @@ def flash(port=None, board_name=paths.DEFAULT_BOARD, src=paths.FIRMWARE, out=pri
             port = h.port
     virtual = is_virtual(port)
     t = connect(port, answer_timeout)
-    try:
-        # a virtual board's native code is for the unix port it runs (x64, or x86 for the 32-bit build)
-        march = _board_march(t, port) if virtual else None
-        arts = build(board, src, virtual=virtual, march=march) + [Artifact(dest, data) for dest, data in model_files + extra]
-    except BaseException:
-        _close(t)
-        raise
     copied = skipped = 0
     copied_bytes = skipped_bytes = 0
     current = None
     todo = []
     try:
         current = "while reading its MicroPython version"
-        check_mpy(t, arts, port)
+        answer = board_mpy(t, port)
+        # a virtual board's native code is for the unix port it runs (x64, or x86 for the 32-bit build)
+        march = board_march(answer) if virtual else None
+        arts = build(board, src, virtual=virtual, march=march) + [Artifact(dest, data) for dest, data in model_files + extra]
+        check_mpy(t, arts, port, answer)
         current = "while hashing its files"
         have = device_hashes(t, [a.dest for a in arts])
         todo = [a for a, h in zip(arts, have, strict=True) if h != a.sha256]

@@ -155,11 +155,15 @@ def _serve_boot(interp, word, path, model, tok, board, context):
             f.write(flash._HASH_SCRIPT % (["firmware_py/serve.mpy", "firmware_py/telemetry.mpy"],))
         figs = []
         for via in VIAS:
-            r = subprocess.run([exe, "-X", "heapsize=%d" % boards.unix_heapsize(heap, word), "serveprobe.py", "via=" + via],
-                               cwd=d, env=dict(os.environ, MICROPYPATH=d), capture_output=True, timeout=600,
-                               stdin=subprocess.DEVNULL)
-            figs.append(_boot_figures(r.stdout.decode("latin-1"), heap, interp, word, path, "%s %s via %s" % (board, context, via),
-                                      model, "serveprobe"))
+            where = "%s %s via %s" % (board, context, via)
+            try:
+                r = subprocess.run([exe, "-X", "heapsize=%d" % boards.unix_heapsize(heap, word), "serveprobe.py", "via=" + via],
+                                   cwd=d, env=dict(os.environ, MICROPYPATH=d), capture_output=True, timeout=600,
+                                   stdin=subprocess.DEVNULL)
+            except subprocess.TimeoutExpired:
+                raise UserError("serveprobe (%s, %s, %s) ran past 600 s" % (interp, path, where), 1) from None
+            figs.append(_boot_figures((r.stdout + r.stderr).decode("latin-1"), heap, interp, word, path, where, model,
+                                      "serveprobe"))
     # the board's two ways into serve: each figure the larger (the fewer blocks)
     return {k: max(f[k] for f in figs) if k != "blocks" else min(f[k] for f in figs) for k in figs[0]}
 

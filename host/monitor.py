@@ -534,7 +534,7 @@ def check_needs(board=None, until=None, timeout=None, replay=None, port=None, st
         raise UserError("--board only picks the port to find: it is not used with %s" % ("--port" if port is not None else "--replay"), 2)
 
 
-def start_serve(port, link_bps=0, out=print):
+def start_serve(port, link_bps=0, out=print, opts=None):
     # run firmware_py.serve.main() on the board at port over the raw REPL and leave it
     # running (the port is closed again for the monitor); UserError when it cannot be.
     # The raw REPL as generate --runtime board enters it: two tries (a board still
@@ -548,7 +548,13 @@ def start_serve(port, link_bps=0, out=print):
         have = flash.device_hashes(t, ["firmware_py/serve.mpy", "firmware_py/telemetry.mpy"])
         if None in have:
             raise UserError("the board on %s has no telemetry firmware (firmware_py/serve): run ./kv flash first" % port, 2)
-        args = "link_bps=%d" % link_bps if link_bps else ""
+        # the decode options go to serve.main itself, so that its boot (before the kernel
+        # runs the config's tasks) is made with them: a config command after it would boot
+        # again, inside the input task
+        kw = dict(opts or {})
+        if link_bps:
+            kw["link_bps"] = link_bps
+        args = ", ".join("%s=%r" % (k, kw[k]) for k in sorted(kw))
         t.exec_raw_no_follow("from firmware_py import serve\nserve.main(%s)\n" % args)
     finally:
         flash._close(t)
@@ -607,11 +613,12 @@ def main(port=None, board=None, log=None, until=None, timeout=None, jsonl=None, 
         if replay is not None:
             m.replay(replay)
         else:
+            cfg = {k: v for k, v in (("policy", policy), ("window", window), ("kv_dtype", kv_dtype)) if v is not None}
             if start:
-                start_serve(port, link_bps, out=lambda s: m.emit(s, note=True))
+                start_serve(port, link_bps, out=lambda s: m.emit(s, note=True), opts=cfg)
+                cfg = {}  # serve booted with them
 
             def commands(mon):
-                cfg = {k: v for k, v in (("policy", policy), ("window", window), ("kv_dtype", kv_dtype)) if v is not None}
                 if cfg:
                     mon.send_command("config", **cfg)
                 if prompt is not None:

@@ -457,7 +457,10 @@ def interpreter():
     if not os.path.isfile(exe) or not os.access(exe, os.X_OK):
         raise UserError("%s=%s is not an executable MicroPython" % (INTERP_ENV, exe), 2)
     exe = os.path.abspath(exe)  # the board runs in its filesystem folder
-    r = subprocess.run([exe, "-c", "import sys\nprint(sys.maxsize > 2**32)"], capture_output=True, text=True, timeout=20)
+    try:
+        r = subprocess.run([exe, "-c", "import sys\nprint(sys.maxsize > 2**32)"], capture_output=True, text=True, timeout=20)
+    except (subprocess.TimeoutExpired, OSError) as e:
+        raise UserError("%s=%s did not run as a MicroPython (%s)" % (INTERP_ENV, exe, e), 2) from None
     if r.returncode != 0 or r.stdout.strip() not in ("True", "False"):
         raise UserError("%s=%s did not run as a MicroPython (%s)" % (INTERP_ENV, exe, (r.stderr.strip() or "no answer")[-120:]), 2)
     return exe, 8 if r.stdout.strip() == "True" else 4
@@ -467,6 +470,7 @@ def start(board_name, fs_dir=None, home=None, vanish_after=None, detach=False, t
     # start a virtual board in the background; returns a Handle once its port is up
     b = boards.load(board_name)
     check_fs(fs_dir)
+    interpreter()  # a bad KVRTOS_VBOARD_MICROPYTHON is one line here, not a child that exits at start
     home = os.path.abspath(home or state_dir(b.name))
     pid = running_pid(home)
     if pid is not None:

@@ -39,7 +39,7 @@ def test_flash_refuses_a_model_that_cannot_fit_before_copying(tmp_path):
     brd = profile(tmp_path, "tiny_heap", 1000000)
     r = vb.kv("flash", "--board", brd, "--model", TINY_MODEL, "--weights", "fp32", env=dict(os.environ, KVRTOS_VBOARD_HOME=str(tmp_path / "vb")))
     assert vb.one_line_error(r) and r.returncode == 3, (r.returncode, r.stdout, r.stderr)
-    calc = budget.compute(brd, TINY_MODEL, "int8")
+    calc = budget.compute(brd, TINY_MODEL, "int8", context="decode")  # even the smallest firmware does not fit
     line = r.stderr.strip()
     assert "model.bin does not fit board tiny_heap" in line, line
     for figure in (calc["memory_bytes"], calc["reserved_bytes"], calc["weights_bytes"]):
@@ -178,7 +178,7 @@ def test_when_the_budget_is_above_the_context_the_context_is_the_limit():
     r = vb.kv("budget", "--model", TINY_MODEL)
     assert r.returncode == 0, r.stderr
     assert "limit             the model's context: generation stops at 256 tokens (seq_len), before the KV budget" in r.stdout, r.stdout
-    calc = budget.compute(paths.DEFAULT_BOARD, TINY_MODEL, "fp32")
+    calc = budget.compute(paths.DEFAULT_BOARD, TINY_MODEL, "fp32", context="decode")  # the Session's rule, by itself
     assert calc["max_tokens"] > 256 and calc["decode_tokens"] == 256 and calc["limited_by"] == "context"
     s = decode.Session(TINY_MODEL, TINY_TOK, "fp32", "full", backend="plain", heap=calc["memory_bytes"], word_bytes=4)
     assert s.cap == 256 and s.limit == "the model's context (seq_len 256)" and s.fit_blocks == calc["pool_blocks"]

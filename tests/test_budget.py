@@ -341,7 +341,7 @@ def test_the_tiered_pools_heap_part_still_fits_the_heap(board, dtype, batch):
     from host import boards
 
     fw = boards.load(board).firmware_bytes
-    assert n_p == min(decode.budget_blocks(r["memory_bytes"] - n_s * ovh, cfg, r["weights_bytes"], lay, fw, False, batch, 4, q8)[1],
+    assert n_p == min(decode.budget_blocks(r["memory_bytes"] - n_s * ovh, cfg, r["weights_bytes"], lay, fw, False, batch, 4, q8, r["context"])[1],
                       tr["psram"]["heap_blocks"])
     # ... and what the heap keeps for itself is the same whether or not the sram range is there
     plain = budget.compute(board, "stories260K", dtype, batch=batch)

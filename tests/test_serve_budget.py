@@ -47,7 +47,7 @@ def test_serve_boot_on_the_virtual_board_gives_the_calculators_blocks(tmp_path, 
     assert calc["context"] == "serve" and calc["pool_blocks"] == BLOCKS and calc["limited_by"] == "kv_budget", calc
     h = vb.start(tmp_path, board=brd)
     try:
-        flash.flash(port=h.port, board_name=brd, out=lambda s: None, model=model, tokenizer=tok)
+        flash.flash(port=h.port, board_name=brd, out=lambda s: None, model=model, tokenizer=tok, answer_timeout=30)
         r = vb.kv("monitor", "--port", h.port, "--start", "--prompt", "Once upon a time", "--tokens", "4",
                   "--plain", "--timeout", "120", timeout=300)
     finally:

@@ -15,9 +15,6 @@
 # decoded=K limit=WHY free0=F0 plan=P weights=W" (kvprobe.py size=boot's line), or
 # "kvprobe: boot blocks=0 limit=WHY" when serve did not boot; exit 0.
 import gc
-
-if hasattr(gc, "threshold"):  # main.py's first step, as on the board
-    gc.threshold(16384)
 import sys
 
 VIA = "main"
@@ -25,6 +22,7 @@ for _a in sys.argv[1:]:
     if _a.startswith("via="):
         VIA = _a[4:]
 if VIA == "main":
+    gc.threshold(16384)  # main.py's first step, as on the board (the raw REPL's soft reset skips it)
     from firmware_py import app
 
     app.main()  # the boot report, as main.py runs it
