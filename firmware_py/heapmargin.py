@@ -25,10 +25,10 @@ GC_BLOCKS = 2  # + this many GC blocks per part: the rounding of the largest liv
 GC_HEADROOM = {"q8": 4096, "plain": 32768}
 
 TABLE = {
-    (4, "q8"): {"decode": (2304, 0), "telemetry": (5632, 512), "tasks": (1536, 1280)},
-    (4, "plain"): {"decode": (2560, 0), "telemetry": (5632, 512), "tasks": (1536, 1280)},
-    (8, "q8"): {"decode": (6400, 0), "telemetry": (8704, 256), "tasks": (512, 512)},
-    (8, "plain"): {"decode": (6656, 0), "telemetry": (8704, 256), "tasks": (512, 512)},
+    (4, "q8"): {"decode": (2304, 0), "telemetry": (5376, 512), "tasks": (1280, 256)},
+    (4, "plain"): {"decode": (2560, 0), "telemetry": (5376, 512), "tasks": (1280, 256)},
+    (8, "q8"): {"decode": (5888, 0), "telemetry": (9216, 512), "tasks": (1280, 1280)},
+    (8, "plain"): {"decode": (6656, 0), "telemetry": (9216, 512), "tasks": (1280, 1280)},
 }
 # What the boot measures, for the calculator to predict it (decode.predict_boot): per word
 # size, path and context, "residual": the firmware's own heap before the model's run state
@@ -42,10 +42,10 @@ TABLE = {
 # the board's files in one folder, .mpy modules, main.py's boot report, then serve.main),
 # "serve+tasks" the same with a config's tasks (voice-assistant's) in kvrtos.json
 FOOTPRINT = {
-    (4, "q8"): {"decode": {"residual": (281472, 496), "holes": (16390, 986), "model_extra": (5340, 4)}, "serve": {"residual": (339984, 624), "holes": (16546, 1783), "model_extra": (5328, 0)}, "serve+tasks": {"residual": (371152, 544), "holes": (12473, 116), "model_extra": (5328, 0)}},
-    (4, "plain"): {"decode": {"residual": (264432, 128), "holes": (10694, 68), "model_extra": (960, 0)}, "serve": {"residual": (323440, 448), "holes": (27433, 2908), "model_extra": (960, 0)}, "serve+tasks": {"residual": (354560, 368), "holes": (20277, 3225), "model_extra": (960, 0)}},
-    (8, "q8"): {"decode": {"residual": (414624, 224), "holes": (12306, 837), "model_extra": (10628, 28)}, "serve": {"residual": (494464, 224), "holes": (12472, 483), "model_extra": (10600, 0)}, "serve+tasks": {"residual": (533536, 768), "holes": (12623, 661), "model_extra": (10600, 0)}},
-    (8, "plain"): {"decode": {"residual": (393408, 544), "holes": (11264, 1181), "model_extra": (2016, 0)}, "serve": {"residual": (473760, 480), "holes": (17193, 6740), "model_extra": (2016, 0)}, "serve+tasks": {"residual": (512608, 512), "holes": (9998, 1141), "model_extra": (2016, 0)}},
+    (4, "q8"): {"decode": {"residual": (282304, 480), "holes": (12905, 364), "model_extra": (5340, 4)}, "serve": {"residual": (340896, 592), "holes": (15691, 706), "model_extra": (5328, 0)}, "serve+tasks": {"residual": (372128, 544), "holes": (12471, 123), "model_extra": (5328, 0)}},
+    (4, "plain"): {"decode": {"residual": (265312, 400), "holes": (11484, 548), "model_extra": (992, 0)}, "serve": {"residual": (324256, 560), "holes": (23674, 3506), "model_extra": (992, 0)}, "serve+tasks": {"residual": (355504, 512), "holes": (26095, 10847), "model_extra": (992, 0)}},
+    (8, "q8"): {"decode": {"residual": (415744, 576), "holes": (12520, 466), "model_extra": (10628, 28)}, "serve": {"residual": (495584, 608), "holes": (12251, 596), "model_extra": (10600, 0)}, "serve+tasks": {"residual": (534624, 416), "holes": (12620, 1081), "model_extra": (10600, 0)}},
+    (8, "plain"): {"decode": {"residual": (394720, 608), "holes": (11843, 1127), "model_extra": (2080, 0)}, "serve": {"residual": (475008, 736), "holes": (10425, 172), "model_extra": (2080, 0)}, "serve+tasks": {"residual": (513792, 640), "holes": (9989, 113), "model_extra": (2080, 0)}},
 }
 VOCAB = 512  # vocabulary of the model the footprints were measured with
 # bytes the calculator takes off the free heap and again off its largest piece beyond the
