@@ -289,13 +289,16 @@ class Session:
     def _too_small(self, fit, lay, policy, window, need):
         if self.sizing == "boot" and self.heap_free >= 0:
             raise DecodeError("the KV budget is too small: %d blocks of %d B fit in the heap measured at boot (%d B free, largest "
-                              "block %d B, margin %d B), %s needs %d"
+                              "block %d B, margin %d B), %s needs %d block%s"
                               % (fit if fit > 0 else 0, lay.block_bytes, self.heap_free, self.heap_largest, self.margin,
-                                 "one token" if policy == "full" else "a window of %d" % window, need if need > 0 else 1))
+                                 "one token" if policy == "full" else "a window of %d" % window, need if need > 0 else 1,
+                                 "s" if need > 1 else ""))
         raise DecodeError("the KV budget is too small: %d blocks of %d B fit in a heap of %d B (weights %d, reserve %d), %s needs %d"
+                          " block%s"
                           % (fit if fit > 0 else 0, lay.block_bytes, self.heap, self.weights.nbytes,
                              self.margin if self.sizing == "boot" else self.reserve,
-                             "one token" if policy == "full" else "a window of %d" % window, need if need > 0 else 1))
+                             "one token" if policy == "full" else "a window of %d" % window, need if need > 0 else 1,
+                             "s" if need > 1 else ""))
 
     # the boot report's sizing line: how the pool was sized and from what
     def boot_line(self):

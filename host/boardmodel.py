@@ -49,14 +49,15 @@ def resolve(model_arg, tok_arg=""):
 # KV dtype of FIT_KV_DTYPES that fits; UserError (exit 3) naming the calculator's
 # figures when none does. context: what runs beside the pool (budget.CONTEXT_DEFAULT:
 # serve; "serve+tasks" with a config's tasks)
-def check_fits(board_name, model_path, context=budget.CONTEXT_DEFAULT, out=None):
+def check_fits(board_name, model_path, context=budget.CONTEXT_DEFAULT, out=None, word_bytes=0):
     # a model that fits decode.run (./kv generate --runtime board) but not serve beside its
-    # telemetry (and the config's tasks) is flashed with a note line through out saying so
-    r = _first_fit(board_name, model_path, context)
+    # telemetry (and the config's tasks) is flashed with a note line through out saying so;
+    # word_bytes: the MicroPython's word (0: the chip's, 4; 8: the 64-bit virtual board)
+    r = _first_fit(board_name, model_path, context, word_bytes)
     if r["fits"]:
         return r
     if context != "decode":
-        d = _first_fit(board_name, model_path, "decode")
+        d = _first_fit(board_name, model_path, "decode", word_bytes)
         if d["fits"]:
             if out is not None:
                 out("flash: note: %s fits board %s for decode.run (./kv generate --runtime board: KV budget %d tokens, %s KV) "
@@ -64,7 +65,8 @@ def check_fits(board_name, model_path, context=budget.CONTEXT_DEFAULT, out=None)
                     "(./kv budget --board %s --model %s --kv-dtype %s --context %s)"
                     % (os.path.basename(model_path), d["board"], d["max_tokens"], d["kv_dtype"],
                        "serve with its telemetry" + (" and the config's tasks" if context == "serve+tasks" else ""),
-                       _n(r["kv_avail_bytes"]), _n(r["block_bytes"]), d["board"], model_path, r["kv_dtype"], context))
+                       _n(r["kv_avail_bytes"]), _n(r["block_bytes"]), board_name, model_path, r["kv_dtype"],
+                       context + _word_opt(word_bytes)))
             return d
         r = d  # the refusal's figures: the smallest firmware's
     # the figures of the last KV type tried, int8: the smallest block
@@ -72,19 +74,24 @@ def check_fits(board_name, model_path, context=budget.CONTEXT_DEFAULT, out=None)
     raise UserError(
         "%s does not fit board %s: heap %s B - firmware reserve %s B (its run state included) - weights %s B leaves %s B "
         "for the KV cache, one block of %s B needed even with %s KV (./kv budget --board %s --model %s --kv-dtype %s "
-        "--context decode)"
+        "--context decode%s)"
         % (name, r["board"], _n(r["memory_bytes"]), _n(r["reserved_bytes"]), _n(r["weights_bytes"]),
-           _n(r["kv_avail_bytes"]), _n(r["block_bytes"]), r["kv_dtype"], r["board"], model_path, r["kv_dtype"]),
+           _n(max(r["kv_avail_bytes"], 0)), _n(r["block_bytes"]), r["kv_dtype"], board_name, model_path, r["kv_dtype"],
+           _word_opt(word_bytes)),
         budget.EXIT_DOES_NOT_FIT)
 
 
-def _first_fit(board_name, model_path, context):
+def _word_opt(word_bytes):
+    return " --word-bytes %d" % word_bytes if word_bytes and word_bytes != budget.BOARD_WORD_BYTES else ""
+
+
+def _first_fit(board_name, model_path, context, word_bytes=0):
     # the budget of the first KV dtype that fits in context, else the last one's (int8: the smallest block)
     r = None
     # an int8 model runs with int8 KV on the board (serve's default, the integer path's)
     order = ("int8",) if llama2c.plan(model_path)[1].q8_len else FIT_KV_DTYPES
     for dtype in order:
-        r = budget.compute(board_name, model_path, dtype, context=context)
+        r = budget.compute(board_name, model_path, dtype, context=context, word_bytes=word_bytes)
         if r["fits"]:
             return r
     return r

@@ -200,11 +200,15 @@ def compute(board, model, kv_dtype="fp32", policy="full", window=0, batch=1, tok
     if brd.kind == "mcu":
         p = decode.predict_boot(memory, cfg, m.weights_bytes, layout, brd.firmware_bytes, h2o, batch, word, q8, context)
         out["context"] = context
+        # an fp32 checkpoint priced as it is, where ./kv flash --model would convert it to int8 q8row
+        out["flash_converts"] = not weights_dtype and not weights_bytes and m.cfg.groups is None and os.path.isfile(m.name)
         out["activations_bytes"] = p["model"] * batch  # the run state, inside reserved_bytes
         out["boot_prediction"] = {"free_bytes": p["free"], "largest_bytes": p["largest"], "margin_bytes": p["margin"],
                                   "firmware_bytes": p["residual"], "run_state_bytes": p["model"],
                                   "source": "firmware_py/heapmargin.py (%s)" % heapmargin.SOURCE}
-        usable = decode.heap_for_blocks(pool_blocks, cfg, m.weights_bytes, layout, brd.firmware_bytes, h2o, batch, word, q8, context)
+        # the heap for the pool (for one block when none fits: what it takes to run at all)
+        usable = decode.heap_for_blocks(pool_blocks if pool_blocks > 0 else 1, cfg, m.weights_bytes, layout, brd.firmware_bytes,
+                                        h2o, batch, word, q8, context)
         out["heap_bytes_needed_usable"] = usable
         # as a GC heap size (-X heapsize=) of the board's word size (16 B GC blocks:
         # the larger tables), whole KiB
@@ -302,7 +306,7 @@ def tiers_of(brd, m, cfg, layout, policy="full", batch=1, heap_blocks=0, memory=
         if want > left:
             raise UserError("--sram-kv-bytes %d is more than board %s's SRAM tier can give: at most %d B (%d B less the "
                             "%d B ESP-IDF and MicroPython keep, an estimate)" % (want, brd.name, left, sram_tier.bytes, SRAM_KEPT_BYTES), 2)
-        n_sram = want // bb
+        n_sram = want // bb if heap_blocks > 0 else 0  # a heap that holds no block holds no SRAM block's bookkeeping either
         # the SRAM range's blocks are more pool blocks: their bookkeeping and their slots'
         # run state are heap bytes, which the heap's own range gives up
         n_psram = decode.budget_blocks(memory - n_sram * ovh, cfg, m.weights_bytes, layout, brd.firmware_bytes, h2o, batch, word,
@@ -595,8 +599,16 @@ def main(board="esp32s3_n8r8", model="stories260K", kv_dtype="fp32", policy="ful
         w("  weights           %s   reserved %s of %s (%s): firmware %s, run state %s, margin %s, the rest holes and bookkeeping\n"
           % (_mib(r["weights_bytes"]), _mib(r["reserved_bytes"]), _mib(r["memory_bytes"]), r["memory_from"],
              _mib(bp["firmware_bytes"]), _mib(bp["run_state_bytes"]), _mib(bp["margin_bytes"])))
-        w("  boot predicted    heap free %s B, largest block %s B after loading (the boot measures these and sizes the pool)\n"
-          % (_n(bp["free_bytes"]), _n(bp["largest_bytes"])))
+        if bp["largest_bytes"] > 0:
+            w("  boot predicted    heap free %s B, largest block %s B after loading (the boot measures these and sizes the pool)\n"
+              % (_n(bp["free_bytes"]), _n(bp["largest_bytes"])))
+        else:
+            short = -bp["free_bytes"] if bp["free_bytes"] < 0 else -bp["largest_bytes"]
+            w("  boot predicted    no heap left after loading: the firmware, the weights and the run state need %s B more "
+              "than the heap holds in one piece\n" % _n(short))
+        if r.get("flash_converts"):
+            w("  note              ./kv flash --model puts this fp32 checkpoint on the board as int8 q8row (its integer "
+              "path); --weights-dtype int8 prices it as flashed\n")
     else:
         w("  weights           %s   activations %s   reserved %s of %s (%s)\n"
           % (_mib(r["weights_bytes"]), _mib(r["activations_bytes"]), _mib(r["reserved_bytes"]), _mib(r["memory_bytes"]), r["memory_from"]))

