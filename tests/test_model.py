@@ -467,7 +467,8 @@ def test_memory_promise_full_stops_at_the_calculators_max_tokens(tmp_path, inter
     if interp == "micropython32":
         mp32_or_skip()
     heap = small_heap(WORD[interp])
-    calc = budget.compute(_board(tmp_path, heap), os.path.join(TINY, "model.bin"), "fp32", "full", word_bytes=WORD[interp])
+    calc = budget.compute(_board(tmp_path, heap), os.path.join(TINY, "model.bin"), "fp32", "full", word_bytes=WORD[interp],
+                          context="decode")  # --heap: the Session's rule, by itself
     assert calc["fits"] and calc["max_tokens"] == 80 < calc["seq_len"] and calc["limited_by"] == "kv_budget"
     r = run_firmware(os.path.join(ROOT, ENTRY), interp, heap=heap,
                      args=TINY_ARGS + ["--tokens", "400", "--heap", str(heap)])
