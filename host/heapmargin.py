@@ -5,8 +5,12 @@
 # through serve; + a shipped config's tasks), firmware_py/tools/heapprobe.py boots the
 # firmware with the board's heap, leaves `leave` bytes free in one piece and runs the
 # part; `leave` is bisected to LEAVE_STEP bytes, one process per try. Draws: greedy and
-# temperature 0.8 sampling. A part's figure is its least `leave` over the part before it
-# (decode: over nothing), the most over the draws, with the spread.
+# temperature 0.8 sampling; layouts: heapprobe's pad=P (PADS), P bytes held from before
+# the imports, which moves the heap's holes as a longer model path or another prompt does
+# (the least `leave` of the 64-bit integer decode moved between 5,248 and 6,400 B over 32
+# pads; the 32-bit one not at all). A part's figure is its least `leave` over the part
+# before it (decode: over nothing), the most over the draws and layouts plus LAYOUT_GUARD
+# (for a layout not tried), with the spread (most - least).
 import concurrent.futures
 import datetime
 import json
@@ -25,6 +29,9 @@ CONFIG = os.path.join(paths.ROOT, "scenarios", "voice-assistant.json")  # the ta
 LEAVE_MAX = 131072  # bisection range of `leave` (B)
 LEAVE_STEP = 256  # ... resolution
 DRAWS = ((0.0, 1), (0.8, 7))  # (temperature, seed)
+PADS = tuple(range(0, 1024, 128))  # the layouts (heapprobe pad=, B) of the integer path; the float one's: PLAIN_PADS
+PLAIN_PADS = PADS[:2]
+LAYOUT_GUARD = 512  # B added to the most measured, for the layouts not tried
 PARTS = ("decode", "telemetry", "tasks")
 # The float path allocates a float per operation: with only its live need free, every few
 # KB of garbage is a collection of the whole heap and one token took 18 s on the unix
@@ -44,10 +51,10 @@ def _models(tmp):
     return {"plain": bb.model_path(tmp, "fp32")[:2], "q8": bb.model_path(tmp, "int8")[:2]}
 
 
-def _ok(interp, word, path, part, model, tok, leave, temp, seed):
+def _ok(interp, word, path, part, model, tok, leave, temp, seed, pad):
     r = interp_mod.run(PROBE, interp, heapsize=boards.unix_heapsize(boards.load(BOARD).mpy_heap, word), args=[
         "part=" + part, "model=" + model, "tokenizer=" + tok, "kv_dtype=" + ("int8" if path == "q8" else "fp32"),
-        "leave=%d" % leave, "temperature=%s" % temp, "seed=%d" % seed, "tokens=%d" % (24 if path == "q8" else 1),
+        "leave=%d" % leave, "temperature=%s" % temp, "seed=%d" % seed, "pad=%d" % pad, "tokens=%d" % (24 if path == "q8" else 1),
         "board=" + os.path.join(paths.BOARDS, BOARD + ".json"), "config=" + CONFIG], timeout=600)
     m = _LINE.search(r.stdout)
     if "why=ballast" in r.stdout:
@@ -115,6 +122,7 @@ def _boot_figures(out, heap, interp, word, path, where, model, probe):
 
 
 SERVEPROBE = os.path.join(paths.FIRMWARE, "tools", "serveprobe.py")
+SERVEFILL = os.path.join(paths.FIRMWARE, "tools", "servefill.py")  # its second half, imported after the boot
 MARCH = {8: "x64", 4: "x86"}  # mpy-cross -march of the 64- and 32-bit unix ports (this host)
 # the contexts measured by a board's own boot (firmware_py/tools/serveprobe.py: its files
 # in one folder, its .mpy modules, main.py's boot report, serve.main), and the config
@@ -151,6 +159,7 @@ def _serve_boot(interp, word, path, model, tok, board, context):
         # no config: serve's KV is "auto", int8 for the int8 model (the integer path), fp32 for fp32
         exe = mp32.build() if word == 4 else paths.tool("micropython")
         shutil.copyfile(SERVEPROBE, os.path.join(d, "serveprobe.py"))
+        shutil.copyfile(SERVEFILL, os.path.join(d, "servefill.py"))
         with open(os.path.join(d, "repl.txt"), "w") as f:  # what ./kv monitor --start asks before it starts serve
             f.write(flash._HASH_SCRIPT % (["firmware_py/serve.mpy", "firmware_py/telemetry.mpy"],))
         figs = []
@@ -186,7 +195,9 @@ def measure(workers=2):
                     model, tok = models[path]
                     for part in (PARTS if path == "q8" else ("decode",)):
                         for temp, seed in (DRAWS if path == "q8" else DRAWS[:1]):
-                            jobs[(word, path, part, temp)] = ex.submit(_least, (interp, word, path, part, model, tok, temp, seed))
+                            for pad in (PADS if path == "q8" else PLAIN_PADS):
+                                jobs[(word, path, part, temp, pad)] = ex.submit(
+                                    _least, (interp, word, path, part, model, tok, temp, seed, pad))
             boots = {}
             for interp, word in interps:
                 for path in ("q8", "plain"):
@@ -204,15 +215,16 @@ def measure(workers=2):
             row = {}
             for i, part in enumerate(PARTS):
                 vals = []
-                src = path if (word, path, part, DRAWS[0][0]) in least else "q8"  # plain: telemetry, tasks as q8's
+                src = path if (word, path, part, DRAWS[0][0], 0) in least else "q8"  # plain: telemetry, tasks as q8's
                 for temp, _ in DRAWS:
-                    if (word, src, part, temp) not in least:
-                        continue
-                    v = least[(word, src, part, temp)]
-                    if i:  # over the part before it
-                        v -= least[(word, src, PARTS[i - 1], temp)]
-                    vals.append(v if v > 0 else 0)
-                row[part] = (max(vals), max(vals) - min(vals))
+                    for pad in PADS:
+                        if (word, src, part, temp, pad) not in least:
+                            continue
+                        v = least[(word, src, part, temp, pad)]
+                        if i:  # over the part before it, in the same layout
+                            v -= least[(word, src, PARTS[i - 1], temp, pad)]
+                        vals.append(v if v > 0 else 0)
+                row[part] = (max(vals) + LAYOUT_GUARD, max(vals) - min(vals))
             table["%d,%s" % (word, path)] = row
             fp = {}
             for ctx in CONTEXTS:
@@ -221,8 +233,8 @@ def measure(workers=2):
                     vals = [boots[(word, path, b, ctx)][f] for b in FOOT_BOARDS]
                     fp[ctx][f] = (max(vals), max(vals) - min(vals))
             foot["%d,%s" % (word, path)] = fp
-    return {"footprint": foot, "boots": {"%d,%s,%s,%s" % k: v for k, v in sorted(boots.items())}, "board": BOARD, "draws": [list(d) for d in DRAWS], "leave_step": LEAVE_STEP, "least": {
-        "%d,%s,%s,%s" % k: v for k, v in sorted(least.items())}, "table": table,
+    return {"footprint": foot, "boots": {"%d,%s,%s,%s" % k: v for k, v in sorted(boots.items())}, "board": BOARD, "draws": [list(d) for d in DRAWS], "leave_step": LEAVE_STEP, "pads": list(PADS),
+        "layout_guard": LAYOUT_GUARD, "least": {"%d,%s,%s,%s,%d" % k: v for k, v in sorted(least.items())}, "table": table,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")}
 
 
@@ -232,9 +244,9 @@ def write(r, path=OUT):
         text = f.read()
     text = _sub_table(text, "TABLE", r["table"], _items)
     text = _sub_table(text, "FOOTPRINT", r["footprint"], lambda row: ", ".join('"%s": {%s}' % (c, _items(v)) for c, v in row.items()))
-    src = ('SOURCE = "./kv heapmargin --write on %s (%s heap, draws %s; the float path: its decode greedy, '
-           'the other parts the integer path\'s)"  # the command and date of the figures\n') % (
-        r["date"], r["board"], ", ".join("t=%s" % d[0] for d in r["draws"]))
+    src = ('SOURCE = "./kv heapmargin --write on %s (%s heap, draws %s, %d layouts; the float path: its decode greedy, '
+           '%d layouts, the other parts the integer path\'s; + %d B for the layouts not tried)"  # the command and date of the figures\n') % (
+        r["date"], r["board"], ", ".join("t=%s" % d[0] for d in r["draws"]), len(PADS), len(PLAIN_PADS), r["layout_guard"])
     text = re.sub(r"SOURCE = .*\n", lambda m: src, text)
     with open(path, "w") as f:
         f.write(text)

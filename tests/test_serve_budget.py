@@ -3,7 +3,7 @@
 # context, the limit, flashed with stories260K (or its shape) as int8 the way `./kv flash
 # --model` puts it there, `./kv monitor --start --prompt` (the raw REPL's soft reset, which
 # skips main.py, the sha256 query, serve.main) boots serve, which sizes its pool from the
-# heap it measures: at least the calculator's blocks and at most one more, on the 64-bit
+# heap it measures: at least the calculator's blocks and at most two more, on the 64-bit
 # PyPI port and on the 32-bit build (the chip's word, KVRTOS_VBOARD_MICROPYTHON).
 import json
 import os
@@ -60,4 +60,10 @@ def test_serve_boot_on_the_virtual_board_gives_the_calculators_blocks(tmp_path, 
         word, blocks, free, largest, calc["pool_blocks"], calc["boot_prediction"]["free_bytes"],
         calc["boot_prediction"]["largest_bytes"]))
     assert bb == calc["block_bytes"]
-    assert calc["pool_blocks"] <= blocks <= calc["pool_blocks"] + 1, (blocks, calc["pool_blocks"], m.group(0))
+    # at least the calculator's blocks; at most two more: the calculator is tight to the
+    # heavier way into serve (main.py's boot report, then serve: 3.6 KB more of the 64-bit
+    # heap than the raw REPL's way this test boots), takes heapmargin.ALLOWANCE off the free
+    # heap and again off its largest piece, and counts a sampled request's exponent table
+    # (this request is greedy): 14.5 KB of the largest piece, two blocks of 7,808 B, on the
+    # 64-bit port at the run of 2026-12-02 (12 blocks where the calculator said 10)
+    assert calc["pool_blocks"] <= blocks <= calc["pool_blocks"] + 2, (blocks, calc["pool_blocks"], m.group(0))

@@ -4,14 +4,17 @@
 # unix port; key=value arguments):
 #   micropython -X heapsize=N firmware_py/tools/heapprobe.py part=decode|telemetry|tasks \
 #       model=M tokenizer=T leave=X [kv_dtype=D] [tokens=K] [temperature=F] [seed=S] \
-#       [board=boards/B.json] [config=scenarios/S.json] [blocks=B]
+#       [board=boards/B.json] [config=scenarios/S.json] [blocks=B] [pad=P]
 # part decode: decode.Session (a pool of `blocks`) and K tokens through the kernel task;
 # telemetry: the same through firmware_py.serve.Server (its telemetry task sending every
 # frame to a sink); tasks: Server with the config's tasks beside the decode. After the
 # boot, ballast takes the whole free heap but one piece of `leave` bytes (the margin the
 # boot's rule keeps in one piece). Then the part runs. One line:
 #   "heapprobe: part=P leave=X ok=1 tokens=K" or "... ok=0 why=WHAT", exit 0;
-# bad arguments: one line, exit 2.
+# bad arguments: one line, exit 2. pad=P holds P bytes from before the firmware's imports
+# to the end: it shifts the heap's layout (which pieces the GC's holes are), which moves
+# the least `leave` by hundreds of bytes (a longer model path does the same); the host
+# takes the most over several pads.
 import gc
 
 if hasattr(gc, "threshold"):  # MicroPython: collect the imports' garbage as it comes, so that the
@@ -22,7 +25,8 @@ import sys
 from firmware_py import compat
 
 _KEYS = {"part": "decode", "model": "", "tokenizer": "", "leave": "-1", "kv_dtype": "fp32", "tokens": "24",
-         "temperature": "0", "seed": "1", "board": "", "config": "", "blocks": "4", "prompt": "Once upon a time", "trace": "0"}
+         "temperature": "0", "seed": "1", "board": "", "config": "", "blocks": "4", "prompt": "Once upon a time", "trace": "0",
+         "pad": "0"}
 
 
 _BALLAST = 4096  # pieces of ballast at most
@@ -83,9 +87,13 @@ def main(argv):
         o = _args(argv)
         leave, k = int(o["leave"]), int(o["tokens"])
         temp, seed, blocks = float(o["temperature"]), int(o["seed"]), int(o["blocks"])
+        pad = int(o["pad"])
+        if pad < 0:
+            raise ValueError("pad must be >= 0, got %d" % pad)
     except ValueError as e:
         print("heapprobe: %s" % e)
         return 2
+    held = bytearray(pad) if pad else None  # the layout's shift, held to the end
     from firmware_py import decode  # noqa: PLC0415 - the firmware, imported as main.py would
 
     keep = [None] * _BALLAST  # sized first: a growing list would need the heap the ballast took
@@ -138,7 +146,7 @@ def main(argv):
         print("heapprobe: part=%s leave=%d ok=0 why=%s: %s" % (part, leave, type(e).__name__, e))
         return 0
     free = compat.mem_free()
-    keep = None
+    keep = held = None  # noqa: F841
     ok = made == k
     print("heapprobe: part=%s leave=%d ok=%d tokens=%d free_after=%d" % (part, leave, 1 if ok else 0, made, free))
     return 0

@@ -13,7 +13,9 @@
 # It prints serve's own output (its frames and lines), then one line
 # "kvprobe: boot blocks=B free=F largest=L margin=M model_bytes=X tokens=T status=S
 # decoded=K limit=WHY free0=F0 plan=P weights=W" (kvprobe.py size=boot's line), or
-# "kvprobe: boot blocks=0 limit=WHY" when serve did not boot; exit 0.
+# "kvprobe: boot blocks=0 limit=WHY" when serve did not boot; exit 0. The fill and the line
+# are servefill.py (beside it), imported after the boot: this script is kept to what a board
+# holds while serve boots (the REPL keeps only the line it runs; its code is measured too).
 import gc
 import sys
 
@@ -37,53 +39,22 @@ elif VIA == "repl":
     _src = _f = None
 
 
-def main(argv):
-    k = 8
-    for a in argv:
-        key, _, v = a.partition("=")
-        if key == "via" and v in ("main", "repl"):
-            continue
-        if key != "decode":
-            print("serveprobe: unknown argument %r (want decode=K, via=main|repl)" % a)
-            return 2
-        k = int(v)
-    box = []
-    try:  # the line ./kv monitor --start sends, with one request
-        exec("from firmware_py import serve\nbox.append(serve.main(prompt='Once upon a time', tokens=%d, max_requests=1))\n" % k,
-             {"box": box})
-    except MemoryError:
-        print("kvprobe: boot blocks=0 limit=MemoryError")
-        return 0
-    from firmware_py import compat  # noqa: PLC0415
-    from firmware_py.status import E_FULL, E_NO_BLOCK  # noqa: PLC0415
+K = 8  # the request's new tokens
+for _a in sys.argv[1:]:
+    if _a.startswith("decode=") and _a[7:].isdigit():
+        K = int(_a[7:])
+    elif _a not in ("via=main", "via=repl"):
+        print("serveprobe: unknown argument %r (want decode=K, via=main|repl)" % _a)
+        sys.exit(2)
+_a = None
+box = []
+try:  # the line ./kv monitor --start sends, with one request
+    exec("from firmware_py import serve\nbox.append(serve.main(prompt='Once upon a time', tokens=%d, max_requests=1))\n" % K,
+         {"box": box})
+except MemoryError:
+    box = None
+    print("kvprobe: boot blocks=0 limit=MemoryError")
+    sys.exit(0)
+import servefill  # noqa: E402 - after the boot: its code is not in what the boot measured
 
-    s = box[0].session
-    if s is None:
-        print("kvprobe: boot blocks=0 limit=serve_did_not_boot")
-        return 0
-    lay = s.cache.layout
-    row = bytearray(lay.row_bytes)
-    n = 0
-    st = 0
-    room = s.pool.n_blocks * lay.tokens_per_block + 1 - s.cache.length(s.h)
-    compat.heap_lock()
-    try:
-        while n < room:
-            st = s.cache.append(s.h, row)
-            if st < 0:
-                break
-            n += 1
-    except MemoryError:
-        compat.heap_unlock()
-        print("kvprobe: boot blocks=0 limit=MemoryError_in_the_locked_fill")
-        return 0
-    compat.heap_unlock()
-    status = "FULL" if st == E_FULL else "NO_BLOCK" if st == E_NO_BLOCK else "OK"
-    print("kvprobe: boot blocks=%d free=%d largest=%d margin=%d model_bytes=%d tokens=%d status=%s decoded=%d limit=%s "
-          "free0=%d plan=%d weights=%d" % (s.pool.n_blocks, s.heap_free, s.heap_largest, s.margin, s.model_bytes,
-                                           s.cache.length(s.h), status, s.n_new, s.boot_limit.replace(" ", "_"),
-                                           s.heap_free0, s.plan_blocks, s.weights.nbytes))
-    return 0
-
-
-sys.exit(main(sys.argv[1:]))
+sys.exit(servefill.report(box[0]))
