@@ -20,9 +20,16 @@ import gc
 import sys
 
 VIA = "main"
+K = 8  # the request's new tokens
 for _a in sys.argv[1:]:
-    if _a.startswith("via="):
+    if _a in ("via=main", "via=repl"):
         VIA = _a[4:]
+    elif _a.startswith("decode=") and _a[7:].isdigit():
+        K = int(_a[7:])
+    else:
+        print("serveprobe: unknown argument %r (want decode=K, via=main|repl)" % _a)
+        sys.exit(2)
+_a = None
 if VIA == "main":
     gc.threshold(16384)  # main.py's first step, as on the board (the raw REPL's soft reset skips it)
     from firmware_py import app
@@ -39,20 +46,11 @@ elif VIA == "repl":
     _src = _f = None
 
 
-K = 8  # the request's new tokens
-for _a in sys.argv[1:]:
-    if _a.startswith("decode=") and _a[7:].isdigit():
-        K = int(_a[7:])
-    elif _a not in ("via=main", "via=repl"):
-        print("serveprobe: unknown argument %r (want decode=K, via=main|repl)" % _a)
-        sys.exit(2)
-_a = None
 box = []
 try:  # the line ./kv monitor --start sends, with one request
     exec("from firmware_py import serve\nbox.append(serve.main(prompt='Once upon a time', tokens=%d, max_requests=1))\n" % K,
          {"box": box})
 except MemoryError:
-    box = None
     print("kvprobe: boot blocks=0 limit=MemoryError")
     sys.exit(0)
 import servefill  # noqa: E402 - after the boot: its code is not in what the boot measured
