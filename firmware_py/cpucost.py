@@ -169,10 +169,16 @@ def for_config(board, kind, cfg, weights_dtype="fp32", kv_dtype="fp32"):
 
 def for_session(board, kind, session):
     # the cost model of a loaded decode.Session (its shape, weight type and KV element type)
+    # under "viper": kvrtos's own firmware has viper kernels on its integer path only
+    # (qmodel.QForward: int8 weights with int8 KV); any other pair runs the float path
+    # (kernels.Plain, quant), all of it bytecode, so it is priced by the bytecode figures
     w = session.weights
     dt = "int8" if getattr(w, "dtype", "fp32") == "int8" else "fp32"
     lay = getattr(session, "layout", None)
-    return CostModel(board, kind, session.cfg, dt, lay.dtype if lay is not None else "fp32")
+    kvd = lay.dtype if lay is not None else "fp32"
+    if kind == "viper" and not (dt == "int8" and kvd == "int8") and "bytecode" in (getattr(board, "cpu_cost", None) or {}):
+        kind = "bytecode"
+    return CostModel(board, kind, session.cfg, dt, kvd)
 
 
 class Meter:

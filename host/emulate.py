@@ -352,9 +352,11 @@ def _cost_model(brd, kind, s, speed="fit"):
 
         from host import boardspeed  # noqa: PLC0415
 
-        costs = boardspeed.band_costs(brd, kind, speed)
+        # (both MicroPython kinds: under viper a session off the integer path is priced by
+        # the bytecode figures, cpucost.for_session)
+        band = {k: boardspeed.band_costs(brd, k, speed) for k in ("viper", "bytecode") if k in brd.cpu_cost}
         brd = copy.copy(brd)
-        brd.cpu_cost = dict(brd.cpu_cost, **{kind: costs})
+        brd.cpu_cost = dict(brd.cpu_cost, **band)
     if kind == "none":
         return None, {"kind": "none", "note": "memory time only: no CPU cost figures used (compute not charged)"}
     try:
@@ -365,7 +367,7 @@ def _cost_model(brd, kind, s, speed="fit"):
         m = cpucost.for_session(brd, kind, s)
     except cpucost.CostError as e:
         _bad(str(e))
-    return m, {"kind": kind, "speed": speed, "figures": m.figures()}
+    return m, {"kind": m.kind, "speed": speed, "figures": m.figures()}
 
 
 def _memory_figures(brd):
@@ -842,7 +844,17 @@ def _verdict(rep, n):
     path, weights = _path_words(rep)
     bound = "slice unbounded" if not n["slice_us"] else "slice %d us" % n["slice_us"]
     fp32 = rep["model"]["weights_dtype"] == "fp32"
-    if fp32 and not n["slice_us"]:
+    q8 = rep["model"]["weights_dtype"] == "int8" and rep["spec"]["kv_dtype"] == "int8"
+    if n["slice_us"] and holder in over:
+        # the holder passed the bound by a unit it cannot split: neither a shorter slice nor a
+        # priority helps, a faster path or a smaller unit does
+        if rep["spec"]["cost"] in ("viper", "bytecode") and not (q8 and rep["spec"]["cost"] == "viper"):
+            fix = ("its smallest unit on this path takes longer than the slice: run the integer path "
+                   "(int8 weights with int8 KV under --cost viper: --weights int8 --kv-dtype int8)")
+        else:
+            fix = ("a unit it cannot split (a temperature draw, one head's attention over very many slots) "
+                   "took longer than the slice: keep fewer slots (--policy window --window W) or decode greedy")
+    elif fp32 and not n["slice_us"]:
         fix = "use int8 weights or a slice bound (--slice-us %d)" % decode.SLICE_US
     elif fp32:
         fix = "use int8 weights or a shorter slice"
@@ -1066,7 +1078,10 @@ def summary(rep):
             end, ", ".join("%s %.1f" % kv for kv in sorted(b["factors"].items())), b["tok_s"], b["deadline_misses"],
             "" if b["verdict_ok"] else ": " + b["verdict_line"]))
     c = rep["cost"]["cpu"]
-    L.append("  cpu cost    %s" % (c.get("note") or "%s figures: %s" % (c["kind"], ", ".join(
+    why = ""
+    if not c.get("note") and c["kind"] != rep["spec"]["cost"]:  # viper off the integer path
+        why = " (the float path: %s weights with %s KV run no viper kernel)" % (rep["model"]["weights_dtype"], rep["spec"]["kv_dtype"])
+    L.append("  cpu cost    %s" % (c.get("note") or "%s figures%s: %s" % (c["kind"], why, ", ".join(
         "%s=%s (%s)" % (k, v["value"], v.get("kind", "")) for k, v in sorted(c["figures"].items())))))
     L.append("  slices      bound %s, %d yields inside a step; %s" % (
         "%d us" % rep["slices"]["slice_us"] if rep["slices"]["slice_us"] else "none", rep["slices"]["yields"],

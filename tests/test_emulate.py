@@ -484,3 +484,30 @@ def test_board_names_the_task_that_overran_its_slice():
     t.st[S_MAX_SLICE] = 390000
     line = srv.slice_line(2000)
     assert line == "serve: slices bound 2000 us; over it: decode 390000 us; deadline misses: none", line
+
+
+def test_int8_weights_beside_another_kv_type_are_priced_as_the_float_path_the_board_runs():
+    # the board runs its viper kernels only on the integer path (int8 weights with int8 KV);
+    # int8 weights beside fp32 KV run kernels.Plain in bytecode, so under --cost viper the
+    # emulator prices that session by the bytecode figures (it priced the viper int8 matvec:
+    # 11 tok/s where the virtual board gave a bytecode decode's speed)
+    _stories()
+    q8 = emulate.run({"scenario": "long-generation", "tokens": 3})
+    mixed = emulate.run({"scenario": "long-generation", "tokens": 3, "kv_dtype": "fp32"})
+    fp32 = emulate.run({"scenario": "long-generation", "tokens": 3, "weights": "fp32"})
+    assert q8["cost"]["cpu"]["kind"] == "viper"
+    assert mixed["cost"]["cpu"]["kind"] == "bytecode" and fp32["cost"]["cpu"]["kind"] == "bytecode"
+    assert mixed["tok_s"] < q8["tok_s"] / 10, (mixed["tok_s"], q8["tok_s"])
+    assert 0.5 < mixed["tok_s"] / fp32["tok_s"] < 2, (mixed["tok_s"], fp32["tok_s"])
+    assert emulate._path_words(mixed)[0] == "bytecode matvec"
+
+
+def test_the_verdict_does_not_advise_a_shorter_slice_when_a_unit_cannot_be_split():
+    # under bytecode cost the decode's smallest unit is longer than the bound: a shorter
+    # slice or a priority cannot help; the line says which path does
+    _stories()
+    rep = emulate.run({"scenario": "voice-assistant", "tokens": 2, "cost": "bytecode"})
+    v = rep["verdict"]
+    assert not v["ok"] and "decode" in v["overran"], v
+    assert "shorter slice" not in v["line"] and "priority" not in v["line"], v["line"]
+    assert "integer path" in v["line"] and "--kv-dtype int8" in v["line"], v["line"]
