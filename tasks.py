@@ -172,12 +172,12 @@ def convert(c, model="", out="", format="q8row", group=""):
 @task(help={"model": "llama2.c checkpoint path, or stories260K (../shared/models); default models/kvrtos-tiny",
             "prompt": "text to continue", "tokens": "new tokens to generate", "tokenizer": "tokenizer.bin (default: beside the model)",
             "temperature": "0 = greedy", "top_p": "nucleus mass kept, (0, 1]", "seed": "sampling seed (same seed, same tokens)",
-            "kv_dtype": "fp32, fp16, int8, int4 (KIVI) or int4tok (int4 per token)", "policy": "full, window, sinks or h2o", "window": "tokens kept by window/sinks/h2o",
+            "kv_dtype": "auto (int8 beside int8 weights: the integer path; else fp32), fp32, fp16, int8, int4 (KIVI) or int4tok (int4 per token)", "policy": "full, window, sinks or h2o", "window": "tokens kept by window/sinks/h2o",
             "backend": "auto, numpy, plain or q8", "runtime": "cpython, micropython (the unix port, default board heap) or board",
             "rope": "absolute (keys at their own position) or cache (StreamingLLM: rank in the cache)",
             "port": "--runtime board: serial port (default: ESP32-S3 by USB VID, else the virtual board)"})
 @one_line_errors
-def generate(c, model="", prompt="", tokens="64", tokenizer="", temperature="0", top_p="1", seed="0", kv_dtype="fp32",
+def generate(c, model="", prompt="", tokens="64", tokenizer="", temperature="0", top_p="1", seed="0", kv_dtype="auto",
              policy="full", window="0", backend="auto", runtime="cpython", rope="absolute", port=None):
     """Generate text with a llama2.c model as a kernel task: the text token by token, then one summary line."""
     from host import generate as gen
@@ -235,6 +235,7 @@ def vboard(c, board="esp32s3_n8r8", fs=None, stop=False):
             "timeout": "seconds the board may stay silent in any exchange (default 10)",
             "model": "also copy this llama2.c checkpoint (kvrtos-tiny: models/kvrtos-tiny/model.bin; stories260K: ../shared/models) as model.bin, refused first when it cannot fit",
             "tokenizer": "its tokenizer.bin (default: beside the model)",
+            "weights": "int8 (default: an fp32 checkpoint goes on as int8 q8row, converted on the fly, the integer path's format, with int8 KV) or fp32 (the file as it is: the float path, bytecode on the board)",
             "config": "an application config (JSON, docs/user-guide.md) put on the board as kvrtos.json, with the modules of its module tasks (m.py beside it); checked first: a bad one is one line, nothing flashed"})
 @one_line_errors
 def flash(c, port=None, board="esp32s3_n8r8", src=None, timeout="10", model=None, tokenizer="", config=None, weights="int8"):

@@ -111,6 +111,8 @@ def files_for(board_name, model_arg, tok_arg="", weights="int8", out=None, conte
         tokenizer.load(tp, cfg.vocab_size)
     except (llama2c.CheckpointError, tokenizer.TokenizerError) as e:
         raise UserError(str(e), 2) from None
+    if weights == "fp32" and plan[1].q8_len:
+        raise UserError("--weights fp32: %s is already int8; give its fp32 checkpoint, or leave --weights out" % model_arg, 2)
     if weights == "int8" and not plan[1].q8_len:
         from host import convert  # noqa: PLC0415
 

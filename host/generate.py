@@ -81,7 +81,7 @@ def _check_text(prompt):
 
 
 # check everything, then generate on the chosen runtime; the Session (cpython) or None
-def main(model="", prompt="", tokens="64", tokenizer_path="", temperature="0", top_p="1", seed="0", kv_dtype="fp32",
+def main(model="", prompt="", tokens="64", tokenizer_path="", temperature="0", top_p="1", seed="0", kv_dtype="auto",
          policy="full", window="0", backend="auto", runtime="cpython", rope="absolute", out=None, port=None):
     if runtime not in RUNTIMES:
         raise UserError("--runtime must be one of %s, got %r" % (", ".join(RUNTIMES), runtime), 2)
@@ -90,8 +90,8 @@ def main(model="", prompt="", tokens="64", tokenizer_path="", temperature="0", t
     p = _float(top_p, "--top-p", 0.0, 1.0, open_lo=True)
     s = _int(seed, "--seed", 0, 0xFFFFFFFF)
     w = _int(window, "--window", 0, 1 << 24)
-    if kv_dtype not in kv.DTYPES:
-        raise UserError("--kv-dtype must be one of %s, got %r" % (", ".join(kv.DTYPES), kv_dtype), 2)
+    if kv_dtype not in kv.DTYPES and kv_dtype != "auto":  # auto: int8 beside int8 weights, else fp32
+        raise UserError("--kv-dtype must be one of %s or auto, got %r" % (", ".join(kv.DTYPES), kv_dtype), 2)
     if policy not in kv.POLICIES:
         raise UserError("--policy must be one of %s, got %r" % (", ".join(kv.POLICIES), policy), 2)
     if backend not in fw_model.BACKENDS:
@@ -100,7 +100,7 @@ def main(model="", prompt="", tokens="64", tokenizer_path="", temperature="0", t
         raise UserError("--rope must be one of %s, got %r" % (", ".join(fw_model.ROPE_MODES), rope), 2)
     if port and runtime != "board":
         raise UserError("--port applies to --runtime board, not %s" % runtime, 2)
-    if backend == "q8" and kv_dtype != "int8":
+    if backend == "q8" and kv_dtype not in ("int8", "auto"):
         raise UserError("--backend q8 reads int8 KV rows, not %s: add --kv-dtype int8" % kv_dtype, 2)
     _check_text(prompt)
     mp, tp = resolve(model, tokenizer_path)

@@ -767,8 +767,11 @@ def test_generate_help_has_no_broken_short_flag():
 
 
 def test_generate_q8_with_fp32_kv_suggests_int8_kv():
-    r = kv("generate", "--backend", "q8", "--tokens", "1")
+    r = kv("generate", "--backend", "q8", "--kv-dtype", "fp32", "--tokens", "1")
     assert r.returncode == 2 and line(r) == "kv generate: --backend q8 reads int8 KV rows, not fp32: add --kv-dtype int8", r.stderr
+    # the default KV type (auto: int8 beside int8 weights) with an fp32 model: the model is what to change
+    r = kv("generate", "--backend", "q8", "--tokens", "1")
+    assert r.returncode == 2 and "the integer path needs an int8 model (./kv convert --format q8row)" in line(r), r.stderr
 
 
 def _task_contexts():

@@ -312,3 +312,9 @@ def test_model_goes_on_the_board_as_int8_unless_asked(tmp_path):
     assert len(notes) == 1 and "to int8 q8row" in notes[0] and "--weights fp32" in notes[0] and "\n" not in notes[0]
     files, fit, mp = boardmodel.files_for("esp32s3_n8r8", tiny, "", "fp32", notes.append)
     assert dict(files)["model.bin"] == open(tiny, "rb").read() and mp == tiny and len(notes) == 1
+    # --weights fp32 with a file that is already int8 is refused in one line (it went on as int8)
+    q8 = str(tmp_path / "q8.bin")
+    shutil.copy(boardmodel.files_for("esp32s3_n8r8", tiny, "", "int8")[2], q8)
+    with pytest.raises(UserError) as e:
+        boardmodel.files_for("esp32s3_n8r8", q8, os.path.join(os.path.dirname(tiny), "tokenizer.bin"), "fp32")
+    assert e.value.code == 2 and "already int8" in str(e.value) and "\n" not in str(e.value)

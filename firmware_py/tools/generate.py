@@ -20,7 +20,7 @@ import sys
 from firmware_py import decode
 
 _OPTS = {"--model": "", "--tokenizer": "", "--prompt": "", "--tokens": "32", "--temperature": "0",
-         "--top-p": "1", "--seed": "0", "--kv-dtype": "fp32", "--policy": "full", "--window": "0",
+         "--top-p": "1", "--seed": "0", "--kv-dtype": "auto", "--policy": "full", "--window": "0",
          "--backend": "auto", "--rope": "absolute", "--heap": "0", "--reserve": "0"}
 
 
