@@ -62,7 +62,15 @@ P_KSH = const(14)  # rope="cache": right shift of a rotated key (Q14 * int8) bef
 P_RLEN = const(15)  # rope="cache": rows in the cos/sin table
 P_H0 = const(16)  # per call: the first query head to attend (a sliced step: a unit of heads)
 P_H1 = const(17)  # per call: the head after the last (0: every head, in one call)
-PRM_LEN = const(18)
+# one pass of one head over a range of blocks (a sliced step past ATT_CHUNK slots: one
+# head's attention over very many slots would hold the CPU longer than a slice)
+P_PASS = const(18)  # per call: 0: every pass of heads P_H0..P_H1 - 1; 1 scores, 2 exp, 3 values: that pass only
+P_K0 = const(19)  # per call (P_PASS > 0): the first block of the range
+P_K1 = const(20)  # ... the block after its last (capped at P_NBLK)
+P_SMAX = const(21)  # a head's state between its passes' ranges: the largest score,
+P_EVMAX = const(22)  # ... the largest V scale exponent,
+P_TOT = const(23)  # ... the sum of the exp weights
+PRM_LEN = const(24)
 
 
 # --- tables, built at boot (floats: boot only) ---------------------------------------
@@ -879,7 +887,10 @@ def attend_v(out, q, arena, bases, prm, sc, hacc, e2t, hexp, ranks, cs) -> int:
     # prm[P_H1] (P_H1 0: every head): only those heads, so a sliced step attends in units of
     # heads; out's other rows are left as they are and the exponent (0 until then) is
     # returned by the call whose heads end at n_heads, which rescales every head's row to
-    # it. O(slots * dim), no allocation
+    # it. prm[P_PASS] 1, 2, 3 (a sliced step past ATT_CHUNK slots): one pass of head P_H0
+    # over blocks P_K0 .. P_K1 - 1, the head's state kept in prm between the calls (the
+    # passes in order, each over the ranges in order: the same sums as one call); the call
+    # ending pass 3 of the last head returns the exponent. O(slots * dim), no allocation
     pp = ptr32(prm)
     tpb = int(pp[0])
     loff = int(pp[1])
@@ -899,6 +910,14 @@ def attend_v(out, q, arena, bases, prm, sc, hacc, e2t, hexp, ranks, cs) -> int:
     rlen = int(pp[15])
     h = int(pp[16])
     h1 = int(pp[17])
+    pas = int(pp[18])
+    kb0 = 0
+    kb1 = nblk
+    if pas:
+        kb0 = int(pp[19])
+        kb1 = int(pp[20])
+        if kb1 > nblk:
+            kb1 = nblk
     if h1 <= 0 or h1 > nh:
         h1 = nh
     pa8 = ptr8(arena)
@@ -924,10 +943,20 @@ def attend_v(out, q, arena, bases, prm, sc, hacc, e2t, hexp, ranks, cs) -> int:
         kcol = kvh * hd
         smax = 0 - 0x3FFFFFFF
         evmax = 0
+        tot = 0
+        if pas and kb0 > 0:  # a later range of a pass: the head's state so far
+            smax = (int(pp[21]) ^ m31) - m31
+            evmax = int(pp[22])
+            tot = int(pp[23])
+        elif pas > 1:  # the first range of pass 2 or 3: pass 1's result
+            smax = (int(pp[21]) ^ m31) - m31
+            evmax = int(pp[22])
+            if pas == 3:
+                tot = int(pp[23])
         # pass 1: scores, their maximum, the largest V scale exponent
-        j = 0
-        k = 0
-        while k < nblk:
+        j = kb0 * tpb
+        k = kb0
+        while k < kb1 and (pas == 0 or pas == 1):
             bb = int(pb[k])
             r = 0
             while r < tpb and j < nslot:
@@ -981,11 +1010,14 @@ def attend_v(out, q, arena, bases, prm, sc, hacc, e2t, hexp, ranks, cs) -> int:
                 j += 1
                 r += 1
             k += 1
+        if pas == 1:
+            pp[21] = smax
+            pp[22] = evmax
+            return 0
         # pass 2: exp(score - max) by the exp2 table, Q15; their sum
-        tot = 0
-        j = 0
-        k = 0
-        while k < nblk:
+        j = kb0 * tpb
+        k = kb0
+        while k < kb1 and pas != 3:
             bb = int(pb[k])
             r = 0
             while r < tpb and j < nslot:
@@ -1006,17 +1038,20 @@ def attend_v(out, q, arena, bases, prm, sc, hacc, e2t, hexp, ranks, cs) -> int:
                 j += 1
                 r += 1
             k += 1
+        if pas == 2:
+            pp[23] = tot
+            return 0
         # pass 3: probabilities, V weighted by probability x scale
         inv = 0
         if tot > 0:
             inv = (one << 30) // tot
         d = 0
-        while d < hd:
+        while d < hd and kb0 == 0:
             po[qo + d] = 0
             d += 1
-        j = 0
-        k = 0
-        while k < nblk:
+        j = kb0 * tpb
+        k = kb0
+        while k < kb1:
             bb = int(pb[k])
             r = 0
             while r < tpb and j < nslot:
@@ -1040,6 +1075,8 @@ def attend_v(out, q, arena, bases, prm, sc, hacc, e2t, hexp, ranks, cs) -> int:
                 j += 1
                 r += 1
             k += 1
+        if kb1 < nblk:
+            return 0  # pass 3 over a range of the blocks, more to come
         px[h] = evmax
         h += 1
     if h1 < nh:
@@ -1074,13 +1111,15 @@ def _word(buf, o):
 # twin of attend_v; each dot and sum of exp weights through reg (i32 as the 32-bit word,
 # wide: exact); O(slots * dim)
 def attend_py(out, q, arena, bases, prm, sc, hacc, e2t, hexp, ranks, cs, reg=i32):
-    tpb, loff, lrow, voff, ksoff, vsoff, nh, rep, hd, eq, nslot, nblk, h2o, rot, ksh, rlen, h0, h1 = prm[:PRM_LEN]
+    tpb, loff, lrow, voff, ksoff, vsoff, nh, rep, hd, eq, nslot, nblk, h2o, rot, ksh, rlen, h0, h1 = prm[:P_PASS]
+    pas = prm[P_PASS]
+    kb0, kb1 = (prm[P_K0], min(prm[P_K1], nblk)) if pas else (0, nblk)
     if h1 <= 0 or h1 > nh:
         h1 = nh
     kadj = 14 - ksh if rot else 0
     slots = []  # (j, row byte offset) of the filled slots
-    j = 0
-    for k in range(nblk):
+    j = kb0 * tpb
+    for k in range(kb0, kb1):
         for r in range(tpb):
             if j < nslot:
                 if _word(arena, bases[k] + 8 * r):
@@ -1091,9 +1130,10 @@ def attend_py(out, q, arena, bases, prm, sc, hacc, e2t, hexp, ranks, cs, reg=i32
         kvh = h // rep
         qo = h * hd
         kcol = kvh * hd
-        smax = -SAT
-        evmax = 0
-        for j, ro in slots:
+        smax, evmax, tot = -SAT, 0, 0
+        if pas and (kb0 > 0 or pas > 1):  # the head's state from its earlier ranges or passes
+            smax, evmax, tot = prm[P_SMAX], prm[P_EVMAX], prm[P_TOT] if (kb0 > 0 or pas == 3) else 0
+        for j, ro in (slots if pas in (0, 1) else ()):
             kp = ro + kcol
             dot = 0
             if rot:
@@ -1116,8 +1156,10 @@ def attend_py(out, q, arena, bases, prm, sc, hacc, e2t, hexp, ranks, cs, reg=i32
             sc[j] = sco
             smax = max(smax, sco)
             evmax = max(evmax, (_word(arena, ro + vsoff + 4 * kvh) >> 23) & 0xFF)
-        tot = 0
-        for j, _ro in slots:
+        if pas == 1:
+            prm[P_SMAX], prm[P_EVMAX] = smax, evmax
+            return 0
+        for j, _ro in (slots if pas in (0, 2) else ()):
             t = sc[j] - smax
             ex = 0
             if t > -163840:
@@ -1130,8 +1172,11 @@ def attend_py(out, q, arena, bases, prm, sc, hacc, e2t, hexp, ranks, cs, reg=i32
             sc[j] = ex
             tot += ex
         tot = reg(tot)
+        if pas == 2:
+            prm[P_TOT] = tot
+            return 0
         inv = (1 << 30) // tot if tot > 0 else 0
-        for d in range(hd):
+        for d in range(hd if kb0 == 0 else 0):
             out[qo + d] = 0
         for j, ro in slots:
             p = (sc[j] * inv) >> 15
@@ -1143,6 +1188,8 @@ def attend_py(out, q, arena, bases, prm, sc, hacc, e2t, hexp, ranks, cs, reg=i32
                 w = (p * (((vb & 0x7FFFFF) | 0x800000) >> 9)) >> min(15 + evmax - ev, 31)
                 for d in range(hd):
                     out[qo + d] += w * s8(arena[ro + voff + kcol + d])
+        if kb1 < nblk:
+            return 0  # pass 3 over a range of the blocks, more to come
         hexp[h] = evmax
     if h1 < nh:
         return 0  # a sliced step's heads h0..h1 - 1: the exponent comes with the last ones

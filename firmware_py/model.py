@@ -45,6 +45,10 @@ SLICE = const(1)  # what a step yields when its slice is spent (a layer's end yi
 # of the integer path (qmodel.QForward, viper): Q8_UNIT_MACS multiply-adds of rows
 PLAIN_ROWS = const(1)
 PLAIN_SLOTS = const(1)
+# the integer path's attention unit: one query head over every slot (both passes) up to
+# ATTH_SLOTS slots; past it, one pass of one head over ATTH_SLOTS slots' blocks (a head's
+# whole attention over many slots held the CPU past the bound: 2.9 ms at 480 slots)
+ATTH_SLOTS = const(64)
 SOFTMAX_SLOTS = const(8)  # slots of every head per softmax unit (about one score unit's work: a head's D MACs per slot)
 Q8_UNIT_MACS = const(2048)
 SAMPLE_UNIT = const(64)  # logits the greedy sampler scans per unit (decode.Session.task)
@@ -130,8 +134,8 @@ class Slicer:
             self.att_slot_us = u // a + 1
         elif kind == U_SAMPLE and b == 1:
             self.draw_us = u
-        elif kind == U_ATTH and a > 0:
-            self.atth_q = (u << 6) // a + 1
+        elif kind == U_ATTH and a > 0:  # u + 1: a tick count may fall up to 1 us short (a short last range of slots)
+            self.atth_q = ((u + 1) << 6) // a + 1
         elif kind == U_CALL and b > 0:
             self.call_us = u
             m = self.row_macs
@@ -408,16 +412,31 @@ class Model:
     # attention in units of slots: the scores, the softmax, the values
     def _att(self, out, q, h, layer, n, sl):
         k = self.k
-        if not self.unit_slots:  # as the integer path's sliced step: one attend call per query head
+        if not self.unit_slots:  # as the integer path's sliced step (qmodel.QForward.forward)
             k.att_scores(q, layer, 0, n)
             k.att_softmax()
             k.att_values(out, layer, 0, n)
-            hs = 2 * n  # head-slot-passes of one head: both passes over the slots
-            for _ in range(self.cfg.n_heads):
-                if sl.ahead_h(hs):
-                    yield SLICE
-                if sl.step(U_ATTH, hs, 0):
-                    yield SLICE
+            if n <= ATTH_SLOTS:  # one attend call per query head: both passes over the slots
+                hs = 2 * n
+                for _ in range(self.cfg.n_heads):
+                    if sl.ahead_h(hs):
+                        yield SLICE
+                    if sl.step(U_ATTH, hs, 0):
+                        yield SLICE
+                return
+            t = self.cache.layout.tokens_per_block
+            cb = ATTH_SLOTS // t if ATTH_SLOTS > t else 1  # blocks per range
+            for _ in range(self.cfg.n_heads):  # each pass of each head over ranges of blocks
+                for pas in (1, 2, 3):
+                    k0 = 0
+                    while k0 * t < n:
+                        e = (k0 + cb) * t if (k0 + cb) * t < n else n
+                        a = 0 if pas == 2 else e - k0 * t  # the exp pass is priced within the other two
+                        if sl.ahead_h(a):
+                            yield SLICE
+                        if sl.step(U_ATTH, a, 0):
+                            yield SLICE
+                        k0 += cb
             return
         if sl.ahead(self.unit_slots):
             yield SLICE

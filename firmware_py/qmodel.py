@@ -20,7 +20,7 @@ from array import array
 
 from firmware_py import kernels_q as K
 from firmware_py.compat import const, new_array
-from firmware_py.model import Q8_UNIT_MACS, SLICE, U_ATTH, U_CALL, U_ELEM, U_KVW, U_NORM, U_ROPE, U_ROWS, U_SILU
+from firmware_py.model import ATTH_SLOTS, Q8_UNIT_MACS, SLICE, U_ATTH, U_CALL, U_ELEM, U_KVW, U_NORM, U_ROPE, U_ROWS, U_SILU
 from firmware_py.status import E_EMPTY, E_RANGE, OK
 
 LOGIT_FRAC = const(16)  # fractional bits of QForward.logits
@@ -170,6 +170,7 @@ class QForward:
         self.h = -1  # sequence of the step under way
         self.slot = -1  # its reserved slot
         self.nslot = 0  # slots attention scans this step
+        self.att_slots = ATTH_SLOTS  # a sliced step past this many slots attends one pass of a head over ranges
 
         self.model = None  # the model.Model running this (its slicer bounds forward's slices), or None
         # a sliced forward's matvec units: each matrix's views of its output array at every
@@ -435,9 +436,11 @@ class QForward:
             # attention in units of one query head (both passes over the slots each), the
             # exponent from the last: the same sums as one call over every head
             nh = cfg.n_heads
-            hs = 2 * self.nslot  # head-slot-passes of one head
+            ns = self.nslot
+            hs = 2 * ns  # head-slot-passes of one head
             hh = 0
-            while hh < nh:
+            ats = self.att_slots
+            while hh < nh and ns <= ats:
                 if sl.ahead_h(hs):
                     yield SLICE
                 p[K.P_H0] = hh
@@ -446,6 +449,33 @@ class QForward:
                 hh += 1
                 if sl.step(U_ATTH, hs, 0):
                     yield SLICE
+            # past ATTH_SLOTS slots: each pass of each head over ranges of cb blocks (the
+            # emulator's units are model.Model._att's, the same)
+            t = self.t
+            cb = ats // t if ats > t else 1
+            while hh < nh:
+                p[K.P_H0] = hh
+                p[K.P_H1] = hh + 1
+                pas = 1
+                while pas <= 3:
+                    p[K.P_PASS] = pas
+                    k0 = 0
+                    while k0 * t < ns:
+                        e = (k0 + cb) * t
+                        if e > ns:
+                            e = ns
+                        a = 0 if pas == 2 else e - k0 * t  # the exp pass is priced within the other two
+                        if sl.ahead_h(a):
+                            yield SLICE
+                        p[K.P_K0] = k0
+                        p[K.P_K1] = k0 + cb
+                        ea = K.attend(att, q, self.cache.arena, self.bases, p, self.sc, self.hacc, self.e2t, self.hexp, self.ranks, self.rot)
+                        if sl.step(U_ATTH, a, 0):
+                            yield SLICE
+                        k0 += cb
+                    pas += 1
+                hh += 1
+            p[K.P_PASS] = 0
             p[K.P_H0] = 0
             p[K.P_H1] = 0  # layer() attends over every head in one call
             ea -= K.quant(att, att, d)

@@ -136,7 +136,12 @@ def test_kv_dtype_compute():
                            layout=kvlayout.Layout(CFG.n_layers, CFG.n_kv_heads, CFG.head_dim, "int4tok"))
     ms = cpucost.for_session(b, "viper", sess)
     assert ms.kv_dtype == "int4tok" and ms.weights_dtype == "int8"
-    assert ms.token_ns(64) == cpucost.for_config(b, "viper", CFG, "int8", "int4tok").token_ns(64)
+    # int8 weights beside int4tok KV run the float path on the board (no viper kernel): bytecode
+    assert ms.kind == "bytecode"
+    assert ms.token_ns(64) == cpucost.for_config(b, "bytecode", CFG, "int8", "int4tok").token_ns(64)
+    sess.layout = kvlayout.Layout(CFG.n_layers, CFG.n_kv_heads, CFG.head_dim, "int8")
+    ms = cpucost.for_session(b, "viper", sess)  # int8 with int8: the integer path's viper kernels
+    assert ms.kind == "viper" and ms.token_ns(64) == cpucost.for_config(b, "viper", CFG, "int8", "int8").token_ns(64)
     with pytest.raises(cpucost.CostError, match="kv dtype must be one of"):
         cpucost.for_config(b, "c", CFG, "fp32", "int2")
 

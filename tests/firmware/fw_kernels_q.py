@@ -238,6 +238,55 @@ for h in range(NH):
         want = sum(math.exp(sc[r] - mx) / z * vals[r][kvh * HD + d] for r in keys)
         top = max(abs(vals[r][kvh * HD + j]) for r in keys for j in range(HD))
         check(abs(out[h * HD + d] * 2.0 ** -e - want) <= top * 0.02, "attend head %d dim %d near the float softmax" % (h, d))
+
+# ---- attention in ranges (P_PASS): each pass of each head over ranges of blocks, the
+# head's state kept in prm between the calls, gives the whole call's bits (5 blocks of
+# T slots, holes, the last block part-filled; scores all negative in one run: the kept
+# maximum is a negative int32 read back on the 64-bit port)
+NB = 5
+NS = NB * T - 2
+bases5 = array("i", [b * (T * 8 + T * LROW) for b in range(NB)])
+kfix = ints(KVD, 4096, 16384)  # all positive: with q = -k every score is negative
+for neg in (False, True):
+    arena5 = bytearray(NB * (T * 8 + T * LROW) + 64)
+    for j in range(NS):
+        if j % 7 == 3:
+            continue  # an empty slot
+        b, r = j // T, j % T
+        arena5[bases5[b] + 8 * r] = j + 1
+        row = bytearray(LROW)
+        K.pack_py(row, 0, 2 * KVD, kfix if neg else ints(KVD, -16384, 16384), KVD, HD, 14, 127)
+        K.pack_py(row, KVD, 2 * KVD + 4 * NKV, ints(KVD, -16384, 16384), KVD, HD, 14 - (j % 5), 127)
+        o = bases5[b] + T * 8 + r * LROW
+        arena5[o:o + LROW] = row
+    q5 = array("i", [-2048] * (NH * HD)) if neg else ints(NH * HD, -8192, 8192)
+    p5 = array("i", prm)
+    p5[K.P_NSLOT] = NS
+    p5[K.P_NBLK] = NB
+    for impl in ((K.attend_v,) if VIPER else ()) + (K.attend_py,):
+        runs = []
+        for ranged in (False, True):
+            out, sc, hacc, hexp = array("i", [0] * (NH * HD)), array("i", [0] * NS), array("i", [0] * NS), array("i", [0] * NH)
+            rk = array("i", [0] * NS)
+            if not ranged:
+                e = impl(out, q5, arena5, bases5, p5, sc, hacc, e2t, hexp, rk, array("h", [0] * 4))
+            else:
+                for h in range(NH):
+                    p5[K.P_H0], p5[K.P_H1] = h, h + 1
+                    for pas in (1, 2, 3):
+                        p5[K.P_PASS] = pas
+                        for k0 in range(0, NB, 2):
+                            p5[K.P_K0], p5[K.P_K1] = k0, k0 + 2
+                            e = impl(out, q5, arena5, bases5, p5, sc, hacc, e2t, hexp, rk, array("h", [0] * 4))
+                            if not (h == NH - 1 and pas == 3 and k0 + 2 >= NB):
+                                eq(e, 0, "attend in ranges: only the last call returns the exponent")
+                        if neg and pas == 1:
+                            check(p5[K.P_SMAX] < 0, "attend in ranges: (neg) the kept maximum score is negative")
+                p5[K.P_PASS], p5[K.P_H0], p5[K.P_H1] = 0, 0, 0
+            runs.append((e, list(out), list(hacc)))
+        eq(runs[1], runs[0], "attend in ranges (neg=%s) equals the whole call" % neg)
+        check(any(runs[0][1]), "attend in ranges: a nonzero output")
+
 v = ints(40, -2 ** 30, 2 ** 30)
 eq(K.argmax(v, 40), max(range(40), key=lambda i: (v[i], -i)), "argmax: the first largest")
 done()

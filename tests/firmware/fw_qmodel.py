@@ -51,9 +51,9 @@ os.remove(TMP)
 eq((w.dtype, w.cfg.format), ("int8", "q8row"), "the test model loads as int8 q8row")
 
 
-def setup(policy="full", budget=S, h2o=False, rope="absolute"):
-    lay = kv.Layout(NL, NKV, D // NH, "int8")
-    nb = (S + 15) // 16 + 1
+def setup(policy="full", budget=S, h2o=False, rope="absolute", tpb=16):
+    lay = kv.Layout(NL, NKV, D // NH, "int8", tokens_per_block=tpb)
+    nb = (S + tpb - 1) // tpb + 1
     p = pool.Pool(lay.block_bytes, nb)
     c = kv.KVCache(p, lay, max_seqs=2, h2o=h2o)
     h = c.open(p.add_region(nb), policy, budget)
@@ -174,6 +174,26 @@ for i, t in enumerate(TOKS):
 eq(list(got5), want6, "the sliced step picks the whole step's tokens")
 check(nsl5[0] > len(TOKS) * NL * 7, "it yielded inside the layers: %d slices" % nsl5[0])
 eq(list(m5.logits), list(m6.logits), "and gives the same last logits")
+
+# past att_slots slots the sliced step attends one pass of one head over ranges of blocks
+# (model.ATTH_SLOTS; lowered here to 2 slots, blocks of 2 tokens, so that 6 tokens take 3
+# ranges a pass): the same tokens and logits as the whole step, nothing allocated
+c7, h7, m7 = setup(tpb=2)
+m7.att_slots = 2
+gens7 = [m7.forward(h7, t, i, sl5) for i, t in enumerate(TOKS)]
+got7 = array("i", [0] * len(TOKS))
+
+
+def ranged():
+    for i in range(len(TOKS)):
+        for _ in gens7[i]:
+            pass
+        got7[i] = K.argmax(m7.logits, V)
+
+
+no_alloc("the sliced integer step attending in ranges of blocks for %d tokens" % len(TOKS), ranged)
+eq(list(got7), want6, "attending in ranges picks the whole step's tokens")
+eq(list(m7.logits), list(m6.logits), "and gives the same last logits")
 
 # misuse: statuses, nothing decoded
 eq(m.step(h, 3, 0), E_RANGE, "a position that is not the next one: E_RANGE")
