@@ -281,6 +281,9 @@ def test_costmodel_bench_prediction_and_emulation_agree():
     r = costmodel.measure()
     e = r["emulated"]
     assert e["max_abs_diff_us_per_token"] == 0
+    # the bytes the emulation charged, against a count from the model's dimensions alone
+    for what in ("weights", "kv_read", "kv_write"):
+        assert e["psram_%s_bytes" % what] == e["independent_%s_bytes" % what] > 0, what
     p = r["predictions"][0]
     assert p["board"] == "esp32s3_n8r8" and p["weights_bytes_per_token"] > 1000000
     assert p["weights_only_tok_s"] == round(1e6 / p["weights_only_us_per_token"], 1)

@@ -82,13 +82,16 @@ def test_committed_calibration_recomputes_and_meets_the_goal():
     cfg, pl, fi, rw = calibration.stories15m()
     p = calibration.predict("esp32s3_n16r8", "dsp", cfg, pl, fi, rw, "flash", "psram", "int4", steps=r["steps"])
     assert p["tok_s"] == c15["predicted_tok_s"]
-    outside = sorted(c["id"] for c in r["cases"] if not c["within_goal"])
-    # each explained in docs/calibration.md (no case is tuned to its tok/s)
-    assert outside == ["esp32-cam", "esp32-flash", "esp32-llm", "pico-llama"]
+    # the cases outside the goal, derived from the published and predicted figures (the
+    # predictions are rerun against this JSON by tests/test_bench_fresh.py), not listed
+    # here: each is explained in docs/calibration.md (no case is tuned to its tok/s), and
+    # the page names no case outside that is inside
+    outside = sorted(c["id"] for c in r["cases"] if abs(c["predicted_tok_s"] - c["published_tok_s"]) > 0.25 * c["published_tok_s"])
+    assert outside == sorted(c["id"] for c in r["cases"] if not c["within_goal"])
     page = open(os.path.join(ROOT, "docs", "calibration.md")).read()
     for c in r["cases"]:
-        if not c["within_goal"]:
-            assert "**%s** (%+.1f %%, outside the goal)" % (c["id"], c["diff_permille"] / 10) in page
+        said = "**%s** (%+.1f %%, outside the goal)" % (c["id"], c["diff_permille"] / 10)
+        assert (said in page) == (c["id"] in outside), c["id"]
     # the chosen figures are listed with the cases that depend on them, the sensitivity covers every case
     deps = " ".join(f["depends"] for f in r["chosen"])
     assert "esp32-llm" in deps and "esp32-cam" in deps and "every case" in deps
