@@ -38,9 +38,12 @@ OPTION_KEYS = ("target_ms_per_token", "target_kv_bytes", "workers", "scheduler",
 GRID_KEYS = tuple(a for a, _, _ in AXES) + OPTION_KEYS
 NO_WINDOW_POLICIES = ("full",)  # a window means nothing to these: one point, not one per window
 METRICS = ("tokens", "tok_s", "ms_per_token", "ttft_ms", "kv_bytes", "pool_high_water", "deadline_misses")
+# MicroPython costs (viper, bytecode): tok/s and deadline misses again at each end of the
+# board-speed band (emulate.band), empty for the other costs
+BAND = ("tok_s_slow", "deadline_misses_slow", "tok_s_fast", "deadline_misses_fast")
 COLUMNS = ("board", "model", "policy", "window", "kv_dtype", "scenario", "cost", "tokens_requested", "seed") + \
-    ("status",) + METRICS + ("meets_target", "why_not", "key")
-CACHE_VERSION = 2  # the cached entry's layout and the key's recipe; part of every key
+    ("status",) + METRICS + BAND + ("meets_target", "why_not", "key")
+CACHE_VERSION = 3  # the cached entry's layout and the key's recipe; part of every key
 MAX_WINDOW = 1 << 20  # emulate's bound on --window
 SCHEDULER_TIMEOUT_S = 10  # connecting to --scheduler: then one line, not a hang
 CODE_DIRS = ("firmware_py", "host")  # every **/*.py there is hashed: a change there invalidates the cache
@@ -456,6 +459,10 @@ def _entry_ok(entry, key):
             return False
     if not isinstance(rep.get("stop", ""), str):
         return False
+    band = rep.get("band", {})
+    if not isinstance(band, dict) or not all(
+            isinstance(b, dict) and _is_num(b.get("tok_s")) and _is_num(b.get("deadline_misses")) for b in band.values()):
+        return False
     inv = rep.get("invariants", {})
     return isinstance(inv, dict) and all(isinstance(k, str) for k in inv)
 
@@ -499,7 +506,10 @@ def emulate_point(spec, hashes=None):
             emulate = _emulate()
             fault = getattr(emulate, "TaskFault", ())
             try:
-                out = {"status": "ok", "report": emulate.run(spec)}
+                rep = emulate.run(spec)
+                if hasattr(emulate, "band"):  # both ends of the board-speed band ({} but for MicroPython costs)
+                    rep["band"] = emulate.band(spec, rep)
+                out = {"status": "ok", "report": rep}
             except UserError as e:
                 line = (str(e).splitlines() or ["failed"])[0]
                 user = e.code == 2 and not (fault and isinstance(e, fault))
@@ -789,6 +799,10 @@ def _row(point, key, entry, targets):
         rep = entry["report"]
         for m in METRICS:
             row[m] = _total_misses(rep.get(m)) if m == "deadline_misses" else rep.get(m)
+        for end, b in (rep.get("band") or {}).items():
+            if end in ("slow", "fast"):
+                row["tok_s_" + end] = b["tok_s"]
+                row["deadline_misses_" + end] = b["deadline_misses"]
         why = []
         if targets.get("ms_per_token") is not None and not (_num(row["ms_per_token"]) <= targets["ms_per_token"]):
             why.append("ms/token %s > %s" % (row["ms_per_token"], targets["ms_per_token"]))
@@ -796,6 +810,8 @@ def _row(point, key, entry, targets):
             why.append("KV %s B > %s B" % (row["kv_bytes"], targets["kv_bytes"]))
         if _num(row["deadline_misses"]) > 0:
             why.append("%s deadline misses" % row["deadline_misses"])
+        elif (row["deadline_misses_slow"] or 0) > 0:  # the audio must still hold on a slow board
+            why.append("%s deadline misses at the slow end of the board-speed band" % row["deadline_misses_slow"])
         if row["tokens"] is not None and row["tokens_requested"] is not None and row["tokens"] < row["tokens_requested"]:
             why.append("%s of %s tokens%s" % (row["tokens"], row["tokens_requested"],
                                              " (%s)" % rep["stop"] if rep.get("stop") else ""))
@@ -917,9 +933,9 @@ def markdown(rows, summary, command=None):
             b, len(mine), sum(bool(r["meets_target"]) for r in mine), setting.replace("|", "\\|"),
             _cell(best["ms_per_token"]), _cell(best["tok_s"]), _cell(best["kv_bytes"])))
     cols = ("board", "model", "policy", "window", "kv_dtype", "scenario", "cost", "tokens", "ms_per_token", "tok_s",
-            "ttft_ms", "kv_bytes", "pool_high_water", "deadline_misses", "meets_target", "why_not")
+            "ttft_ms", "kv_bytes", "pool_high_water", "deadline_misses") + BAND + ("meets_target", "why_not")
     lines += ["", "## Every point, best first", "", "| " + " | ".join(c.replace("_", " ") for c in cols) + " |",
-              "| " + " | ".join("---:" if c in METRICS else "---" for c in cols) + " |"]
+              "| " + " | ".join("---:" if c in METRICS or c in BAND else "---" for c in cols) + " |"]
     for r in sorted(rows, key=_rank):
         lines.append("| " + " | ".join(_cell(r[c]).replace("|", "\\|") for c in cols) + " |")
     lines.append("")

@@ -492,3 +492,26 @@ def test_sigterm_one_line_then_resume(tmp_path):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_points_show_both_ends_of_the_board_speed_band(tmp_path):
+    # a MicroPython cost's point carries tok/s and deadline misses at the slow and the fast
+    # end of the band (emulate.band), in the rows, the CSV and the table; a C cost's none
+    s = grid(costs="viper,c", scenarios="voice-assistant", cache=str(tmp_path / "cache"), workers=1)
+    res = run_quiet(s)
+    rows = {r["cost"]: r for r in res["rows"]}
+    v, c = rows["viper"], rows["c"]
+    assert v["status"] == "ok" and v["tok_s_slow"] > 0 and v["tok_s_fast"] >= v["tok_s_slow"], v
+    assert v["deadline_misses_slow"] == 0 == v["deadline_misses_fast"], v
+    assert c["tok_s_slow"] is None and c["deadline_misses_fast"] is None, c
+    out = sweep.write(res, str(tmp_path / "out"), command="./kv sweep (test)")
+    with open(out["results.csv"]) as f:
+        got = {r["cost"]: r for r in csv.DictReader(f)}
+    assert float(got["viper"]["tok_s_slow"]) == v["tok_s_slow"] and got["c"]["tok_s_slow"] == ""
+    assert "tok s slow" in open(out["results.md"]).read()
+    # a point that holds at the fitted speed but misses at the slow end does not meet the target
+    rep = dict({m: 1 for m in sweep.METRICS}, deadline_misses=0, band={
+        "slow": {"tok_s": 0.5, "deadline_misses": 7}, "fast": {"tok_s": 2.0, "deadline_misses": 0}})
+    row = sweep._row({"norm": {"board": "esp32s3_n8r8", "policy": "full", "tokens": 1}}, "k" * 64,
+                     {"status": "ok", "report": rep}, {})
+    assert row["meets_target"] is False and "7 deadline misses at the slow end" in row["why_not"], row
