@@ -150,6 +150,8 @@ def budget(c, board="esp32s3_n8r8", model="stories260K", kv_dtype="fp32", policy
     if not r["fits"]:
         # the figures are on stdout; exit 3 says "does not fit" (2: bad input)
         raise UserError("does not fit: %s" % r["note"], budget_mod.EXIT_DOES_NOT_FIT)
+    if r.get("fits_wanted") is False:  # --tokens T that the budget does not hold
+        raise UserError("does not fit: %s" % budget_mod.wanted_note(r), budget_mod.EXIT_DOES_NOT_FIT)
 
 
 @task(help={"model": "fp32 llama2.c checkpoint to read", "out": "int8 checkpoint to write",
@@ -238,7 +240,7 @@ def vboard(c, board="esp32s3_n8r8", fs=None, stop=False):
             "weights": "int8 (default: an fp32 checkpoint goes on as int8 q8row, converted on the fly, the integer path's format, with int8 KV) or fp32 (the file as it is: the float path, bytecode on the board)",
             "config": "an application config (JSON, docs/user-guide.md) put on the board as kvrtos.json, with the modules of its module tasks (m.py beside it); checked first: a bad one is one line, nothing flashed"})
 @one_line_errors
-def flash(c, port=None, board="esp32s3_n8r8", src=None, timeout="10", model=None, tokenizer="", config=None, weights="int8"):
+def flash(c, port=None, board="esp32s3_n8r8", src=None, timeout="10", model=None, tokenizer="", config=None, weights=None):
     """Compile firmware_py/ with mpy-cross and copy what changed to the board (mpremote), verify, soft-reset; --model puts a model there too, --config an application config."""
     from host import flash as fl
     from host import paths
@@ -247,6 +249,9 @@ def flash(c, port=None, board="esp32s3_n8r8", src=None, timeout="10", model=None
         raise UserError("--tokenizer needs --model (the tokenizer is flashed with its model)", 2)
     if config == "":
         raise UserError("--config needs a file (./kv flash --help)", 2)
+    if weights is not None and not model:
+        raise UserError("--weights needs --model (it says how the model goes on the board)", 2)
+    weights = weights or "int8"
     if weights not in ("int8", "fp32"):
         raise UserError("--weights must be int8 (the integer path: an fp32 model is converted to q8row on the fly) "
                         "or fp32, got %r" % weights, 2)
@@ -326,7 +331,8 @@ def trace(c, log, out=None, json=False):
             "out": "folder for report.json, telemetry.jsonl, trace.json and the plots", "json": "print the report as one JSON object",
             "max_ms": "board-time limit of the run in ms (default 1800000 = 30 min, at most 36000000)",
             "speed": "the MicroPython cost at the fitted board-speed factor (fit, the default; the report adds both "
-                     "ends of its band) or at one end of the band: slow or fast (docs/calibration.md)"})
+                     "ends of its band) or at one end of the band: slow or fast (docs/calibration.md)"},
+      auto_shortflags=False)  # long flags only: an automatic -h (--weights) shadowed --help, -t was the tokenizer
 @one_line_errors
 def emulate(c, board=None, model=None, tokenizer=None, policy=None, window=None, kv_dtype=None, tokens=None, scenario=None,
             seed=None, cost=None, prompt=None, sinks=None, temperature=None, piece_bytes=None, weights_tier=None, out=None,

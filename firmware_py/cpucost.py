@@ -276,6 +276,9 @@ class Meter:
     def ahead_h(self, n):
         return self.sl.ahead_h(n)
 
+    def att_range(self, n, least):
+        return self.sl.att_range(n, least)
+
     def step(self, kind, a, b):
         t = self.rem + self.price(kind, a, b)
         us = t // self.den

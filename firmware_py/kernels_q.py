@@ -887,7 +887,7 @@ def attend_v(out, q, arena, bases, prm, sc, hacc, e2t, hexp, ranks, cs) -> int:
     # prm[P_H1] (P_H1 0: every head): only those heads, so a sliced step attends in units of
     # heads; out's other rows are left as they are and the exponent (0 until then) is
     # returned by the call whose heads end at n_heads, which rescales every head's row to
-    # it. prm[P_PASS] 1, 2, 3 (a sliced step past ATT_CHUNK slots): one pass of head P_H0
+    # it. prm[P_PASS] 1, 2, 3 (a sliced step, model.Slicer.att_range): one pass of head P_H0
     # over blocks P_K0 .. P_K1 - 1, the head's state kept in prm between the calls (the
     # passes in order, each over the ranges in order: the same sums as one call); the call
     # ending pass 3 of the last head returns the exponent. O(slots * dim), no allocation

@@ -39,15 +39,17 @@ U_ATT = const(6)  # attention over a slot-passes (one pass over a slots, or both
 U_ELEM = const(7)  # a elementwise operations (residual adds, the SwiGLU product)
 U_SILU = const(8)  # SiLU of a elements (an exp and a division each)
 U_SAMPLE = const(9)  # the sampler scanned a logits
-U_ATTH = const(10)  # attention of some query heads over a head-slot-passes (heads x slots x 2)
+U_ATTH = const(10)  # attention over a head-slot-passes (one head: 2 x slots; one pass of a range: its slots, the exp pass 0)
 SLICE = const(1)  # what a step yields when its slice is spent (a layer's end yields None)
 # units of the plain (bytecode) path: one matvec row, one attention slot (per pass);
 # of the integer path (qmodel.QForward, viper): Q8_UNIT_MACS multiply-adds of rows
 PLAIN_ROWS = const(1)
 PLAIN_SLOTS = const(1)
-# the integer path's attention unit: one query head over every slot (both passes) up to
-# ATTH_SLOTS slots; past it, one pass of one head over ATTH_SLOTS slots' blocks (a head's
-# whole attention over many slots held the CPU past the bound: 2.9 ms at 480 slots)
+# the integer path's attention unit: one query head over every slot (both passes) while
+# that fits the slice bound; past it, one pass of one head over a range of blocks of what
+# half the bound holds (Slicer.att_range; a head's whole attention over many slots held
+# the CPU past the bound: 2.9 ms at 480 slots). ATTH_SLOTS: the least slots of a range, and
+# before any unit's time is known, the slots past which a head is attended in ranges
 ATTH_SLOTS = const(64)
 SOFTMAX_SLOTS = const(8)  # slots of every head per softmax unit (about one score unit's work: a head's D MACs per slot)
 Q8_UNIT_MACS = const(2048)
@@ -104,6 +106,23 @@ class Slicer:
             return False
         d = ticks_diff(self.now(), self.k.t0)
         return d > 0 and d + us >= self.us
+
+    # slots per unit of one attention pass of one head over n slots (the integer path's
+    # sliced step, asked once per layer): 0, one unit per head, when both its passes fit the
+    # bound at the last U_ATTH unit's time per head-slot-pass (or there is no bound); else
+    # what half the bound holds, at least `least` slots. Before any such time is known: 0 up
+    # to `least` slots, ranges of `least` past them. Small ints only; no allocation
+    def att_range(self, n, least):
+        us = self.us
+        if us <= 0:
+            return 0
+        q = self.atth_q
+        if not q:
+            return least if n > least else 0
+        if (q * 2 * n) >> 6 <= us:
+            return 0
+        r = ((us >> 1) << 6) // q
+        return r if r > least else least
 
     # before a unit of attention heads of n head-slot-passes (U_ATTH): as ahead(). No allocation
     def ahead_h(self, n):
@@ -416,7 +435,8 @@ class Model:
             k.att_scores(q, layer, 0, n)
             k.att_softmax()
             k.att_values(out, layer, 0, n)
-            if n <= ATTH_SLOTS:  # one attend call per query head: both passes over the slots
+            rs = sl.att_range(n, ATTH_SLOTS)
+            if not rs:  # one attend call per query head: both passes over the slots
                 hs = 2 * n
                 for _ in range(self.cfg.n_heads):
                     if sl.ahead_h(hs):
@@ -425,7 +445,7 @@ class Model:
                         yield SLICE
                 return
             t = self.cache.layout.tokens_per_block
-            cb = ATTH_SLOTS // t if ATTH_SLOTS > t else 1  # blocks per range
+            cb = rs // t if rs > t else 1  # blocks per range
             for _ in range(self.cfg.n_heads):  # each pass of each head over ranges of blocks
                 for pas in (1, 2, 3):
                     k0 = 0

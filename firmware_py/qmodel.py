@@ -170,7 +170,7 @@ class QForward:
         self.h = -1  # sequence of the step under way
         self.slot = -1  # its reserved slot
         self.nslot = 0  # slots attention scans this step
-        self.att_slots = ATTH_SLOTS  # a sliced step past this many slots attends one pass of a head over ranges
+        self.att_slots = ATTH_SLOTS  # the least slots of a range of one attention pass (model.Slicer.att_range)
 
         self.model = None  # the model.Model running this (its slicer bounds forward's slices), or None
         # a sliced forward's matvec units: each matrix's views of its output array at every
@@ -222,6 +222,10 @@ class QForward:
         if pos != n or token < 0 or token >= self.cfg.vocab_size:
             self.status = E_RANGE
             return E_RANGE
+        p = self.prm  # every head, every pass: a step abandoned inside ranged attention left its own
+        p[K.P_PASS] = 0
+        p[K.P_H0] = 0
+        p[K.P_H1] = 0
         slot = c.reserve(h)
         if slot < 0:
             self.status = slot
@@ -439,8 +443,8 @@ class QForward:
             ns = self.nslot
             hs = 2 * ns  # head-slot-passes of one head
             hh = 0
-            ats = self.att_slots
-            while hh < nh and ns <= ats:
+            rs = sl.att_range(ns, self.att_slots)  # 0: a unit per head; else slots per range of one pass
+            while hh < nh and not rs:
                 if sl.ahead_h(hs):
                     yield SLICE
                 p[K.P_H0] = hh
@@ -449,10 +453,10 @@ class QForward:
                 hh += 1
                 if sl.step(U_ATTH, hs, 0):
                     yield SLICE
-            # past ATTH_SLOTS slots: each pass of each head over ranges of cb blocks (the
-            # emulator's units are model.Model._att's, the same)
+            # else each pass of each head over ranges of cb blocks (the emulator's units are
+            # model.Model._att's, the same)
             t = self.t
-            cb = ats // t if ats > t else 1
+            cb = rs // t if rs > t else 1
             while hh < nh:
                 p[K.P_H0] = hh
                 p[K.P_H1] = hh + 1

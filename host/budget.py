@@ -201,7 +201,8 @@ def compute(board, model, kv_dtype="fp32", policy="full", window=0, batch=1, tok
         p = decode.predict_boot(memory, cfg, m.weights_bytes, layout, brd.firmware_bytes, h2o, batch, word, q8, context)
         out["context"] = context
         # an fp32 checkpoint priced as it is, where ./kv flash --model would convert it to int8 q8row
-        out["flash_converts"] = not weights_dtype and not weights_bytes and m.cfg.groups is None and os.path.isfile(m.name)
+        # (a file, or a catalog row of fp32 llama2.c weights such as stories260K)
+        out["flash_converts"] = not weights_dtype and not weights_bytes and m.cfg.groups is None and m.bytes_per_weight >= 4
         out["activations_bytes"] = p["model"] * batch  # the run state, inside reserved_bytes
         out["boot_prediction"] = {"free_bytes": p["free"], "largest_bytes": p["largest"], "margin_bytes": p["margin"],
                                   "firmware_bytes": p["residual"], "run_state_bytes": p["model"],
@@ -745,7 +746,18 @@ def _cli(argv=None):
     if not r["fits"]:
         sys.stderr.write("budget: does not fit: %s\n" % r["note"])
         return EXIT_DOES_NOT_FIT
+    if r.get("fits_wanted") is False:
+        sys.stderr.write("budget: does not fit: %s\n" % wanted_note(r))
+        return EXIT_DOES_NOT_FIT
     return 0
+
+
+# one line for --tokens T that the budget does not hold
+def wanted_note(r):
+    seq = r.get("seq_len") or 0
+    past = " (past the model's context of %s tokens)" % _n(seq) if seq and r["tokens_wanted"] > seq else ""
+    return "%d x %s tokens%s need %s of KV; the budget holds %s tokens each" % (
+        r.get("batch", 1), _n(r["tokens_wanted"]), past, _mib(r["kv_bytes_wanted"]), _n(r.get("max_tokens", 0)))
 
 
 if __name__ == "__main__":

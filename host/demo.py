@@ -32,7 +32,7 @@ DECODE_S = 240.0  # s the decode may take at most (the board streams all along)
 DEMO_CONFIG = {
     "name": "demo",
     "title": "kvrtos-tiny decoding beside a 16 kHz audio capture",
-    "decode": {"policy": "full", "kv_dtype": "fp32"},
+    "decode": {"policy": "full"},  # KV: serve's default, int8 beside the int8 weights flash puts there (the integer path)
     "tasks": [{"kind": "audio", "name": "mic", "rate_hz": 16000, "sample_bytes": 2, "period_us": 16000, "halves": 4}],
 }
 _SUMMARY = re.compile(r"generate: (\d+) tokens \((\d+) prompt \+ (\d+) new\), ([\d.]+) tok/s, time to first token ([\d.]+) ms, "
@@ -153,6 +153,36 @@ def summary_line(s):
                s["pool_high_water_bytes"], s["audio_deadline_misses"], s["audio_periods"]))
 
 
+def predict_board(board_name, cfg_path, model, tokens, prompt):
+    # what the real board would do with the same model, config and request: the emulator
+    # (./kv emulate: the firmware's decode on the profile's cost model, virtual clock) at the
+    # fitted board speed and at both ends of the board-speed band. The virtual board's own
+    # figures are the unix port's speed on this machine, not the chip's
+    from host import emulate  # noqa: PLC0415 - only at the end of a run
+
+    spec = {"board": board_name, "scenario": cfg_path, "tokens": tokens, "prompt": prompt}
+    if model:
+        spec["model"] = model
+    rep = emulate.run(spec)
+    band = emulate.band(spec, rep)
+    import shlex  # noqa: PLC0415
+
+    cmd = "./kv emulate --board %s --scenario %s --tokens %d --prompt %s%s" % (
+        board_name, shlex.quote(cfg_path), tokens, shlex.quote(prompt), " --model %s" % shlex.quote(model) if model else "")
+    return {"tok_s": rep["tok_s"], "deadline_misses": rep["deadline_misses"], "cost": rep["spec"]["cost"],
+            "band": {e: {"tok_s": v["tok_s"], "deadline_misses": v["deadline_misses"]} for e, v in band.items()},
+            "verdict": rep["verdict"]["line"], "command": cmd}
+
+
+def prediction_line(p):
+    # the one line of the board prediction
+    b = p["band"]
+    ends = "; ".join("%s end of the board-speed band %.1f tok/s, %d misses" % (e, b[e]["tok_s"], b[e]["deadline_misses"])
+                     for e in ("slow", "fast") if e in b)
+    return "demo: on a real board (emulated, %s cost: %s): %.1f tok/s, deadline misses %d%s" % (
+        p["cost"], p["command"], p["tok_s"], p["deadline_misses"], " (%s)" % ends if ends else "")
+
+
 def _ctrl_c(port):
     # end serve on a board left running (Ctrl-C at its console); quiet when the port is gone
     try:
@@ -207,7 +237,7 @@ def run(board_name=paths.DEFAULT_BOARD, out=print, timeout=60.0, tokens=TOKENS, 
             raise UserError("the board's boot report did not end within %.0f s" % timeout)
         monitor.start_serve(port, out=out)
         serving = True
-        out("demo: decoding %d tokens on the board's MicroPython beside the audio task (greedy, KV fp32, policy full): %r"
+        out("demo: decoding %d tokens on the board's MicroPython beside the audio task (greedy, int8 weights and KV, policy full): %r"
             % (tokens, prompt))
         jsonl = os.path.join(d, "telemetry.jsonl")
         m = _DemoMonitor(port, log_path=os.path.join(d, "serial.log"), out=stream or sys.stdout, jsonl_path=jsonl,
@@ -227,10 +257,16 @@ def run(board_name=paths.DEFAULT_BOARD, out=print, timeout=60.0, tokens=TOKENS, 
         res = trace.main(jsonl, d, err=open(os.devnull, "w"))
         s.update(out_dir=d, trace=res["trace"], plots=res["plots"], frames=res["frames"], kv_fit=res["kv_fit"],
                  seconds=round(time.monotonic() - t0, 1), board=b.name, config=DEMO_CONFIG)
+        out(summary_line(s))
+        try:
+            s["board_prediction"] = predict_board(b.name, cfg_path, model, tokens, prompt)
+            out(prediction_line(s["board_prediction"]))
+        except UserError as e:  # the run on the virtual board stands; say why there is no prediction
+            s["board_prediction"] = {"error": (str(e).splitlines() or ["failed"])[0]}
+            out("demo: no prediction for a real board: %s" % s["board_prediction"]["error"])
         with open(os.path.join(d, "summary.json"), "w") as f:
             json.dump(s, f, indent=1, sort_keys=True)
             f.write("\n")
-        out(summary_line(s))
         out("demo: output in %s (telemetry.jsonl, trace.json for ui.perfetto.dev, %s, serial.log, summary.json)"
             % (d, ", ".join(os.path.basename(p) for p in res["plots"])))
         out("demo: done in %.1f s (flash, boot, decode on the virtual %s)" % (time.monotonic() - t0, b.name))

@@ -228,6 +228,9 @@ def normalize(spec):
     elif cost != "none" and cost not in have:
         _bad("board %s has no %s cost figures (it has: %s)" % (brd.name, cost, ", ".join(sorted(have)) or "none"))
     out["cost"] = cost
+    if out["speed"] != "fit" and cost not in ("viper", "bytecode"):
+        _bad("--speed %s applies to the MicroPython costs (viper, bytecode), not %s: its figures have no board-speed band"
+             % (out["speed"], cost))
     wt = out["weights_tier"]
     if wt != "auto" and wt not in [t.name for t in brd.tiers]:
         _bad("weights_tier: board %s has no tier %r (has %s)" % (brd.name, wt, ", ".join(t.name for t in brd.tiers)))
@@ -831,7 +834,7 @@ def _verdict(rep, n):
     out["holder"] = holder
     out["holder_max_slice_us"] = hold
     # tasks that held the CPU longer than the slice bound, by name (the decode passes it only
-    # by a unit it cannot split: a temperature draw, one head's attention over very many slots)
+    # by a unit it cannot split: a temperature draw, a bytecode path's unit)
     over = {name: d["max_slice_us"] for name, d in tasks.items() if n["slice_us"] and d["max_slice_us"] > n["slice_us"]}
     out["overran"] = over
     if out["ok"]:
@@ -843,25 +846,36 @@ def _verdict(rep, n):
         return out
     path, weights = _path_words(rep)
     bound = "slice unbounded" if not n["slice_us"] else "slice %d us" % n["slice_us"]
-    fp32 = rep["model"]["weights_dtype"] == "fp32"
-    q8 = rep["model"]["weights_dtype"] == "int8" and rep["spec"]["kv_dtype"] == "int8"
-    if n["slice_us"] and holder in over:
-        # the holder passed the bound by a unit it cannot split: neither a shorter slice nor a
-        # priority helps, a faster path or a smaller unit does
-        if rep["spec"]["cost"] in ("viper", "bytecode") and not (q8 and rep["spec"]["cost"] == "viper"):
-            fix = ("its smallest unit on this path takes longer than the slice: run the integer path "
-                   "(int8 weights with int8 KV under --cost viper: --weights int8 --kv-dtype int8)")
-        else:
-            fix = ("a unit it cannot split (a temperature draw, one head's attention over very many slots) "
-                   "took longer than the slice: keep fewer slots (--policy window --window W) or decode greedy")
-    elif fp32 and not n["slice_us"]:
-        fix = "use int8 weights or a slice bound (--slice-us %d)" % decode.SLICE_US
-    elif fp32:
-        fix = "use int8 weights or a shorter slice"
+    sp = rep["spec"]
+    decoders = {"decode"} | set(rep.get("chats") or ())
+    # the options that put the decode on the integer path's viper kernels, where it is not
+    faster = []
+    if sp["cost"] == "bytecode":
+        faster.append("--cost viper")
+    if sp["cost"] in ("viper", "bytecode"):
+        if rep["model"]["weights_dtype"] != "int8":
+            faster.append("--weights int8")
+        if sp["kv_dtype"] != "int8":
+            faster.append("--kv-dtype int8")
+    faster = " ".join(faster)
+    if holder not in decoders:
+        # another task holds the CPU between its yields: no decode setting shortens that
+        fix = "%s itself runs %s ms between yields: make it yield more often" % (
+            holder, "{:,.1f}".format(hold / 1000))
     elif not n["slice_us"]:
         fix = "set a slice bound (--slice-us %d)" % decode.SLICE_US
+        if sp["cost"] == "bytecode":  # even bounded, its bytecode units are longer than a slice
+            fix += " and run the integer path's viper kernels (%s)" % faster
+    elif holder in over:
+        # the decode passed the bound by a unit it cannot split: a shorter slice does not help
+        if faster:
+            fix = "its units on this path take longer than the slice: run the integer path's viper kernels (%s)" % faster
+        elif sp.get("temperature"):
+            fix = "a temperature draw, one unit, takes longer than the slice: decode greedy (temperature 0)"
+        else:
+            fix = "one of its units took %s us, longer than the slice, and it cannot be split" % "{:,}".format(hold)
     else:
-        fix = "use a shorter slice (--slice-us) or give the task a higher priority"
+        fix = "use a shorter slice (--slice-us %d)" % (decode.SLICE_US if n["slice_us"] > decode.SLICE_US else max(1, n["slice_us"] // 2))
     if bad:
         worst = sorted(bad, key=lambda nm: (-bad[nm]["missed"], nm))
         w = worst[0]
@@ -870,8 +884,9 @@ def _verdict(rep, n):
         head = "%s: %s of %s deadlines missed%s" % (w, "{:,}".format(bad[w]["missed"]), "{:,}".format(bad[w]["released"]), also)
     else:
         head = "%s: stopped by the watchdog" % ", ".join(wd_stopped)
-    out["line"] = "%s: %s held the CPU %s ms (%s, %s, %s); %s" % (
-        head, holder, "{:,.0f}".format(hold / 1000) if hold >= 10000 else "%.1f" % (hold / 1000), path, weights, bound, fix)
+    what = " (%s, %s, %s)" % (path, weights, bound) if holder in decoders else ""
+    out["line"] = "%s: %s held the CPU %s ms%s; %s" % (
+        head, holder, "{:,.0f}".format(hold / 1000) if hold >= 10000 else "%.1f" % (hold / 1000), what, fix)
     return out
 
 
@@ -1058,6 +1073,10 @@ def summary(rep):
         "  memory      KV %s B (%d tokens cached), pool high-water %d/%d blocks = %s B; weights in %s, KV in %s" % (
             "{:,}".format(rep["kv_bytes"]), rep["kv_cached_tokens"], rep["pool_high_water"], rep["pool_blocks"],
             "{:,}".format(rep["pool_high_water_bytes"]), rep["placement"]["weights"], rep["placement"]["kv"])]
+    c = rep["cost"]["cpu"]
+    if not c.get("note") and c["kind"] != rep["spec"]["cost"]:  # viper off the integer path
+        L.insert(1, "  note        %s weights with %s KV run the float path on the board: bytecode, no viper kernel "
+                    "(the integer path needs int8 weights and int8 KV)" % (rep["model"]["weights_dtype"], rep["spec"]["kv_dtype"]))
     for name, d in sorted(rep["bandwidth"].items()):
         if d["bytes"]:
             L.append("  bandwidth   %-6s busy %.1f %%, %s B moved, peak window %d permille, waits %d" % (
@@ -1077,7 +1096,6 @@ def summary(rep):
         L.append("  band        %-4s end (board-speed factor %s): %.2f tok/s, deadline misses %d%s" % (
             end, ", ".join("%s %.1f" % kv for kv in sorted(b["factors"].items())), b["tok_s"], b["deadline_misses"],
             "" if b["verdict_ok"] else ": " + b["verdict_line"]))
-    c = rep["cost"]["cpu"]
     why = ""
     if not c.get("note") and c["kind"] != rep["spec"]["cost"]:  # viper off the integer path
         why = " (the float path: %s weights with %s KV run no viper kernel)" % (rep["model"]["weights_dtype"], rep["spec"]["kv_dtype"])

@@ -568,3 +568,21 @@ def test_kv_quality_boards_quote_the_calculator():
     assert not pico["fits"] and "its weights (%s) alone are more than the %s heap, before the firmware's own %s" % (
         budget._mib(pico["weights_bytes"]), budget._mib(pico["memory_bytes"]), budget._mib(pico["reserved_bytes"])) in part
     assert pico["weights_bytes"] > pico["memory_bytes"]
+
+
+def test_tokens_the_budget_does_not_hold_exit_3_and_a_catalog_fp32_model_gets_the_flash_note():
+    # --tokens T past what the budget holds printed "does NOT fit" and exited 0; the named
+    # stories260K (fp32, as flash would convert it) lacked the note its file path got
+    import subprocess
+
+    kvcmd = os.path.join(ROOT, "kv")
+    r = subprocess.run([kvcmd, "budget", "--board", "esp32s3_n4r2", "--model", "stories260K", "--tokens", "5000"],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 3, r.stdout + r.stderr
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and "5,000 tokens (past the model's context of 512 tokens)" in err[0], r.stderr
+    r = subprocess.run([kvcmd, "budget", "--board", "esp32s3_n4r2", "--model", "stories260K", "--tokens", "100"],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0 and "fits" in r.stdout, r.stdout + r.stderr
+    assert budget.compute("esp32s3_n4r2", "stories260K", "int8")["flash_converts"]
+    assert not budget.compute("esp32s3_n4r2", "stories260K", "int8", weights_dtype="int8")["flash_converts"]

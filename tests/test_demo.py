@@ -309,6 +309,14 @@ def test_demo_end_to_end_on_a_virtual_board(tmp_path):
         s = json.load(f)
     assert s["tokens"] == 8 and s["workloads"]["mic"]["released"] == s["audio_periods"]
     assert {"tok_s", "ttft_ms", "kv_bytes", "pool_high_water", "audio_deadline_misses"} <= set(s)
+    # the real board's prediction (the emulator, same model, config and request) with the band;
+    # the virtual board ran the integer path (int8 KV beside the int8 weights flash put there)
+    p = s["board_prediction"]
+    assert p["cost"] == "viper" and p["tok_s"] > 0 and p["deadline_misses"] == 0, p
+    assert set(p["band"]) == {"slow", "fast"} and p["band"]["slow"]["deadline_misses"] == 0, p
+    assert re.search(r"^demo: on a real board \(emulated, viper cost: \./kv emulate --board esp32s3_n8r8 --scenario .*kvrtos\.json "
+                     r"--tokens 8\): [\d.]+ tok/s, deadline misses 0 \(slow end of the board-speed band", r.stdout, re.M), r.stdout[-2000:]
+    assert "int8 weights and KV" in r.stdout
 
 
 def test_user_guide_quotes_the_generated_quality_rows_and_the_example():

@@ -195,6 +195,36 @@ no_alloc("the sliced integer step attending in ranges of blocks for %d tokens" %
 eq(list(got7), want6, "attending in ranges picks the whole step's tokens")
 eq(list(m7.logits), list(m6.logits), "and gives the same last logits")
 
+# a step abandoned inside the ranged attention (a request stopped: the task's generator
+# closed) leaves nothing behind: a step of another sequence on the same QForward, one
+# attend call per head, gives the logits a fresh QForward gives
+def two_seqs():
+    lay = kv.Layout(NL, NKV, D // NH, "int8", tokens_per_block=2)
+    nb = S // 2 + 1
+    p = pool.Pool(lay.block_bytes, 2 * nb)
+    c = kv.KVCache(p, lay, max_seqs=2)
+    return c, c.open(p.add_region(nb), "full", S), c.open(p.add_region(nb), "full", S), qmodel.QForward(w, c)
+
+
+c8, h8, h9, m8 = two_seqs()
+m8.att_slots = 2
+for i, t in enumerate(TOKS[:4]):
+    for _ in m8.forward(h8, t, i, sl5):
+        pass
+g8 = m8.forward(h8, TOKS[4], 4, sl5)
+for _ in g8:
+    if m8.prm[K.P_PASS] == 2:
+        break
+g8.close()
+check(m8.prm[K.P_PASS] == 2, "the step was abandoned inside the exp pass")
+sl_long = Slicer(k5, 1000000)  # a 1 s slice: one attend call per head
+for _ in m8.forward(h9, 1, 0, sl_long):
+    pass
+c10, h10, _h11, m10 = two_seqs()
+for _ in m10.forward(h10, 1, 0, sl_long):
+    pass
+eq(list(m8.logits), list(m10.logits), "a step after one abandoned in ranged attention: a fresh step's logits")
+
 # misuse: statuses, nothing decoded
 eq(m.step(h, 3, 0), E_RANGE, "a position that is not the next one: E_RANGE")
 eq(m.step(h, V, c.length(h)), E_RANGE, "a token outside the vocabulary: E_RANGE")
