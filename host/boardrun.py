@@ -24,10 +24,20 @@ def port_of(port, board_name=paths.DEFAULT_BOARD):
         return port
     b = boards.load(board_name)
     p = flash.find_port(b)
-    if p is None:
-        raise UserError("no ESP32-S3 on USB and no virtual board running: start one (./kv vboard) and "
-                        "./kv flash --model PATH, or give --port", 2)
-    return p
+    if p is not None:
+        return p
+    # a virtual board of another profile (./kv flash --board B started it)
+    from host import vboard  # noqa: PLC0415
+
+    up = [(n, vboard.running_port(n)) for n in boards.names()]
+    up = [(n, q) for n, q in up if q]
+    if len(up) == 1:
+        return up[0][1]
+    if up:
+        raise UserError("several virtual boards are running (%s): say which with --port" % ", ".join(
+            "%s on %s" % nq for nq in up), 2)
+    raise UserError("no ESP32-S3 on USB and no virtual board running: start one (./kv vboard) and "
+                    "./kv flash --model PATH, or give --port", 2)
 
 
 # the raw REPL on port (flash.connect: Ctrl-C, soft reset, banner), tried twice: a board
@@ -89,8 +99,8 @@ def run(port, mp, tp, prompt, n, opts, out=None, silence_s=SILENCE_S, board_name
                 fix += " --tokenizer %s" % _shown(tp)
             if have[1] is None:
                 what = "no model, not %s" % os.path.basename(mp)
-            elif model_differs:
-                what = "another model, not %s" % os.path.basename(mp)
+            elif model_differs:  # both are model.bin on the board: name the local file asked for
+                what = "another model, not %s (--model)" % _shown(mp)
             elif have[2] is None:
                 what = "no tokenizer, not %s" % _shown(tp)
             else:

@@ -148,9 +148,9 @@ def _default_model():
 
 
 def _display(p):
-    # a path without the machine's folders: relative to the repo, or to ../shared/models
+    # a path without the machine's folders, as typed from the repository: relative to it, or ../shared/models/...
     shared = paths.shared_models()
-    for base, label in ((paths.ROOT, ""), (shared, "shared/models/")):
+    for base, label in ((paths.ROOT, ""), (shared, "../shared/models/")):
         if base and os.path.abspath(p).startswith(os.path.abspath(base) + os.sep):
             return label + os.path.relpath(os.path.abspath(p), os.path.abspath(base))
     return os.path.basename(p)

@@ -208,3 +208,19 @@ def test_demo_flashes_the_virtual_board_and_decodes_on_it(tmp_path):
     assert "(5 prompt + 96 new)" in summary, summary
     assert any(ln.startswith("demo: summary: 96 tokens, ") for ln in after), after[-8:]
     assert lines[-2].startswith("demo: done in") and lines[-1] == "demo: virtual board stopped", lines[-3:]
+
+
+def test_the_port_is_found_when_the_virtual_board_runs_another_profile(tmp_path, monkeypatch):
+    # generate --runtime board has no --board: a virtual board that ./kv flash --board B
+    # started for another profile is the board (it said "no virtual board running")
+    from host import boardrun, paths, vboard
+    from host.errors import UserError
+
+    monkeypatch.setattr(paths, "VBOARD_HOME", str(tmp_path / "boards"))
+    with pytest.raises(UserError, match="no virtual board running"):
+        boardrun.port_of(None)
+    h = vboard.start("esp32s3_n4r2", fs_dir=str(tmp_path / "fs"), home=vboard.state_dir("esp32s3_n4r2"))
+    try:
+        assert boardrun.port_of(None) == vboard.running_port("esp32s3_n4r2")
+    finally:
+        h.stop()
