@@ -25,10 +25,10 @@ GC_BLOCKS = 2  # + this many GC blocks per part: the rounding of the largest liv
 GC_HEADROOM = {"q8": 4096, "plain": 32768}
 
 TABLE = {
-    (4, "q8"): {"decode": (2304, 0), "telemetry": (5376, 512), "tasks": (1280, 256)},
-    (4, "plain"): {"decode": (2560, 0), "telemetry": (5376, 512), "tasks": (1280, 256)},
-    (8, "q8"): {"decode": (5888, 0), "telemetry": (9216, 512), "tasks": (1280, 1280)},
-    (8, "plain"): {"decode": (6656, 0), "telemetry": (9216, 512), "tasks": (1280, 1280)},
+    (4, "q8"): {"decode": (3072, 256), "telemetry": (6144, 1024), "tasks": (2304, 1792)},
+    (4, "plain"): {"decode": (3072, 0), "telemetry": (6144, 1024), "tasks": (2304, 1792)},
+    (8, "q8"): {"decode": (7168, 1024), "telemetry": (9216, 1792), "tasks": (2048, 1536)},
+    (8, "plain"): {"decode": (7680, 0), "telemetry": (9216, 1792), "tasks": (2048, 1536)},
 }
 # What the boot measures, for the calculator to predict it (decode.predict_boot): per word
 # size, path and context, "residual": the firmware's own heap before the model's run state
@@ -42,10 +42,10 @@ TABLE = {
 # the board's files in one folder, .mpy modules, main.py's boot report, then serve.main),
 # "serve+tasks" the same with a config's tasks (voice-assistant's) in kvrtos.json
 FOOTPRINT = {
-    (4, "q8"): {"decode": {"residual": (282304, 480), "holes": (12905, 364), "model_extra": (5340, 4)}, "serve": {"residual": (340896, 592), "holes": (15691, 706), "model_extra": (5328, 0)}, "serve+tasks": {"residual": (372128, 544), "holes": (12471, 123), "model_extra": (5328, 0)}},
-    (4, "plain"): {"decode": {"residual": (265312, 400), "holes": (11484, 548), "model_extra": (992, 0)}, "serve": {"residual": (324256, 560), "holes": (23674, 3506), "model_extra": (992, 0)}, "serve+tasks": {"residual": (355504, 512), "holes": (26095, 10847), "model_extra": (992, 0)}},
-    (8, "q8"): {"decode": {"residual": (415744, 576), "holes": (12520, 466), "model_extra": (10628, 28)}, "serve": {"residual": (495584, 608), "holes": (12251, 596), "model_extra": (10600, 0)}, "serve+tasks": {"residual": (534624, 416), "holes": (12620, 1081), "model_extra": (10600, 0)}},
-    (8, "plain"): {"decode": {"residual": (394720, 608), "holes": (11843, 1127), "model_extra": (2080, 0)}, "serve": {"residual": (475008, 736), "holes": (10425, 172), "model_extra": (2080, 0)}, "serve+tasks": {"residual": (513792, 640), "holes": (9989, 113), "model_extra": (2080, 0)}},
+    (4, "q8"): {"decode": {"residual": (284064, 608), "holes": (15838, 471), "model_extra": (5356, 4)}, "serve": {"residual": (341712, 512), "holes": (15065, 535), "model_extra": (5344, 0)}, "serve+tasks": {"residual": (372928, 512), "holes": (12469, 130), "model_extra": (5344, 0)}},
+    (4, "plain"): {"decode": {"residual": (266240, 656), "holes": (11087, 167), "model_extra": (992, 0)}, "serve": {"residual": (324064, 624), "holes": (36507, 12313), "model_extra": (992, 0)}, "serve+tasks": {"residual": (355360, 640), "holes": (20275, 3392), "model_extra": (992, 0)}},
+    (8, "q8"): {"decode": {"residual": (417952, 608), "holes": (13380, 2239), "model_extra": (10628, 28)}, "serve": {"residual": (496416, 640), "holes": (12687, 331), "model_extra": (10600, 0)}, "serve+tasks": {"residual": (535392, 608), "holes": (11292, 420), "model_extra": (10600, 0)}},
+    (8, "plain"): {"decode": {"residual": (395744, 736), "holes": (11066, 1163), "model_extra": (2080, 0)}, "serve": {"residual": (474464, 640), "holes": (10513, 260), "model_extra": (2080, 0)}, "serve+tasks": {"residual": (513408, 672), "holes": (9878, 79), "model_extra": (2080, 0)}},
 }
 VOCAB = 512  # vocabulary of the model the footprints were measured with
 # bytes the calculator takes off the free heap and again off its largest piece beyond the
@@ -54,7 +54,7 @@ VOCAB = 512  # vocabulary of the model the footprints were measured with
 # scripts collected their imports' garbage as it came); kept below one int8 block of
 # stories260K (7,808 B) so the boot stays within one block of the prediction
 ALLOWANCE = 2048
-SOURCE = "./kv heapmargin --write on 2026-12-02 (esp32s3_n4r2 heap, draws t=0.0, t=0.8; the float path: its decode greedy, the other parts the integer path's)"  # the command and date of the figures
+SOURCE = "./kv heapmargin --write on 2026-12-06 (esp32s3_n4r2 heap, draws t=0.0, t=0.8, 8 layouts; the float path: its decode greedy, 2 layouts, the other parts the integer path's; + 512 B for the layouts not tried)"  # the command and date of the figures
 # what runs after the boot in each context: the parts of the margin it keeps
 CONTEXTS = {"decode": ("decode",), "serve": ("decode", "telemetry"), "serve+tasks": ("decode", "telemetry", "tasks")}
 

@@ -174,11 +174,8 @@ def test_the_published_decode_margin_is_enough(tmp_path, interp):
     model, tok = _model(tmp_path, "int8")
     # in several heap layouts (heapprobe pad=: the figure is the most over the layouts
     # host/heapmargin.py tried, plus its guard; these pads are not among them)
-    # A table written before host/heapmargin.py tried layouts lacks its guard: the test adds it
-    # until the next write (the boot's GC headroom stays beyond it either way)
-    from host import heapmargin as host_hm  # noqa: PLC0415
-
-    leave = heapmargin.TABLE[(WORD[interp], "q8")]["decode"][0] + (0 if "layouts" in heapmargin.SOURCE else host_hm.LAYOUT_GUARD)
+    assert "layouts" in heapmargin.SOURCE, heapmargin.SOURCE  # a table written with the layouts and their guard
+    leave = heapmargin.TABLE[(WORD[interp], "q8")]["decode"][0]
     for pad in (0, 456):
         r = run_firmware(HEAPPROBE, interp, heapsize=boards.unix_heapsize(2000000, WORD[interp]), args=[
             "part=decode", "model=" + model, "tokenizer=" + tok, "kv_dtype=int8", "leave=%d" % leave, "tokens=24",
