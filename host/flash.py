@@ -592,6 +592,8 @@ def flash(port=None, board_name=paths.DEFAULT_BOARD, src=paths.FIRMWARE, out=pri
             out("flash: no ESP32-S3 on USB and no virtual board running; starting one")
             h = vboard.start(board_name, detach=True)  # a profile path starts that profile
             port = h.port
+            out("flash: the virtual %s keeps running on %s (./kv vboard --board %s --stop stops it)"
+                % (board.name, port, board_name))
     virtual = is_virtual(port)
     # built before the port is opened (a virtual board just started finishes its main.py meanwhile)
     arts = build(board, src, virtual=virtual) + [Artifact(dest, data) for dest, data in model_files + extra]

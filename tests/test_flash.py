@@ -138,6 +138,7 @@ def test_flash_without_port_starts_then_reuses_a_virtual_board(tmp_path, monkeyp
     try:
         r1 = run()
         assert r1.returncode == 0 and "starting one" in r1.stdout, r1.stdout + r1.stderr
+        assert "keeps running on" in r1.stdout and "./kv vboard --board esp32s3_n8r8 --stop stops it" in r1.stdout, r1.stdout
         r2 = run()
         assert r2.returncode == 0 and "starting one" not in r2.stdout and " 0 copied" in r2.stdout, r2.stdout + r2.stderr
     finally:
