@@ -279,6 +279,9 @@ class Meter:
     def att_range(self, n, least):
         return self.sl.att_range(n, least)
 
+    def ahead_r(self, n, pas):
+        return self.sl.ahead_r(n, pas)
+
     def step(self, kind, a, b):
         t = self.rem + self.price(kind, a, b)
         us = t // self.den

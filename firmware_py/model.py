@@ -74,7 +74,9 @@ class Slicer:
         self.row_macs = 0  # its multiply-adds
         self.att_slot_us = 0  # the last attention unit's time per slot and pass (µs, rounded up)
         self.call_us = 0  # the last matvec dispatch's time (µs): foreseen before the next (ahead_call)
-        self.atth_q = 0  # the last U_ATTH unit's time per head-slot-pass, in 1/64 µs (rounded up)
+        self.atth_q = 0  # the last whole-head U_ATTH unit's time per head-slot-pass, in 1/64 µs (rounded up)
+        self.atr_q1 = 0  # the last ranged unit's time per slot of pass 1 (scores: the heaviest), 1/64 µs
+        self.atr_q3 = 0  # ... of pass 3 (values: slots of probability 0 are skipped, so often lighter)
         self.draw_us = 0  # the last temperature draw's time (µs): foreseen before the next (ahead_us)
         self.big = 0  # the longest recent unit (µs), decaying
 
@@ -109,20 +111,46 @@ class Slicer:
 
     # slots per unit of one attention pass of one head over n slots (the integer path's
     # sliced step, asked once per layer): 0, one unit per head, when both its passes fit the
-    # bound at the last U_ATTH unit's time per head-slot-pass (or there is no bound); else
-    # what half the bound holds, at least `least` slots. Before any such time is known: 0 up
-    # to `least` slots, ranges of `least` past them. Small ints only; no allocation
+    # bound (or there is no bound), at the larger of two estimates: the whole-head units'
+    # time per head-slot-pass, and the ranged units' times per slot of pass 1 and pass 3
+    # (kept apart: a layer's last unit is a light pass 3, and a head priced by it alone
+    # looked short enough for one unit, which then overran); else what half the bound
+    # holds at the heaviest pass's time per slot (pass 1's; a whole head's mean x 2 before
+    # one ran), at least one slot (the caller rounds to whole blocks). Before any time is
+    # known: 0 up to `least` slots, ranges of `least` past them. Small ints only
     def att_range(self, n, least):
         us = self.us
         if us <= 0:
             return 0
         q = self.atth_q
-        if not q:
+        q1 = self.atr_q1
+        if not q and not q1:
             return least if n > least else 0
-        if (q * 2 * n) >> 6 <= us:
+        est = q * 2 * n
+        e2 = (q1 + self.atr_q3) * n
+        if e2 > est:
+            est = e2
+        if est >> 6 <= us:
             return 0
-        r = ((us >> 1) << 6) // q
-        return r if r > least else least
+        r = ((us >> 1) << 6) // (q1 if q1 else 2 * q)
+        return r if r > 0 else 1
+
+    # before a ranged attention unit: pass pas (1, 2, 3) of one head over n slots; True when
+    # the slice, already under way, would pass the bound with it at that pass's last time
+    # per slot (pass 3 unknown yet: pass 1's; pass 2, the exponentials, is priced within
+    # the other two: n is 0). No allocation
+    def ahead_r(self, n, pas):
+        if self.us <= 0 or n <= 0:
+            return False
+        q = self.atr_q3 if pas == 3 else self.atr_q1
+        if not q:
+            q = self.atr_q1 if self.atr_q1 else 2 * self.atth_q
+        if not q:
+            return False
+        t0 = self.k.t0
+        if t0 != self.t0:
+            return False  # a fresh slice: the unit runs in it
+        return ticks_diff(self.now(), t0) + (q * n >> 6) >= self.us
 
     # before a unit of attention heads of n head-slot-passes (U_ATTH): as ahead(). No allocation
     def ahead_h(self, n):
@@ -154,7 +182,13 @@ class Slicer:
         elif kind == U_SAMPLE and b == 1:
             self.draw_us = u
         elif kind == U_ATTH and a > 0:  # u + 1: a tick count may fall up to 1 us short (a short last range of slots)
-            self.atth_q = ((u + 1) << 6) // a + 1
+            q = ((u + 1) << 6) // a + 1
+            if b == 0:  # one head, both passes
+                self.atth_q = q
+            elif b == 1:  # a range of pass 1
+                self.atr_q1 = q
+            else:  # a range of pass 3
+                self.atr_q3 = q
         elif kind == U_CALL and b > 0:
             self.call_us = u
             m = self.row_macs
@@ -452,9 +486,9 @@ class Model:
                     while k0 * t < n:
                         e = (k0 + cb) * t if (k0 + cb) * t < n else n
                         a = 0 if pas == 2 else e - k0 * t  # the exp pass is priced within the other two
-                        if sl.ahead_h(a):
+                        if sl.ahead_r(a, pas):
                             yield SLICE
-                        if sl.step(U_ATTH, a, 0):
+                        if sl.step(U_ATTH, a, pas):
                             yield SLICE
                         k0 += cb
             return

@@ -469,12 +469,12 @@ class QForward:
                         if e > ns:
                             e = ns
                         a = 0 if pas == 2 else e - k0 * t  # the exp pass is priced within the other two
-                        if sl.ahead_h(a):
+                        if sl.ahead_r(a, pas):
                             yield SLICE
                         p[K.P_K0] = k0
                         p[K.P_K1] = k0 + cb
                         ea = K.attend(att, q, self.cache.arena, self.bases, p, self.sc, self.hacc, self.e2t, self.hexp, self.ranks, self.rot)
-                        if sl.step(U_ATTH, a, 0):
+                        if sl.step(U_ATTH, a, pas):
                             yield SLICE
                         k0 += cb
                     pas += 1

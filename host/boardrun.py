@@ -94,7 +94,7 @@ def run(port, mp, tp, prompt, n, opts, out=None, silence_s=SILENCE_S, board_name
             except (llama2c.CheckpointError, OSError):
                 pass
         if model_differs or tok_differs:
-            fix = "./kv flash --model %s" % _shown(mp)
+            fix = "./kv flash --port %s --model %s" % (port, _shown(mp))
             if tok_differs:
                 fix += " --tokenizer %s" % _shown(tp)
             if have[1] is None:

@@ -196,7 +196,8 @@ def compute(board, model, kv_dtype="fp32", policy="full", window=0, batch=1, tok
         need = batch * tokens * layout.kv_bytes_per_token
         out["tokens_wanted"] = tokens
         out["kv_bytes_wanted"] = need
-        out["fits_wanted"] = out["fits"] and cap >= tokens if policy == "full" else out["fits"]
+        # a full policy holds T tokens when the KV budget does and the model's context reaches them
+        out["fits_wanted"] = out["fits"] and cap >= tokens and tokens <= cfg.seq_len if policy == "full" else out["fits"]
     if brd.kind == "mcu":
         p = decode.predict_boot(memory, cfg, m.weights_bytes, layout, brd.firmware_bytes, h2o, batch, word, q8, context)
         out["context"] = context
@@ -756,8 +757,9 @@ def _cli(argv=None):
 def wanted_note(r):
     seq = r.get("seq_len") or 0
     past = " (past the model's context of %s tokens)" % _n(seq) if seq and r["tokens_wanted"] > seq else ""
-    return "%d x %s tokens%s need %s of KV; the budget holds %s tokens each" % (
-        r.get("batch", 1), _n(r["tokens_wanted"]), past, _mib(r["kv_bytes_wanted"]), _n(r.get("max_tokens", 0)))
+    return "%d x %s tokens%s need %s of KV; the budget holds %s tokens each, a generation stops at %s" % (
+        r.get("batch", 1), _n(r["tokens_wanted"]), past, _mib(r["kv_bytes_wanted"]), _n(r.get("max_tokens", 0)),
+        _n(r.get("decode_tokens", 0)))
 
 
 if __name__ == "__main__":

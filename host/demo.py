@@ -160,15 +160,14 @@ def predict_board(board_name, cfg_path, model, tokens, prompt):
     # figures are the unix port's speed on this machine, not the chip's
     from host import emulate  # noqa: PLC0415 - only at the end of a run
 
-    spec = {"board": board_name, "scenario": cfg_path, "tokens": tokens, "prompt": prompt}
-    if model:
-        spec["model"] = model
-    rep = emulate.run(spec)
-    band = emulate.band(spec, rep)
     import shlex  # noqa: PLC0415
 
-    cmd = "./kv emulate --board %s --scenario %s --tokens %d --prompt %s%s" % (
-        board_name, shlex.quote(cfg_path), tokens, shlex.quote(prompt), " --model %s" % shlex.quote(model) if model else "")
+    model = model or boardmodel.TINY_NAME  # what flash put on the board (the emulator's own default is stories260K)
+    spec = {"board": board_name, "scenario": cfg_path, "tokens": tokens, "prompt": prompt, "model": model}
+    rep = emulate.run(spec)
+    band = emulate.band(spec, rep)
+    cmd = "./kv emulate --board %s --scenario %s --tokens %d --prompt %s --model %s" % (
+        board_name, shlex.quote(cfg_path), tokens, shlex.quote(prompt), shlex.quote(model))
     return {"tok_s": rep["tok_s"], "deadline_misses": rep["deadline_misses"], "cost": rep["spec"]["cost"],
             "band": {e: {"tok_s": v["tok_s"], "deadline_misses": v["deadline_misses"]} for e, v in band.items()},
             "verdict": rep["verdict"]["line"], "command": cmd}

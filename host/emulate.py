@@ -847,7 +847,7 @@ def _verdict(rep, n):
     path, weights = _path_words(rep)
     bound = "slice unbounded" if not n["slice_us"] else "slice %d us" % n["slice_us"]
     sp = rep["spec"]
-    decoders = {"decode"} | set(rep.get("chats") or ())
+    decoders = {"decode", "prefix"} | set(rep.get("chats") or ())  # the tasks that run decode steps
     # the options that put the decode on the integer path's viper kernels, where it is not
     faster = []
     if sp["cost"] == "bytecode":
@@ -864,7 +864,7 @@ def _verdict(rep, n):
             holder, "{:,.1f}".format(hold / 1000))
     elif not n["slice_us"]:
         fix = "set a slice bound (--slice-us %d)" % decode.SLICE_US
-        if sp["cost"] == "bytecode":  # even bounded, its bytecode units are longer than a slice
+        if faster:  # bounded, a bytecode path's units can still pass a slice
             fix += " and run the integer path's viper kernels (%s)" % faster
     elif holder in over:
         # the decode passed the bound by a unit it cannot split: a shorter slice does not help

@@ -581,6 +581,10 @@ def test_tokens_the_budget_does_not_hold_exit_3_and_a_catalog_fp32_model_gets_th
     assert r.returncode == 3, r.stdout + r.stderr
     err = r.stderr.strip().splitlines()
     assert len(err) == 1 and "5,000 tokens (past the model's context of 512 tokens)" in err[0], r.stderr
+    # on the 8 MB board the KV holds 5,000 int8 tokens but the model's context stops at 512
+    r = subprocess.run([kvcmd, "budget", "--board", "esp32s3_n8r8", "--model", "stories260K", "--kv-dtype", "int8",
+                        "--tokens", "5000"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 3 and "past the model's context of 512 tokens" in r.stderr, r.stdout + r.stderr
     r = subprocess.run([kvcmd, "budget", "--board", "esp32s3_n4r2", "--model", "stories260K", "--tokens", "100"],
                        capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 0 and "fits" in r.stdout, r.stdout + r.stderr

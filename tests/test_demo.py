@@ -315,7 +315,7 @@ def test_demo_end_to_end_on_a_virtual_board(tmp_path):
     assert p["cost"] == "viper" and p["tok_s"] > 0 and p["deadline_misses"] == 0, p
     assert set(p["band"]) == {"slow", "fast"} and p["band"]["slow"]["deadline_misses"] == 0, p
     assert re.search(r"^demo: on a real board \(emulated, viper cost: \./kv emulate --board esp32s3_n8r8 --scenario .*kvrtos\.json "
-                     r"--tokens 8\): [\d.]+ tok/s, deadline misses 0 \(slow end of the board-speed band", r.stdout, re.M), r.stdout[-2000:]
+                     r"--tokens 8 --prompt 'Once upon a time' --model kvrtos-tiny\): [\d.]+ tok/s, deadline misses 0 \(slow end of the board-speed band", r.stdout, re.M), r.stdout[-2000:]
     assert "int8 weights and KV" in r.stdout
 
 

@@ -516,10 +516,14 @@ def _follow(spec, line):
 
 
 @pytest.mark.parametrize("change", [{"cost": "bytecode"}, {"slice_us": 0}, {"weights": "fp32", "slice_us": 0},
-                                    {"slice_us": 100000}, {"cost": "bytecode", "slice_us": 0}])
+                                    {"slice_us": 100000}, {"cost": "bytecode", "slice_us": 0},
+                                    {"scenario": "sensor-gateway", "weights": "fp32", "slice_us": 0},
+                                    {"scenario": "sensor-gateway", "kv_dtype": "fp32", "slice_us": 0},
+                                    {"scenario": "two-chats", "cost": "bytecode"}])
 def test_the_verdicts_advice_works_when_followed(change):
     # a failing run's verdict names options; the same run with them meets every deadline
-    # (the advice once repeated the defaults, looped, or named a priority already the highest)
+    # (the advice once repeated the defaults, looped, named a priority already the highest,
+    # or blamed two-chats' prefix task as if it were not the decode)
     _stories()
     spec = dict({"scenario": "voice-assistant", "tokens": 6}, **change)
     rep = emulate.run(spec)

@@ -259,3 +259,28 @@ def _sliced_matches_whole(out):
     assert runs[0]["logits"] == runs[1]["logits"] and len(runs[0]["logits"]) == 4
     assert runs[0]["slices"] == 0 and runs[1]["slices"] > 4 * cfg.n_layers
     assert runs[0]["ends"] == runs[1]["ends"] == 4 * cfg.n_layers
+
+
+def test_the_attention_ranges_follow_the_heaviest_pass_not_the_last_unit():
+    # on a board pass 3 (values) skips slots of probability 0 and is far lighter per slot
+    # than pass 1 (scores); the last unit of a layer is a pass-3 range. Priced by it alone, a
+    # head over 1,000 slots looked short enough for one unit and overran the bound every
+    # other layer (review finding). The slicer keeps pass 1's and pass 3's times apart
+    from firmware_py.clock import VirtualClock
+    from firmware_py.model import U_ATTH, Slicer
+    from firmware_py.sched import Kernel
+
+    k = Kernel(VirtualClock(), verbose=False)
+    sl = Slicer(k, 200)
+    assert sl.att_range(1000, 64) == 64 and sl.att_range(10, 64) == 0  # no time known yet
+    k.clock.charge(100)
+    sl.step(U_ATTH, 16, 1)  # a pass-1 range: 100 us for 16 slots
+    k.clock.charge(1)
+    sl.step(U_ATTH, 16, 3)  # a pass-3 range: 1 us for 16 slots
+    r = sl.att_range(1000, 64)
+    assert 0 < r <= 16, r  # half the bound at pass 1's ~6.3 us a slot: ranges, never one unit per head
+    k.t0 = sl.t0 = k.clock.now()  # a slice that began now
+    k.clock.charge(150)
+    assert sl.ahead_r(16, 1)  # 150 us into the slice, a pass-1 range of 16 slots would pass 200
+    assert not sl.ahead_r(16, 3)  # a pass-3 range would not
+    assert sl.att_range(2, 64) == 0  # a head over 2 slots: one unit
