@@ -62,7 +62,7 @@ P_KSH = const(14)  # rope="cache": right shift of a rotated key (Q14 * int8) bef
 P_RLEN = const(15)  # rope="cache": rows in the cos/sin table
 P_H0 = const(16)  # per call: the first query head to attend (a sliced step: a unit of heads)
 P_H1 = const(17)  # per call: the head after the last (0: every head, in one call)
-# one pass of one head over a range of blocks (a sliced step past ATT_CHUNK slots: one
+# one pass of one head over a range of blocks (a sliced step, model.Slicer.att_range: one
 # head's attention over very many slots would hold the CPU longer than a slice)
 P_PASS = const(18)  # per call: 0: every pass of heads P_H0..P_H1 - 1; 1 scores, 2 exp, 3 values: that pass only
 P_K0 = const(19)  # per call (P_PASS > 0): the first block of the range

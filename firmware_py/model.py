@@ -48,8 +48,8 @@ PLAIN_SLOTS = const(1)
 # the integer path's attention unit: one query head over every slot (both passes) while
 # that fits the slice bound; past it, one pass of one head over a range of blocks of what
 # half the bound holds (Slicer.att_range; a head's whole attention over many slots held
-# the CPU past the bound: 2.9 ms at 480 slots). ATTH_SLOTS: the least slots of a range, and
-# before any unit's time is known, the slots past which a head is attended in ranges
+# the CPU past the bound: 2.9 ms at 480 slots). ATTH_SLOTS: before any unit's time is
+# known, the slots past which a head is attended in ranges, and their size
 ATTH_SLOTS = const(64)
 SOFTMAX_SLOTS = const(8)  # slots of every head per softmax unit (about one score unit's work: a head's D MACs per slot)
 Q8_UNIT_MACS = const(2048)

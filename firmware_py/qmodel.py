@@ -170,7 +170,7 @@ class QForward:
         self.h = -1  # sequence of the step under way
         self.slot = -1  # its reserved slot
         self.nslot = 0  # slots attention scans this step
-        self.att_slots = ATTH_SLOTS  # the least slots of a range of one attention pass (model.Slicer.att_range)
+        self.att_slots = ATTH_SLOTS  # before any unit's time is known: ranges of this many slots past it (model.Slicer.att_range)
 
         self.model = None  # the model.Model running this (its slicer bounds forward's slices), or None
         # a sliced forward's matvec units: each matrix's views of its output array at every

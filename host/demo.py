@@ -13,6 +13,7 @@
 import json
 import os
 import re
+import shlex
 import time
 
 from firmware_py.app import REPORT_END
@@ -159,8 +160,6 @@ def predict_board(board_name, cfg_path, model, tokens, prompt):
     # fitted board speed and at both ends of the board-speed band. The virtual board's own
     # figures are the unix port's speed on this machine, not the chip's
     from host import emulate  # noqa: PLC0415 - only at the end of a run
-
-    import shlex  # noqa: PLC0415
 
     model = model or boardmodel.TINY_NAME  # what flash put on the board (the emulator's own default is stories260K)
     spec = {"board": board_name, "scenario": cfg_path, "tokens": tokens, "prompt": prompt, "model": model}

@@ -803,15 +803,11 @@ def _slices(n, runs):
 
 
 def _path_words(rep):
-    # (the decode's matvec path, weights) in words: under viper cost an fp32 model runs
-    # the bytecode matvec (viper has no floats), an int8 one with int8 KV the viper one
-    sp = rep["spec"]
+    # (the decode's matvec path, weights) in words: the figures the cost model priced it by
+    # (under viper cost, off the integer path: bytecode, cpucost.for_session)
     wd = rep["model"]["weights_dtype"]
-    cost = sp["cost"]
-    if cost == "viper":
-        kind = "viper" if wd == "int8" and sp["kv_dtype"] == "int8" else "bytecode"
-    else:
-        kind = cost
+    cost = rep["spec"]["cost"]
+    kind = rep.get("cost", {}).get("cpu", {}).get("kind", cost) if cost == "viper" else cost
     return "%s matvec" % kind, "%s weights" % wd
 
 
@@ -1074,7 +1070,8 @@ def summary(rep):
             "{:,}".format(rep["kv_bytes"]), rep["kv_cached_tokens"], rep["pool_high_water"], rep["pool_blocks"],
             "{:,}".format(rep["pool_high_water_bytes"]), rep["placement"]["weights"], rep["placement"]["kv"])]
     c = rep["cost"]["cpu"]
-    if not c.get("note") and c["kind"] != rep["spec"]["cost"]:  # viper off the integer path
+    float_path = not c.get("note") and c["kind"] != rep["spec"]["cost"]  # viper off the integer path
+    if float_path:
         L.insert(1, "  note        %s weights with %s KV run the float path on the board: bytecode, no viper kernel "
                     "(the integer path needs int8 weights and int8 KV)" % (rep["model"]["weights_dtype"], rep["spec"]["kv_dtype"]))
     for name, d in sorted(rep["bandwidth"].items()):
@@ -1097,7 +1094,7 @@ def summary(rep):
             end, ", ".join("%s %.1f" % kv for kv in sorted(b["factors"].items())), b["tok_s"], b["deadline_misses"],
             "" if b["verdict_ok"] else ": " + b["verdict_line"]))
     why = ""
-    if not c.get("note") and c["kind"] != rep["spec"]["cost"]:  # viper off the integer path
+    if float_path:
         why = " (the float path: %s weights with %s KV run no viper kernel)" % (rep["model"]["weights_dtype"], rep["spec"]["kv_dtype"])
     L.append("  cpu cost    %s" % (c.get("note") or "%s figures%s: %s" % (c["kind"], why, ", ".join(
         "%s=%s (%s)" % (k, v["value"], v.get("kind", "")) for k, v in sorted(c["figures"].items())))))

@@ -507,8 +507,7 @@ def emulate_point(spec, hashes=None):
             fault = getattr(emulate, "TaskFault", ())
             try:
                 rep = emulate.run(spec)
-                if hasattr(emulate, "band"):  # both ends of the board-speed band ({} but for MicroPython costs)
-                    rep["band"] = emulate.band(spec, rep)
+                rep["band"] = emulate.band(spec, rep)  # both ends of the board-speed band ({} but for MicroPython costs)
                 out = {"status": "ok", "report": rep}
             except UserError as e:
                 line = (str(e).splitlines() or ["failed"])[0]
