@@ -233,10 +233,6 @@ class Meter:
         return self.sl.us
 
     @property
-    def draw_us(self):
-        return self.sl.draw_us
-
-    @property
     def yields(self):
         return self.sl.yields
 

@@ -577,32 +577,24 @@ class Session:
                     self.stop = "sampler"
                     self.stop_why = str(e)
                     break
-            elif sampler.temperature == 0.0:  # greedy: argmax in units, the slice looked at after each
+            else:  # the pick in units of SAMPLE_UNIT steps, the slice looked at after each
                 lg = m.logits
-                nv = self.cfg.vocab_size
-                nxt = 0
-                bv = lg[0]
-                i = 0
-                while i < nv:
-                    e = i + SAMPLE_UNIT if i + SAMPLE_UNIT < nv else nv
-                    for j in range(i, e):
-                        if lg[j] > bv:
-                            bv = lg[j]
-                            nxt = j
-                    if sl.step(U_SAMPLE, e - i, 0):
+                fb = m.logit_frac_bits
+                sampler.start(lg)
+                nxt = -1
+                while True:
+                    try:
+                        nxt = sampler.run(lg, fb, SAMPLE_UNIT)
+                    except SamplerError as e:  # a non-finite logit: the decode stops with one line
+                        self.stop = "sampler"
+                        self.stop_why = str(e)
+                        break
+                    if sl.step(U_SAMPLE, sampler.el, 0):
                         yield
-                    i = e
-            else:  # a draw is one unit: in a slice of its own when the last draw would pass the bound
-                if sl.ahead_us(sl.draw_us):
-                    yield
-                try:
-                    nxt = sampler.pick(m.logits, m.logit_frac_bits)
-                except SamplerError as e:
-                    self.stop = "sampler"
-                    self.stop_why = str(e)
+                    if nxt >= 0:
+                        break
+                if nxt < 0:
                     break
-                if sl.step(U_SAMPLE, self.cfg.vocab_size, 1):  # b 1: a draw (its time foresees the next)
-                    yield
             if not self.n_new:
                 self.t_first = kernel.now()
             self.tokens[self.n_new] = nxt

@@ -38,7 +38,7 @@ U_KVW = const(5)  # the new K/V row stored (a elements)
 U_ATT = const(6)  # attention over a slot-passes (one pass over a slots, or both passes over a / 2)
 U_ELEM = const(7)  # a elementwise operations (residual adds, the SwiGLU product)
 U_SILU = const(8)  # SiLU of a elements (an exp and a division each)
-U_SAMPLE = const(9)  # the sampler scanned a logits
+U_SAMPLE = const(9)  # a part of the pick: a logits scanned (greedy) or weighed (a draw; its other steps are in that price)
 U_ATTH = const(10)  # attention over a head-slot-passes (one head: 2 x slots; one pass of a range: its slots, the exp pass 0)
 SLICE = const(1)  # what a step yields when its slice is spent (a layer's end yields None)
 # units of the plain (bytecode) path: one matvec row, one attention slot (per pass);
@@ -53,7 +53,7 @@ PLAIN_SLOTS = const(1)
 ATTH_SLOTS = const(64)
 SOFTMAX_SLOTS = const(8)  # slots of every head per softmax unit (about one score unit's work: a head's D MACs per slot)
 Q8_UNIT_MACS = const(2048)
-SAMPLE_UNIT = const(64)  # logits the greedy sampler scans per unit (decode.Session.task)
+SAMPLE_UNIT = const(64)  # steps of the pick per unit (decode.Session.task, sample.Sampler.run)
 
 
 class Slicer:
@@ -77,7 +77,6 @@ class Slicer:
         self.atth_q = 0  # the last whole-head U_ATTH unit's time per head-slot-pass, in 1/64 µs (rounded up)
         self.atr_q1 = 0  # the last ranged unit's time per slot of pass 1 (scores: the heaviest), 1/64 µs
         self.atr_q3 = 0  # ... of pass 3 (values: slots of probability 0 are skipped, so often lighter)
-        self.draw_us = 0  # the last temperature draw's time (µs): foreseen before the next (ahead_us)
         self.big = 0  # the longest recent unit (µs), decaying
 
     # before a matvec's dispatch: True when the slice, already under way, would pass the
@@ -179,8 +178,6 @@ class Slicer:
             self.row_macs = a * b
         elif kind == U_ATT and a > 0:  # an attention unit's time per slot, to foresee the next (ahead)
             self.att_slot_us = u // a + 1
-        elif kind == U_SAMPLE and b == 1:
-            self.draw_us = u
         elif kind == U_ATTH and a > 0:  # u + 1: a tick count may fall up to 1 us short (a short last range of slots)
             q = ((u + 1) << 6) // a + 1
             if b == 0:  # one head, both passes

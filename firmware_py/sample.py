@@ -65,6 +65,7 @@ class Sampler:
         self.mul = 1  # exponent per unit of (d >> r), in 1/2**25
         self.dmax = 1  # (d >> r) from which a weight is 0
         self.table = None  # [f] ONE x 2**(-f/256), integers (1 KB; greedy has none)
+        self.start((0,))  # the state of a pick in parts, made here: start() then only rebinds it (no allocation)
         if temperature > 0.0:
             self.table = new_array("i", 256)
             x = _LOG2E * (1 << _ESH) / (temperature * (1 << _FRAC))
@@ -96,62 +97,186 @@ class Sampler:
 
     # the next token for these logits (frac_bits: int logits in fixed point); O(vocab)
     def pick(self, logits, frac_bits=None):
-        if self.temperature == 0.0:
-            return argmax(logits, self.vocab_size)
-        return self._sample(logits, frac_bits)
+        self.start(logits)
+        t = self.run(logits, frac_bits, 0x3FFFFFFF)
+        while t < 0:  # a pick needs at most one run of that size; a guard, never taken
+            t = self.run(logits, frac_bits, 0x3FFFFFFF)
+        return t
 
-    # temperature + top-p draw; O(vocab + k^2); allocates nothing on int logits
-    def _sample(self, logits, frac_bits):
+    # begin a pick that run() does in parts (the decode's sliced step: one part per unit of
+    # its slice); O(1), no allocation on int logits
+    def start(self, logits):
+        self.ph = 0  # phase: 0 argmax, 1 weights, 2 the draw or the top-p candidates, 3 their sum, 4 the draw among them
+        self.i = 0  # next index of the phase's scan
+        self.j = -1  # phase 2 with top-p: the slot a candidate is being inserted at (-1: none)
+        self.best = 0  # the most likely token (phase 0's result)
+        self.bv = logits[0]  # its logit
+        self.tot = 0  # sum of the weights (phase 1)
+        self.k = 0  # candidates kept (phase 2, top-p)
+        self.rem = 0  # the draw's remainder
+        self.lim = 0  # phase 2: cut; phase 3: the mass kept (top-p)
+        self.cum = 0  # phase 3: cumulative weight of the first candidates
+        self.last = 0  # phase 4: the last candidate the draw may reach
+        self.el = 0  # logits of the vocabulary the last run() weighed or scanned (what the emulator prices)
+
+    # up to about `most` steps of the pick start() began (a step: one logit scanned or
+    # weighed, or one candidate moved); the token once the pick is done, else -1. The same
+    # token as one whole pick whatever the parts. No allocation on int logits
+    def run(self, logits, fb, most):
         n = self.vocab_size
-        best = argmax(logits, n)
+        self.el = 0
+        if self.ph == 0:
+            i = self.i
+            e = i + most if most < n - i else n
+            best = self.best
+            bv = self.bv
+            if hasattr(logits, "argmax"):  # numpy (CPython): the part's first maximum
+                j = int(logits[i:e].argmax())
+                v = logits[i + j]
+                if v > bv or (v != v and bv == bv):  # a NaN is the part's argmax: kept, as numpy's argmax would
+                    bv = v
+                    best = i + j
+            else:
+                for j in range(i, e):
+                    if logits[j] > bv:
+                        bv = logits[j]
+                        best = j
+            self.best = best
+            self.bv = bv
+            most -= e - i
+            if self.temperature == 0.0:
+                self.el = e - i
+            self.i = e
+            if e < n:
+                return -1
+            if self.temperature == 0.0:
+                return best
+            if fb is None:
+                _finite(float(logits[best]), best)
+            self.ph = 1
+            self.i = 0
+            if most <= 0:
+                return -1
+        if self.ph == 1:
+            i = self.i
+            if i < n:
+                e = i + most if most < n - i else n
+                if hasattr(logits, "dtype"):
+                    self.tot += self._weights_np(logits, self.best, fb, i, e)
+                elif fb is None:
+                    self.tot += self._weights_float(logits, self.best, i, e)
+                else:
+                    self.tot += self._weights_int(logits, self.best, fb, i, e)
+                self.el += e - i
+                most -= e - i
+                self.i = e
+                if e < n:
+                    return -1
+            self.ph = 2
+            self.i = 0
+            total = self.tot
+            if self.q_p >= (1 << _PBITS):
+                self.rem = self.rand() % total
+            else:  # run.c's cut: a token below (1 - top_p) / (n - 1) of the mass cannot be in the nucleus
+                self.lim = _mulfrac(total, (1 << _PBITS) - self.q_p) // (n - 1) if n > 1 else 0
+            if most <= 0:
+                return -1
         wt = self.weight
-        if hasattr(logits, "dtype"):
-            total = self._weights_np(logits, best, frac_bits)
-        elif frac_bits is None:
-            total = self._weights_float(logits, best)
-        else:
-            total = self._weights_int(logits, best, frac_bits)
-        if self.q_p >= (1 << _PBITS):
-            r = self.rand() % total
-            for i in range(n):
-                r -= wt[i]
-                if r < 0:
-                    return i
-            return best
-        # run.c's cut: a token below (1 - top_p) / (n - 1) of the mass cannot be in the nucleus
-        cut = _mulfrac(total, (1 << _PBITS) - self.q_p) // (n - 1) if n > 1 else 0
-        cand = self.cand
-        k = 0
-        for i in range(n):
-            v = wt[i]
-            if (v >= cut and v > 0) or i == best:  # the most likely token is always a candidate
-                # insertion by weight descending, ties by token id ascending
-                j = k
-                while j > 0 and wt[cand[j - 1]] < v:
+        if self.ph == 2:
+            i = self.i
+            if self.q_p >= (1 << _PBITS):  # keep all: the draw over the vocabulary
+                e = i + most if most < n - i else n
+                r = self.rem
+                for t in range(i, e):
+                    r -= wt[t]
+                    if r < 0:
+                        return t
+                self.rem = r
+                self.i = e
+                return -1 if e < n else self.best
+            cand = self.cand
+            cut = self.lim
+            best = self.best
+            k = self.k
+            j = self.j
+            while i < n:
+                v = wt[i]
+                if j < 0:
+                    if (v >= cut and v > 0) or i == best:  # the most likely token is always a candidate
+                        j = k  # insertion by weight descending, ties by token id ascending
+                    else:
+                        i += 1
+                        most -= 1
+                        if most <= 0:
+                            break
+                        continue
+                while j > 0 and wt[cand[j - 1]] < v and most > 0:
                     cand[j] = cand[j - 1]
                     j -= 1
+                    most -= 1
+                if j > 0 and wt[cand[j - 1]] < v:  # out of steps mid-insertion: go on from j
+                    break
                 cand[j] = i
                 k += 1
-        keep = _mulfrac(total, self.q_p)
-        cum = 0
-        last = k - 1
-        for j in range(k):
-            cum += wt[cand[j]]
-            if cum > keep:
-                last = j
-                break
-        r = self.rand() % cum
-        for j in range(last + 1):
-            r -= wt[cand[j]]
+                j = -1
+                i += 1
+                most -= 1
+                if most <= 0:
+                    break
+            self.i = i
+            self.j = j
+            self.k = k
+            if i < n:
+                return -1
+            self.ph = 3
+            self.i = 0
+            self.lim = _mulfrac(self.tot, self.q_p)
+            self.cum = 0
+            self.last = k - 1
+            if most <= 0:
+                return -1
+        cand = self.cand
+        if self.ph == 3:
+            i = self.i
+            k = self.k
+            e = i + most if most < k - i else k
+            cum = self.cum
+            keep = self.lim
+            done = e == k
+            while i < e:
+                cum += wt[cand[i]]
+                i += 1
+                if cum > keep:
+                    self.last = i - 1
+                    done = True
+                    break
+            most -= i - self.i
+            self.cum = cum
+            self.i = i
+            if not done:
+                return -1
+            self.ph = 4
+            self.i = 0
+            self.rem = self.rand() % cum
+            if most <= 0:
+                return -1
+        i = self.i
+        last = self.last
+        e = i + most if most <= last - i else last + 1
+        r = self.rem
+        for t in range(i, e):
+            r -= wt[cand[t]]
             if r < 0:
-                return cand[j]
-        return cand[last]
+                return cand[t]
+        self.rem = r
+        self.i = e
+        return -1 if e <= last else cand[last]
 
     # fixed-point logits (fb fraction bits) into self.weight; returns their sum. The weight
     # step (dmax test, multiply, table, shift) is written out in each loop, here and in
     # _weights_float, on purpose: a helper call per token of the vocabulary is the loop's cost
     # again in bytecode on the board
-    def _weights_int(self, logits, best, fb):
+    def _weights_int(self, logits, best, fb, i0, i1):
         wt = self.weight
         tab = self.table
         mul = self.mul
@@ -161,7 +286,7 @@ class Sampler:
         sh = _FRAC - fb - self.r  # d >> r = (max - logit) << sh
         if sh >= 0:
             lim = ((dmax - 1) >> sh) + 1  # (max - logit) from which a weight is 0, unshifted
-            for i in range(self.vocab_size):
+            for i in range(i0, i1):
                 a = top - logits[i]
                 if a >= lim:
                     v = 0
@@ -172,7 +297,7 @@ class Sampler:
                 total += v
         else:
             sh = -sh
-            for i in range(self.vocab_size):
+            for i in range(i0, i1):
                 a = (top - logits[i]) >> sh
                 if a >= dmax:
                     v = 0
@@ -184,16 +309,15 @@ class Sampler:
         return total
 
     # float logits: each (max - logit) to 1/2**16 first, then as _weights_int
-    def _weights_float(self, logits, best):
+    def _weights_float(self, logits, best, i0, i1):
         wt = self.weight
         tab = self.table
         mul = self.mul
         dmax = self.dmax
         r = self.r
         top = float(logits[best])
-        _finite(top, best)
         total = 0
-        for i in range(self.vocab_size):
+        for i in range(i0, i1):
             d = (top - float(logits[i])) * 65536.0
             a = int(d) >> r if d < 1e15 else dmax  # d >= 0; 1e15: beyond any weight, and no huge int
             if a >= dmax:
@@ -205,17 +329,15 @@ class Sampler:
             total += v
         return total
 
-    # numpy logits (CPython): the same integers, vectorized
-    def _weights_np(self, logits, best, fb):
+    # numpy logits (CPython): the same integers, vectorized, for tokens i0 .. i1 - 1
+    def _weights_np(self, logits, best, fb, i0, i1):
         np = _np_of(logits)
-        n = self.vocab_size
         if fb is None:
             top = float(logits[best])
-            _finite(top, best)
-            d = np.nan_to_num((top - logits[:n].astype(np.float64)) * 65536.0, nan=1e15)
+            d = np.nan_to_num((top - logits[i0:i1].astype(np.float64)) * 65536.0, nan=1e15)
             a = np.minimum(d, 1e15).astype(np.int64) >> self.r
         else:
-            a = int(logits[best]) - logits[:n].astype(np.int64)
+            a = int(logits[best]) - logits[i0:i1].astype(np.int64)
             sh = _FRAC - fb - self.r
             a = np.minimum(a, 1 << 40) << sh if sh >= 0 else a >> -sh
         a = np.minimum(a, self.dmax)
@@ -223,7 +345,7 @@ class Sampler:
         tab = np.array(self.table, np.int64)
         w = np.where(a >= self.dmax, 0, tab[(e >> 17) & 255] >> np.minimum(e >> _ESH, 62))
         for i, v in enumerate(w.tolist()):
-            self.weight[i] = v
+            self.weight[i0 + i] = v
         return int(w.sum())
 
 

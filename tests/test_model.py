@@ -3,11 +3,14 @@
 # tests/llama_ref.py's numpy forward pass and its recorded stories260K greedy ids, the
 # kvrtos-tiny model card's torch greedy ids, a windowed numpy reference written here
 # for eviction under both RoPE modes, and the budget calculator for the memory promise.
+from array import array
 import json
 import os
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import llama_ref
 from conftest import ROOT, mp32_or_skip, run_firmware
@@ -295,6 +298,45 @@ def test_sampler_greedy_temperature_top_p():
     for bad in ((5, -1.0), (5, 1.0, 0.0), (5, 1.0, 1.5), (0,), (5, 1.0, 1.0, -1)):
         with pytest.raises(ValueError):
             Sampler(*bad)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 300), st.sampled_from([0.0, 0.01, 0.5, 1.0, 3.0, 300.0]),
+       st.sampled_from([1.0, 0.99, 0.9, 0.5, 0.1, 0.005]), st.integers(0, 2 ** 32 - 1),
+       st.sampled_from(["float", "int", "np", "npint"]), st.lists(st.integers(1, 70), min_size=1, max_size=5),
+       st.integers(0, 2 ** 31))
+def test_a_pick_in_parts_is_the_whole_pick(v, temp, top_p, seed, kind, units, lseed):
+    # decode's sliced step picks in parts of SAMPLE_UNIT steps (sample.Sampler.start/run):
+    # whatever the parts, the same token as one pick, and every part is bounded: at most
+    # `most` logits weighed or scanned, and the pick ends within a number of parts that
+    # the work bounds (vocab scans plus the candidates' insertions)
+    rng = np.random.default_rng(lseed)
+    lg = rng.normal(0.0, float(rng.choice([0.1, 1.0, 5.0])), v)
+    if lseed % 3 == 0:
+        lg = np.round(lg)  # ties
+    fb = None
+    if kind == "float":
+        lg = array("f", lg.tolist())
+    elif kind == "int":
+        fb = 8
+        lg = array("i", [int(x * 256) for x in lg])
+    elif kind == "np":
+        lg = lg.astype(np.float32)
+    else:
+        fb = 8
+        lg = (lg * 256).astype(np.int32)
+    whole, parts = Sampler(v, temp, top_p, seed), Sampler(v, temp, top_p, seed)
+    for rep in range(4):
+        want = whole.pick(lg, fb)
+        most = units[rep % len(units)]
+        parts.start(lg)
+        got, n = -1, 0
+        while got < 0:
+            got = parts.run(lg, fb, most)
+            assert parts.el <= most
+            n += 1
+            assert n <= (4 * v + v * v) // most + 8, "the pick ends"
+        assert got == want
 
 
 def test_the_plain_sliced_step_splits_the_softmax_and_matches_the_whole_one():

@@ -58,6 +58,32 @@ for temp, top_p, seed, lg, fb in ((0.8, 0.9, 7, q, 16), (1.0, 1.0, 3, q, 16), (0
         check(len(set(picks)) > 30, "a high temperature spreads the picks (%d distinct)" % len(set(picks)))
     if temp <= 0.01:
         check(len(set(picks)) == 1, "a low temperature picks the most likely token only")
+
+# the decode's sliced pick: start, then parts of a few steps (greedy and sampled), with the
+# heap locked, the same tokens as whole picks from a twin sampler
+for temp, top_p, most in ((0.8, 0.9, 64), (1.0, 1.0, 5), (0.0, 1.0, 64), (300.0, 0.95, 3)):
+    s = Sampler(V, temp, top_p, 13)
+    twin = Sampler(V, temp, top_p, 13)
+    ok = True
+    parts = 0
+    if compat.HEAP_LOCK:
+        compat.heap_lock()
+    try:
+        for i in range(len(picks)):
+            s.start(q)
+            t = -1
+            while t < 0:
+                t = s.run(q, 16, most)
+                parts += 1
+            picks[i] = t
+    except MemoryError:
+        ok = False
+    finally:
+        if compat.HEAP_LOCK:
+            compat.heap_unlock()
+    check(ok, "T=%s p=%s: a pick in parts of %d steps allocates nothing" % (temp, top_p, most))
+    eq(list(picks), [twin.pick(q, 16) for _ in range(len(picks))], "T=%s p=%s: parts pick the whole picks' tokens" % (temp, top_p))
+    check(parts >= len(picks) * (V // most), "T=%s: the picks ran in parts (%d)" % (temp, parts))
 if not compat.HEAP_LOCK:
     print("SKIP heap_lock on CPython: the picks ran unlocked")
 
