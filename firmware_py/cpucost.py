@@ -240,6 +240,8 @@ class Meter:
     def price(self, kind, a, b):
         if kind == 3:  # U_ROWS: a rows of b columns
             return a * (b * self.p_mac + self.p_row)
+        if kind == 11:  # U_COLS: a columns of a row; b 1: its last (the row's price)
+            return a * self.p_mac + b * self.p_row
         if kind == 6:  # U_ATT: a slot-passes over every head
             return a * self.p_att
         if kind == 10:  # U_ATTH: a head-slot-passes (one head over one slot, one pass)
@@ -255,9 +257,11 @@ class Meter:
         if kind == 7:
             return a * self.p_elem
         if kind == 8:
-            return a * self.p_silu
+            return a * (self.p_silu + b * self.p_elem)
         if kind == 9:
             return a * self.p_sample
+        if kind == 12:  # U_RANK: a comparisons, at an elementwise op's price (no figure of their own)
+            return a * self.p_elem
         return 0
 
     def ahead(self, n):

@@ -106,6 +106,8 @@ class Plain:
         self.ssum = _zeros("d", cfg.n_heads)  # [head] its running sum ('d': the float att_softmax keeps)
         self.n = 0  # cached slots of the current token
         self.h = -1  # the sequence of the current token (int4: rows are read through the cache)
+        self.mv_s = 0.0  # a part's running sum (matvec_cols' row, rmsnorm_part's squares)
+        self.mv_a = 0.0  # matvec_cols' group sum; rmsnorm_part's scale
 
     # zeroed array('f') of n floats; boot only
     def vec(self, n):
@@ -161,6 +163,80 @@ class Plain:
                 c += g
             out[r] = s
             i += cols
+
+    # columns c0 .. c1 - 1 of row r of out = W x: a sliced step's unit where one row is more
+    # than a unit's work (the bytecode float path: a row of 172 MACs is ~2.4 ms on the
+    # board). The row's sums run on across parts in self.mv_s / self.mv_a (the group's
+    # partial sum) in matvec_rows' order, so the floats are the whole row's; out[r] is
+    # written at c1 == cols. The parts of a row are called in order from c0 == 0. O(c1 - c0)
+    def matvec_cols(self, out, m, x, r, c0, c1):
+        cols = m.cols
+        f = self.f32
+        i = m.off + r * cols
+        s = 0.0 if c0 == 0 else self.mv_s
+        if not m.group:
+            for c in range(c0, c1):
+                s += f[i + c] * x[c]
+        else:
+            q = self.q8
+            g = m.group
+            a = self.mv_a if c0 % g else 0.0
+            si = m.soff + r * (cols // g) + c0 // g
+            c = c0
+            while c < c1:
+                ge = c - c % g + g  # the end of c's group
+                e = ge if ge < c1 else c1
+                for j in range(c, e):
+                    a += q[i + j] * x[j]
+                if e == ge:
+                    s += a * f[si]
+                    si += 1
+                    a = 0.0
+                c = e
+            self.mv_a = a
+        self.mv_s = s
+        if c1 == cols:
+            out[r] = s
+
+    # rmsnorm in parts (a sliced step's units, the same floats as rmsnorm): p 0 sums the
+    # squares of x[i0 .. i1 - 1] (from i0 == 0, in order), p 1 writes out[i0 .. i1 - 1]; O(i1 - i0)
+    def rmsnorm_part(self, out, x, off, p, i0, i1):
+        if p == 0:
+            ss = 0.0 if i0 == 0 else self.mv_s
+            for i in range(i0, i1):
+                ss += x[i] * x[i]
+            self.mv_s = ss
+            if i1 == len(x):
+                self.mv_a = 1.0 / math.sqrt(ss / len(x) + _EPS)
+            return
+        sc = self.mv_a
+        f = self.f32
+        for i in range(i0, i1):
+            out[i] = f[off + i] * (sc * x[i])
+
+    # silu_mul and add over elements i0 .. i1 - 1 (a sliced step's units); O(i1 - i0)
+    def silu_mul_part(self, a, b, i0, i1):
+        for i in range(i0, i1):
+            z = a[i]
+            a[i] = z / (1.0 + math.exp(-z)) * b[i]
+
+    def add_part(self, x, y, i0, i1):
+        for i in range(i0, i1):
+            x[i] += y[i]
+
+    # rope over pairs p0 .. p1 - 1 of v's `heads` heads (pair p: head p // (D/2), index
+    # p % (D/2)); a sliced step's units, the same floats as rope(); O(p1 - p0)
+    def rope_part(self, v, p0, p1):
+        cs = self.cs
+        sn = self.sn
+        h2 = self.hd >> 1
+        for p in range(p0, p1):
+            i = p % h2
+            b = 2 * p  # (p // h2) * hd + 2 * i
+            a = v[b]
+            c = v[b + 1]
+            v[b] = a * cs[i] - c * sn[i]
+            v[b + 1] = a * sn[i] + c * cs[i]
 
     # out = x / sqrt(mean(x^2) + eps) * f32[off ..]; O(dim)
     def rmsnorm(self, out, x, off):
@@ -506,6 +582,27 @@ class Numpy:
     def matvec_rows(self, out, m, x, r0, r1):
         if r0 == 0:
             self.matvec(out, m, x)
+
+    # the other parts (Plain's interface): the whole operation at the first part, nothing after
+    def matvec_cols(self, out, m, x, r, c0, c1):
+        if r == 0 and c0 == 0:
+            self.matvec(out, m, x)
+
+    def rmsnorm_part(self, out, x, off, p, i0, i1):
+        if p == 1 and i0 == 0:
+            self.rmsnorm(out, x, off)
+
+    def silu_mul_part(self, a, b, i0, i1):
+        if i0 == 0:
+            self.silu_mul(a, b)
+
+    def add_part(self, x, y, i0, i1):
+        if i0 == 0:
+            self.add(x, y)
+
+    def rope_part(self, v, p0, p1):
+        if p0 == 0:
+            self.rope(v, v.shape[0] // self.hd)
 
     # attention in parts (Plain's interface): the whole attention at the values' first part
     def att_scores(self, q, layer, s0, s1):

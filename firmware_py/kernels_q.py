@@ -823,27 +823,34 @@ def silu_py(out, a, b, n, sh, sig):
 # --- attention over the cache's rows -----------------------------------------------------
 
 @micropython.viper
-def ranks_v(ranks, pos, arena, bases, nblk: int, t: int, nslot: int) -> int:
-    # for every filled slot j (header != 0) of the nblk blocks at byte offsets bases:
-    # ranks[j] = how many filled slots hold an older position (pos: scratch, one int per
-    # slot); returns the filled slots. O(nslot**2), no allocation
+def ranks_v(ranks, pos, arena, bases, nblk: int, t: int, nslot: int, j0: int, j1: int) -> int:
+    # for every filled slot j (header != 0) in j0 .. j1 - 1 of the nblk blocks at byte
+    # offsets bases: ranks[j] = how many filled slots hold an older position (pos: one int
+    # per slot, the slots' positions, gathered when j0 == 0: a step's parts run j0 = 0
+    # first); returns the filled slots of all nslot. O(nslot x (j1 - j0) + nslot), no allocation
     pr = ptr32(ranks)
     pp = ptr32(pos)
     pa = ptr32(arena)
     pb = ptr32(bases)
     j = 0
-    k = 0
-    while k < nblk:
-        w = int(pb[k]) >> 2
-        r = 0
-        while r < t and j < nslot:
-            pp[j] = pa[w + 2 * r]
-            j += 1
-            r += 1
-        k += 1
+    if j0 == 0:
+        k = 0
+        while k < nblk:
+            w = int(pb[k]) >> 2
+            r = 0
+            while r < t and j < nslot:
+                pp[j] = pa[w + 2 * r]
+                j += 1
+                r += 1
+            k += 1
     n = 0
     j = 0
     while j < nslot:
+        if int(pp[j]) != 0:
+            n += 1
+        j += 1
+    j = j0
+    while j < j1:
         pj = int(pp[j])
         if pj != 0:
             c = 0
@@ -854,26 +861,25 @@ def ranks_v(ranks, pos, arena, bases, nblk: int, t: int, nslot: int) -> int:
                     c += 1
                 i += 1
             pr[j] = c
-            n += 1
         j += 1
     return n
 
 
-# twin of ranks_v; O(nslot**2)
-def ranks_py(ranks, pos, arena, bases, nblk, t, nslot):
-    hdr = []
-    for k in range(nblk):
-        for r in range(t):
-            if len(hdr) < nslot:
-                o = bases[k] + 8 * r
-                hdr.append(int.from_bytes(bytes(arena[o:o + 4]), "little"))
-    n = 0
-    for j in range(nslot):
-        pos[j] = hdr[j]
+# twin of ranks_v; O(nslot x (j1 - j0) + nslot)
+def ranks_py(ranks, pos, arena, bases, nblk, t, nslot, j0, j1):
+    if j0 == 0:
+        j = 0
+        for k in range(nblk):
+            for r in range(t):
+                if j < nslot:
+                    o = bases[k] + 8 * r
+                    pos[j] = int.from_bytes(bytes(arena[o:o + 4]), "little")
+                    j += 1
+    hdr = [pos[j] & 0xFFFFFFFF for j in range(nslot)]
+    for j in range(j0, j1):
         if hdr[j]:
             ranks[j] = sum(1 for p in hdr if p and p < hdr[j])
-            n += 1
-    return n
+    return sum(1 for p in hdr if p)
 
 
 @micropython.viper

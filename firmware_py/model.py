@@ -37,13 +37,16 @@ U_ROPE = const(4)  # RoPE of a elements (the query's and the key's)
 U_KVW = const(5)  # the new K/V row stored (a elements)
 U_ATT = const(6)  # attention over a slot-passes (one pass over a slots, or both passes over a / 2)
 U_ELEM = const(7)  # a elementwise operations (residual adds, the SwiGLU product)
-U_SILU = const(8)  # SiLU of a elements (an exp and a division each)
+U_SILU = const(8)  # SiLU of a elements (an exp and a division each); b 1: and their product (an elementwise op each)
 U_SAMPLE = const(9)  # a part of the pick: a logits scanned (greedy) or weighed (a draw; its other steps are in that price)
+U_RANK = const(12)  # a comparisons of the slots' positions (the integer path's rope "cache" ranks)
+U_COLS = const(11)  # a columns of one matvec row (the plain path's unit where a row is more than one); b 1: the row's last
 U_ATTH = const(10)  # attention over a head-slot-passes (one head: 2 x slots; one pass of a range: its slots, the exp pass 0)
 SLICE = const(1)  # what a step yields when its slice is spent (a layer's end yields None)
 # units of the plain (bytecode) path: one matvec row, one attention slot (per pass);
 # of the integer path (qmodel.QForward, viper): Q8_UNIT_MACS multiply-adds of rows
-PLAIN_ROWS = const(1)
+PLAIN_MACS = const(32)  # multiply-adds of a matvec per unit (rows of cols <= 32, else 32 columns of a row)
+PLAIN_EL = const(32)  # elements per unit of elementwise work (rmsnorm's two passes, adds, SiLU, RoPE: half as many pairs)
 PLAIN_SLOTS = const(1)
 # the integer path's attention unit: one query head over every slot (both passes) while
 # that fits the slice bound; past it, one pass of one head over a range of blocks of what
@@ -53,6 +56,7 @@ PLAIN_SLOTS = const(1)
 ATTH_SLOTS = const(64)
 SOFTMAX_SLOTS = const(8)  # slots of every head per softmax unit (about one score unit's work: a head's D MACs per slot)
 Q8_UNIT_MACS = const(2048)
+RANK_CMP = const(8192)  # comparisons per unit of the integer path's rope "cache" ranks (qmodel.QForward.forward)
 SAMPLE_UNIT = const(64)  # steps of the pick per unit (decode.Session.task, sample.Sampler.run)
 
 
@@ -83,20 +87,24 @@ class Slicer:
     # bound with a dispatch and one unit of rows as long as the last ones; the caller
     # yields first. No allocation
     def ahead_call(self):
-        if self.us <= 0 or not self.call_us:
+        if self.us <= 0:
             return False
         d = ticks_diff(self.now(), self.k.t0)
+        if not self.call_us or not self.row_us:  # no matvec timed yet: the first one starts a slice
+            return d > 0
         return d > 0 and d + self.call_us + self.row_us >= self.us
 
     # before an attention unit of n slot-passes (a single call doing both passes over s
     # slots: n = 2 * s): True when the slice would be spent by it (as long per slot-pass
     # as the last one); the caller yields first. No allocation
     def ahead(self, n):
-        if self.us <= 0 or not self.att_slot_us:
+        if self.us <= 0:
             return False
         t0 = self.k.t0
         if t0 != self.t0:
             return False  # a fresh slice: the unit runs in it
+        if not self.att_slot_us:  # no attention unit timed yet: the first one starts a slice
+            return ticks_diff(self.now(), t0) > 0
         return ticks_diff(self.now(), t0) + self.att_slot_us * n >= self.us
 
     # before a piece of work whose time is known up front (us: the emulator's price of a
@@ -176,6 +184,9 @@ class Slicer:
         if kind == U_ROWS:  # its rows' time, to foresee the next matvec's units (b: their MACs)
             self.row_us = u
             self.row_macs = a * b
+        elif kind == U_COLS and b == 0:  # a row's columns, not its last (that one has the row's own work too): as rows
+            self.row_us = u
+            self.row_macs = a
         elif kind == U_ATT and a > 0:  # an attention unit's time per slot, to foresee the next (ahead)
             self.att_slot_us = u // a + 1
         elif kind == U_ATTH and a > 0:  # u + 1: a tick count may fall up to 1 us short (a short last range of slots)
@@ -310,7 +321,7 @@ class Model:
         # board runs qmodel.QForward), else the plain path's; the host's numpy backend
         # takes the units of the path the board would run, so the emulator slices as it does
         q8_units = backend == "q8" or (weights.dtype == "int8" and lay.dtype == "int8")
-        self.unit_macs = Q8_UNIT_MACS if q8_units else 0  # 0: PLAIN_ROWS rows a unit
+        self.unit_macs = Q8_UNIT_MACS if q8_units else 0  # 0: PLAIN_MACS a unit (_rows)
         self.unit_slots = 0 if q8_units else PLAIN_SLOTS  # 0: all slots one unit (QForward's one attend call)
         self.logit_frac_bits = None  # fixed-point logits: fractional bits (q8); None: floats
         if backend == "q8":
@@ -434,14 +445,16 @@ class Model:
         k.rmsnorm(xb, x, w.rms_final)
         k.logits_of(self.logits, xb)
 
-    # rows of a matvec per unit (at least one)
+    # rows of a matvec per unit; 0: a row is more than a unit (the plain path: PLAIN_MACS
+    # columns of one row a unit)
     def _rows(self, cols):
         if not self.unit_macs:
-            return PLAIN_ROWS
+            return PLAIN_MACS // cols
         r = self.unit_macs // cols
         return r if r > 0 else 1
 
-    # out = W x in units of rows, a look at the slice after each (SLICE yielded when spent)
+    # out = W x in units of rows (or of columns of a row), a look at the slice after each
+    # (SLICE yielded when spent)
     def _mv(self, out, m, x, sl, in_layer):
         k = self.k
         rows = m.rows
@@ -449,8 +462,18 @@ class Model:
         n = self._rows(cols)
         if sl.ahead_call():
             yield SLICE
-        if sl.step(U_CALL, in_layer, (n if n < rows else rows) * cols):  # b: its units' MACs, to foresee them
+        if sl.step(U_CALL, in_layer, (n if n < rows else rows) * cols if n else PLAIN_MACS):  # b: its units' MACs, to foresee them
             yield SLICE
+        if not n:
+            for r in range(rows):
+                c = 0
+                while c < cols:
+                    e = c + PLAIN_MACS if c + PLAIN_MACS < cols else cols
+                    k.matvec_cols(out, m, x, r, c, e)
+                    if sl.step(U_COLS, e - c, 1 if e == cols else 0):
+                        yield SLICE
+                    c = e
+            return
         r = 0
         while r < rows:
             e = r + n if r + n < rows else rows
@@ -458,6 +481,35 @@ class Model:
             if sl.step(U_ROWS, e - r, cols):
                 yield SLICE
             r = e
+
+    # elementwise work in units of PLAIN_EL elements (the plain path; the integer path's
+    # are one unit each): op 0 rmsnorm(out, x, off), 1 add(out, x), 2 silu_mul(out, x),
+    # 3 rope of heads pairs of out; unit kind and count as the whole op's steps
+    def _el(self, op, out, x, off, sl):
+        k = self.k
+        n = len(out) >> 1 if op == 3 else len(out)
+        un = PLAIN_EL >> 1 if op == 3 else PLAIN_EL  # RoPE: pairs
+        for p in range(2 if op == 0 else 1):
+            i = 0
+            while i < n:
+                e = i + un if i + un < n else n
+                if op == 0:
+                    k.rmsnorm_part(out, x, off, p, i, e)
+                elif op == 1:
+                    k.add_part(out, x, i, e)
+                elif op == 2:
+                    k.silu_mul_part(out, x, i, e)
+                else:
+                    k.rope_part(out, i, e)
+                if op == 0:
+                    u = sl.step(U_NORM, e - i if p else 0, 0) if p else sl.step(U_NONE, 0, 0)
+                elif op == 2:  # b 1: with the product (one step: the slicer sees the unit's whole time)
+                    u = sl.step(U_SILU, e - i, 1)
+                else:
+                    u = sl.step(U_ROPE if op == 3 else U_ELEM, 2 * (e - i) if op == 3 else e - i, 0)
+                if u:
+                    yield SLICE
+                i = e
 
     # attention in units of slots: the scores, the softmax, the values
     def _att(self, out, q, h, layer, n, sl):
@@ -533,21 +585,38 @@ class Model:
         d = cfg.dim
         hid = cfg.hidden_dim
         kvd = cfg.kv_dim
+        plain = not self.unit_macs  # the plain path's elementwise work in units of PLAIN_EL (_el)
         k.embed(x, token)
         k.rope_at(pos if absolute else n - 1)
+        if not plain and not absolute:  # the integer path's rope "cache" ranks, in qmodel.QForward.forward's units
+            u = RANK_CMP // n if n < RANK_CMP else 1
+            j = 0
+            while j < n:
+                e = j + u if j + u < n else n
+                if sl.step(U_RANK, (e - j) * n, 0):
+                    yield SLICE
+                j = e
         for layer in range(cfg.n_layers):
             lw = w.layers[layer]
-            k.rmsnorm(xb, x, lw.rms_att)
-            if sl.step(U_NORM, d, 0):
-                yield SLICE
+            if plain:
+                yield from self._el(0, xb, x, lw.rms_att, sl)
+            else:
+                k.rmsnorm(xb, x, lw.rms_att)
+                if sl.step(U_NORM, d, 0):
+                    yield SLICE
             yield from self._mv(q, lw.wq, xb, sl, 1)
             yield from self._mv(kv, lw.wk, xb, sl, 1)
             yield from self._mv(vv, lw.wv, xb, sl, 1)
-            k.rope(q, cfg.n_heads)
-            if absolute:
-                k.rope(kv, cfg.n_kv_heads)
-            if sl.step(U_ROPE, d + kvd, 0):
-                yield SLICE
+            if plain:
+                yield from self._el(3, q, None, 0, sl)
+                if absolute:
+                    yield from self._el(3, kv, None, 0, sl)
+            else:
+                k.rope(q, cfg.n_heads)
+                if absolute:
+                    k.rope(kv, cfg.n_kv_heads)
+                if sl.step(U_ROPE, d + kvd, 0):
+                    yield SLICE
             st = k.store(h, layer, kv, vv)
             if st != OK:
                 self._status = st if st < 0 else E_STATE
@@ -558,22 +627,35 @@ class Model:
                 yield SLICE
             yield from self._att(xb, q, h, layer, n, sl)
             yield from self._mv(xb2, lw.wo, xb, sl, 1)
-            k.add(x, xb2)
-            k.rmsnorm(xb, x, lw.rms_ffn)
-            if sl.step(U_NORM, d, 0) | sl.step(U_ELEM, d, 0):
-                yield SLICE
+            if plain:
+                yield from self._el(1, x, xb2, 0, sl)
+                yield from self._el(0, xb, x, lw.rms_ffn, sl)
+            else:
+                k.add(x, xb2)
+                k.rmsnorm(xb, x, lw.rms_ffn)
+                if sl.step(U_NORM, d, 0) | sl.step(U_ELEM, d, 0):
+                    yield SLICE
             yield from self._mv(hb, lw.w1, xb, sl, 1)
             yield from self._mv(hb2, lw.w3, xb, sl, 1)
-            k.silu_mul(hb, hb2)
-            if sl.step(U_SILU, hid, 0) | sl.step(U_ELEM, hid, 0):
-                yield SLICE
+            if plain:
+                yield from self._el(2, hb, hb2, 0, sl)
+            else:
+                k.silu_mul(hb, hb2)
+                if sl.step(U_SILU, hid, 0) | sl.step(U_ELEM, hid, 0):
+                    yield SLICE
             yield from self._mv(xb2, lw.w2, hb, sl, 1)
-            k.add(x, xb2)
-            if sl.step(U_ELEM, d, 0):
-                yield SLICE
+            if plain:
+                yield from self._el(1, x, xb2, 0, sl)
+            else:
+                k.add(x, xb2)
+                if sl.step(U_ELEM, d, 0):
+                    yield SLICE
             yield
         k.end(h)
-        k.rmsnorm(xb, x, w.rms_final)
-        if sl.step(U_NORM, d, 0):
-            yield SLICE
+        if plain:
+            yield from self._el(0, xb, x, w.rms_final, sl)
+        else:
+            k.rmsnorm(xb, x, w.rms_final)
+            if sl.step(U_NORM, d, 0):
+                yield SLICE
         yield from self._mv(self.logits, w.wcls, xb, sl, 0)

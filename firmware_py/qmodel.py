@@ -20,7 +20,7 @@ from array import array
 
 from firmware_py import kernels_q as K
 from firmware_py.compat import const, new_array
-from firmware_py.model import ATTH_SLOTS, Q8_UNIT_MACS, SLICE, U_ATTH, U_CALL, U_ELEM, U_KVW, U_NORM, U_ROPE, U_ROWS, U_SILU
+from firmware_py.model import ATTH_SLOTS, Q8_UNIT_MACS, RANK_CMP, SLICE, U_ATTH, U_CALL, U_ELEM, U_KVW, U_NORM, U_RANK, U_ROPE, U_ROWS, U_SILU
 from firmware_py.status import E_EMPTY, E_RANGE, OK
 
 LOGIT_FRAC = const(16)  # fractional bits of QForward.logits
@@ -213,7 +213,7 @@ class QForward:
 
     # start a step: check, reserve the slot, the embedding, the RoPE rows, the block
     # offsets. The status (>= 0), or a refusal with self.status set. O(dim + blocks)
-    def begin(self, h, token, pos):
+    def begin(self, h, token, pos, later=False):
         c = self.cache
         n = c.length(h)
         if n < 0:
@@ -247,14 +247,16 @@ class QForward:
             if self._base(b) < 0:
                 self.status = E_EMPTY
                 return E_EMPTY
-        qpos = pos
-        if self.rope == "cache":
-            qpos = K.ranks(self.ranks, self.sc, c.arena, self.bases, nblk, t, nslot) - 1
         hd2 = cfg.head_dim // 2
-        if K.rope_row(self.cs_q, self.rope_lo, self.rope_hi, ROPE_HI, qpos, cfg.seq_len, hd2, self.q_scale) < 0 or \
-                K.rope_row(self.cs_k, self.rope_lo, self.rope_hi, ROPE_HI, pos, cfg.seq_len, hd2, 32768) < 0:
+        if K.rope_row(self.cs_k, self.rope_lo, self.rope_hi, ROPE_HI, pos, cfg.seq_len, hd2, 32768) < 0:
             self.status = E_RANGE
             return E_RANGE
+        if self.rope != "cache":
+            if self.qrope(pos) < 0:
+                return E_RANGE
+        elif not later:  # the slots' ranks by position; the query at the newest (a sliced step: in units, forward)
+            if self.qrope(K.ranks(self.ranks, self.sc, c.arena, self.bases, nblk, t, nslot, 0, nslot) - 1) < 0:
+                return E_RANGE
         if self.h2o:
             hacc = self.hacc
             for j in range(nslot):
@@ -358,6 +360,14 @@ class QForward:
         return self.status
 
     # the whole step without yielding: begin, every layer, finish; the status. No allocation
+    # the query's RoPE row at position (rank) qpos; E_RANGE (self.status set) past the tables
+    def qrope(self, qpos):
+        if K.rope_row(self.cs_q, self.rope_lo, self.rope_hi, ROPE_HI, qpos, self.cfg.seq_len, self.cfg.head_dim // 2,
+                      self.q_scale) < 0:
+            self.status = E_RANGE
+            return E_RANGE
+        return 0
+
     def step(self, h, token, pos):
         if self.begin(h, token, pos) < 0:
             return self.status
@@ -372,8 +382,22 @@ class QForward:
     # sl: a model.Slicer: the step runs in units and yields model.SLICE whenever the slice
     # is spent (no allocation either: the matvec units write through views made at boot)
     def forward(self, h, token, pos, sl=None):
-        if self.begin(h, token, pos) < 0:
+        later = sl is not None and self.rope == "cache"
+        if self.begin(h, token, pos, later) < 0:
             return
+        if later:  # rope "cache": the ranks in units of about RANK_CMP comparisons (O(slots**2) in one: ms at 1,000 slots)
+            ns = self.nslot
+            u = RANK_CMP // ns if ns < RANK_CMP else 1
+            j = 0
+            nf = 0
+            while j < ns:
+                e = j + u if j + u < ns else ns
+                nf = K.ranks(self.ranks, self.sc, self.cache.arena, self.bases, self.prm[K.P_NBLK], self.t, ns, j, e)
+                if sl.step(U_RANK, (e - j) * ns, 0):
+                    yield SLICE
+                j = e
+            if self.qrope(nf - 1) < 0:
+                return
         for layer in range(self.n_layers):
             if sl is None:
                 if self.layer(layer) < 0:

@@ -339,15 +339,24 @@ def test_a_pick_in_parts_is_the_whole_pick(v, temp, top_p, seed, kind, units, ls
         assert got == want
 
 
-def test_the_plain_sliced_step_splits_the_softmax_and_matches_the_whole_one():
+@pytest.mark.parametrize("weights", ["fp32", "q8row", "q8_4"])
+def test_the_plain_sliced_step_splits_the_softmax_and_matches_the_whole_one(weights, tmp_path):
     # the float path's softmax was one unit over every head and slot (at 500 slots on a
     # board, tens of ms in one slice); sliced, it runs in units of SOFTMAX_SLOTS slots per
-    # pass with a look at the slice after each, and the logits are the whole step's exactly
+    # pass with a look at the slice after each, and the logits are the whole step's exactly.
+    # Its matvecs run in units of PLAIN_MACS columns of a row (a row of fp32 or int8 weights,
+    # whose group sums run on across units: one group a row, or groups of 4), its elementwise
+    # work in units of PLAIN_EL elements: none is more than that
     from firmware_py import kv, llama2c, pool
-    from firmware_py.model import SLICE, SOFTMAX_SLOTS, U_ATT, Model, Slicer
+    from firmware_py.model import PLAIN_EL, PLAIN_MACS, SLICE, SOFTMAX_SLOTS, U_ATT, U_COLS, U_ELEM, U_NORM, U_ROPE, U_ROWS, U_SILU, Model, Slicer
     from firmware_py.sched import Kernel
+    from host import convert
 
-    w = llama2c.load(os.path.join(TINY, "model.bin"))
+    path = os.path.join(TINY, "model.bin")
+    if weights != "fp32":
+        path = str(tmp_path / "q.bin")
+        convert.convert(os.path.join(TINY, "model.bin"), path, "q8row", 0 if weights == "q8row" else 4)
+    w = llama2c.load(path)
     cfg = w.cfg
     n_pos = 40
     runs = []
@@ -364,6 +373,10 @@ def test_the_plain_sliced_step_splits_the_softmax_and_matches_the_whole_one():
             def step(self, kind, a, b, got=got):
                 if kind == U_ATT and a == 0:
                     got["soft"] += 1
+                assert kind != U_ROWS or a * b <= PLAIN_MACS, (kind, a, b)
+                assert kind != U_COLS or a <= PLAIN_MACS, (kind, a, b)
+                assert kind not in (U_ELEM, U_NORM, U_SILU, U_ROPE) or a <= PLAIN_EL, (kind, a, b)
+                got["cols"] = got.get("cols", 0) + (kind == U_COLS)
                 return Slicer.step(self, kind, a, b)
 
         def task(k=k, sliced=sliced, m=m, h=h, got=got):
@@ -382,6 +395,7 @@ def test_the_plain_sliced_step_splits_the_softmax_and_matches_the_whole_one():
     want = cfg.n_layers * sum(3 * -(-(pos + 1) // SOFTMAX_SLOTS) for pos in range(n_pos))
     assert runs[0]["soft"] == 0 and runs[1]["soft"] == want, (runs[1]["soft"], want)
     assert runs[1]["slices"] > runs[1]["soft"]  # a 1 us slice: a yield after nearly every unit
+    assert runs[1]["cols"] > 0  # rows longer than a unit ran in parts
 
 
 def test_a_non_finite_logit_mid_decode_stops_with_one_line_and_the_next_request_starts_clean():

@@ -175,6 +175,46 @@ eq(list(got5), want6, "the sliced step picks the whole step's tokens")
 check(nsl5[0] > len(TOKS) * NL * 7, "it yielded inside the layers: %d slices" % nsl5[0])
 eq(list(m5.logits), list(m6.logits), "and gives the same last logits")
 
+# rope "cache": the sliced step ranks the slots in units (of model.RANK_CMP comparisons)
+# before the layers, a look at the slice after each, under a window that evicts; nothing
+# allocated, the same tokens and logits as the whole step
+from firmware_py import model as _model  # noqa: E402
+
+cr, hr, mr = setup("window", 4, rope="cache", tpb=2)
+cw, hw, mw = setup("window", 4, rope="cache", tpb=2)
+TOKR = TOKS + TOKS
+nrank = array("i", [0])
+
+
+class RankCounting(Slicer):
+    def step(self, kind, a, b):
+        if kind == _model.U_RANK:
+            nrank[0] += 1
+        return Slicer.step(self, kind, a, b)
+
+
+slr = RankCounting(k5, 1)
+gensr = [mr.forward(hr, t, i, slr) for i, t in enumerate(TOKR)]
+gotr = array("i", [0] * len(TOKR))
+
+
+def ranked():
+    for i in range(len(TOKR)):
+        for _ in gensr[i]:
+            pass
+        gotr[i] = K.argmax(mr.logits, V)
+
+
+wantr = []
+for i, t in enumerate(TOKR):
+    for _ in mw.forward(hw, t, i):
+        pass
+    wantr.append(K.argmax(mw.logits, V))
+no_alloc("the sliced integer step with rope cache for %d tokens" % len(TOKR), ranked)
+eq(list(gotr), wantr, "rope cache: the sliced step picks the whole step's tokens")
+eq(list(mr.logits), list(mw.logits), "rope cache: and gives the same last logits")
+eq(nrank[0], len(TOKR), "rope cache: one ranks unit a token at these few slots")
+
 # past att_slots slots the sliced step attends one pass of one head over ranges of blocks
 # (model.ATTH_SLOTS; lowered here to 2 slots, blocks of 2 tokens, so that 6 tokens take 3
 # ranges a pass): the same tokens and logits as the whole step, nothing allocated
