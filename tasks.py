@@ -72,9 +72,9 @@ def bench(c, name, json=False, model=None, tokenizer=None, prompt=None):
     if name in ("-h", "--help"):
         # invoke hands a flag typed where the positional NAME goes to the task as NAME:
         # the running program's own help for bench (./kv's or the installed kvrtos's)
-        from host import cli
+        from host import running
 
-        cli.print_task_help("bench")
+        running.print_task_help("bench")
         return
     try:
         if name.startswith("_"):

@@ -37,12 +37,33 @@ def named(model_arg):
     return None
 
 
-# (model path, tokenizer path) for what the user typed: a name (named()), or a path
-# that takes its tokenizer from beside it
+# (model path, tokenizer path) for what the user typed: "" is kvrtos-tiny, "stories260K"
+# is ../shared/models (named()), anything else a path (its tokenizer.bin or tok512.bin
+# beside it, unless tok_arg names one); a file that is not there: one line, exit 2. The
+# one resolver of model names and paths (generate, emulate, flash and the benchmarks)
 def resolve(model_arg, tok_arg=""):
-    from host import generate  # noqa: PLC0415 - the one resolver of model names and paths
+    from host import paths  # noqa: PLC0415
 
-    return generate.resolve(model_arg, tok_arg)
+    got = named(model_arg)
+    if got:
+        mp, tp = got
+    else:
+        mp = paths.user_path(model_arg)
+        tp = ""
+        for name in ("tokenizer.bin", "tok512.bin"):
+            cand = os.path.join(os.path.dirname(mp), name)
+            if os.path.isfile(cand):
+                tp = cand
+                break
+    if tok_arg:
+        tp = paths.user_path(tok_arg)
+    if not os.path.isfile(mp):
+        raise UserError("no model file %s" % mp, 2)
+    if not tp:
+        raise UserError("no tokenizer.bin or tok512.bin beside %s: give --tokenizer PATH" % mp, 2)
+    if not os.path.isfile(tp):
+        raise UserError("no tokenizer file %s" % tp, 2)
+    return mp, tp
 
 
 # the budget (host/budget.compute) under which model_path runs on board_name: the first

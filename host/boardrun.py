@@ -1,5 +1,5 @@
 # `kv generate --runtime board`: generation on the (virtual or real) board over its
-# serial port. The host enters the raw REPL (host/flash.connect: mpremote's transport,
+# serial port. The host enters the raw REPL (host/link.connect: mpremote's transport,
 # every read under a deadline), checks that the board holds the firmware and the
 # model asked for (sha256 of model.bin and tokenizer.bin against the local files: a
 # board without them is refused in one line naming the `kv flash --model` command),
@@ -10,11 +10,11 @@ import os
 import sys
 
 from firmware_py import decode
-from host import boards, flash, paths
+from host import boards, link, paths
 from host.errors import UserError
 
 SILENCE_S = 60.0  # s the board may stay silent: its boot (weights, tokenizer) and one token
-CONNECT_S = 15.0  # s for each try at the raw REPL (interrupt, soft reset, banner): flash's 10 s and a margin
+CONNECT_S = link.CONNECT_S  # s for each try at the raw REPL (link.connect_twice)
 _ERR = "DecodeError: "  # the board's one-line mistake, last line of its traceback
 
 
@@ -23,7 +23,7 @@ def port_of(port, board_name=paths.DEFAULT_BOARD):
     if port:
         return port
     b = boards.load(board_name)
-    p = flash.find_port(b)
+    p = link.find_port(b)
     if p is not None:
         return p
     # a virtual board of another profile (./kv flash --board B started it)
@@ -38,26 +38,6 @@ def port_of(port, board_name=paths.DEFAULT_BOARD):
             "%s on %s" % nq for nq in up), 2)
     raise UserError("no ESP32-S3 on USB and no virtual board running: start one (./kv vboard) and "
                     "./kv flash --model PATH, or give --port", 2)
-
-
-# the raw REPL on port (flash.connect: Ctrl-C, soft reset, banner), tried twice: a board
-# still rebooting (right after `kv flash` soft-reset it) can drop the interrupt that
-# starts the raw REPL. A board that answers neither try runs something Ctrl-C does not
-# stop, or is no MicroPython: the error says what to do (generate has no --timeout)
-def _connect(port):
-    try:
-        return flash.connect(port, CONNECT_S)
-    except UserError as e:
-        if "raw REPL" not in str(e):
-            raise
-    try:
-        return flash.connect(port, CONNECT_S)
-    except UserError as e:
-        if "no prompt within" not in str(e):
-            raise
-        raise UserError("no MicroPython raw REPL on %s: no prompt within %g s, twice (the board ignores Ctrl-C "
-                        "or runs no MicroPython): reset it (its reset button; a virtual board: ./kv vboard --stop, "
-                        "then start it again) and run this again" % (port, CONNECT_S)) from None
 
 
 # the Python the board runs: decode.run over model.bin / tokenizer.bin with the options
@@ -78,9 +58,9 @@ def run(port, mp, tp, prompt, n, opts, out=None, silence_s=SILENCE_S, board_name
 
     dst = out or sys.stdout.buffer
     port = port_of(port, board_name)
-    t = _connect(port)
+    t = link.connect_twice(port, CONNECT_S)
     try:
-        have = flash.device_hashes(t, ["firmware_py/decode.mpy", decode.MODEL_FILE, decode.TOKENIZER_FILE])
+        have = link.device_hashes(t, ["firmware_py/decode.mpy", decode.MODEL_FILE, decode.TOKENIZER_FILE])
         if have[0] is None:
             raise UserError("the board on %s has no kvrtos firmware: run ./kv flash --model %s first" % (port, _shown(mp)), 2)
         model_differs, tok_differs = have[1] != paths.sha256_file(mp), have[2] != paths.sha256_file(tp)
@@ -115,14 +95,14 @@ def run(port, mp, tp, prompt, n, opts, out=None, silence_s=SILENCE_S, board_name
 
         _, err = t.exec_raw(command(prompt, n, opts), timeout=None, data_consumer=consume)
     except (TransportError, serial.SerialException, OSError) as e:
-        flash._close(t)
-        if isinstance(e, flash.BoardSilent):
+        link.close(t)
+        if isinstance(e, link.BoardSilent):
             raise UserError("the board on %s sent nothing for %g s while generating" % (port, silence_s)) from None
         raise UserError("port %s vanished or stopped answering while generating [%s]" % (port, type(e).__name__)) from None
     except BaseException:
-        flash._close(t)
+        link.close(t)
         raise
-    flash._close(t)
+    link.close(t)
     err = err.decode("utf-8", "replace").strip()
     if err:
         last = err.splitlines()[-1]

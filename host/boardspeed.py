@@ -140,7 +140,7 @@ def repo(given=None):
 
 def _git(rep, *args):
     try:
-        r = subprocess.run(["git", "--git-dir", mp32._git_dir(rep)] + list(args), capture_output=True, timeout=120)
+        r = subprocess.run(["git", "--git-dir", mp32.git_dir(rep)] + list(args), capture_output=True, timeout=120)
     except FileNotFoundError:
         raise UserError("git is not installed; the published points' code is read with it", 1)
     except subprocess.TimeoutExpired:

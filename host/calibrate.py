@@ -3,7 +3,7 @@
 # figure marked measured with the port and the UTC date, so the emulator, the budget
 # and the sweeps use the user's own board instead of the estimates.
 #
-# The probe is sent as a script over the raw REPL (host/flash.connect: mpremote's
+# The probe is sent as a script over the raw REPL (host/link.connect: mpremote's
 # transport, every read under a deadline); it imports the flashed firmware (the kernels
 # it times are the firmware's own), so a board without it is refused with the
 # `./kv flash` command to run. The board's last line is one JSON object; anything else
@@ -26,7 +26,7 @@ import os
 
 from firmware_py import board as fw_board
 from firmware_py import cpucost
-from host import boards, flash, paths
+from host import boards, link, paths
 from host.errors import UserError
 
 PROBE = os.path.join(paths.FIRMWARE, "tools", "probe.py")
@@ -69,9 +69,9 @@ def probe_script(quick=False):
 
 
 def _connect(port, seconds):
-    # the raw REPL on port; the messages of flash.connect, with calibrate's own hint
+    # the raw REPL on port; the messages of link.connect, with calibrate's own hint
     try:
-        return flash.connect(port, seconds)
+        return link.connect(port, seconds)
     except UserError as e:
         if "no prompt within" in str(e):
             raise UserError("no MicroPython raw REPL on %s: no prompt within %g s (the board ignores Ctrl-C or runs no "
@@ -101,21 +101,21 @@ def run_probe(port, quick=False, out=None, answer_s=ANSWER_S):
                 out(text)
 
     try:
-        have = flash.device_hashes(t, list(NEEDS))
+        have = link.device_hashes(t, list(NEEDS))
         missing = [p for p, h in zip(NEEDS, have, strict=True) if h is None]
         if missing:
             raise UserError("the board on %s has no kvrtos firmware (no %s): the probe times the firmware's own kernels; "
                             "run ./kv flash --port %s first" % (port, missing[0], port), 2)
         _, err = t.exec_raw(probe_script(quick), timeout=None, data_consumer=consume)
     except (TransportError, serial.SerialException, OSError) as e:
-        flash._close(t)
-        if isinstance(e, flash.BoardSilent) and os.path.exists(port):
+        link.close(t)
+        if isinstance(e, link.BoardSilent) and os.path.exists(port):
             raise UserError("the board on %s sent nothing for %g s while probing: reset it and run this again" % (port, answer_s)) from None
         raise UserError("port %s vanished or stopped answering while probing [%s]" % (port, type(e).__name__)) from None
     except BaseException:
-        flash._close(t)
+        link.close(t)
         raise
-    flash._close(t)
+    link.close(t)
     if buf[0]:
         lines.append(buf[0].decode("utf-8", "replace").rstrip("\r"))
     err = err.decode("utf-8", "replace").strip()

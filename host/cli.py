@@ -8,17 +8,16 @@ import sys
 
 from invoke import Argument, Exit, ParseError, Program
 
-USAGE_EXIT = 2  # bad input, as docs/getting-started.md promises
-RUNNING = None  # the KvProgram now running (./kv's or kvrtos's): a task can print its own help
+from host import running
+
+USAGE_EXIT = running.USAGE_EXIT  # bad input, as docs/getting-started.md promises
 CHECKOUT_ONLY = ("test", "lint", "bench-docs")  # tasks over the repository's tests/, sources and docs/
 
 
 class KvProgram(Program):
     # invoke's Program with one-line, exit-2 parse errors and one task per command line
     def run(self, argv=None, exit=True):
-        import host.cli  # noqa: PLC0415 - ./kv runs this file as __main__: tasks.py sees host.cli's
-
-        host.cli.RUNNING = self
+        running.PROGRAM = self
         return super().run(argv, exit)
 
     def core_args(self):
@@ -68,16 +67,6 @@ class KvProgram(Program):
             super().parse_cleanup()
         except ParseError as e:
             raise Exit(explain(e, self.argv), code=USAGE_EXIT) from None
-
-
-def print_task_help(name):
-    # TASK --help of the running program (the one whose parser holds the task's flags);
-    # one line and exit 2 when no program runs (a task called from elsewhere)
-    prog = RUNNING
-    parser = getattr(prog, "parser", None)
-    if parser is None or name not in parser.contexts:
-        raise Exit("kv %s: no running ./kv program to print its help: run ./kv %s --help" % (name, name), code=USAGE_EXIT)
-    prog.print_task_help(name)
 
 
 def needs_checkout(name, task, binary):

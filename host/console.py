@@ -612,13 +612,13 @@ class State:
                 old = self.tasks.get(slot, {})
                 r["cpu_pct"] = 100.0 * rate if rate is not None else old.get("cpu_pct")
                 self.tasks[slot] = r
-            for row in _rows(f, "tier"):
+            for row in frame_rows(f, "tier"):
                 t = row["tier"]
                 r = dict(row, name=self.name("tier", t))
                 rate = self._rate(("tier", t), ms, row.get("kb", 0), tm.MS_WRAP)
                 r["mb_s"] = rate if rate is not None else self.tiers.get(t, {}).get("mb_s")  # kB/ms = MB/s
                 self.tiers[t] = r
-            for row in _rows(f, "bwcat"):
+            for row in frame_rows(f, "bwcat"):
                 key = (row["tier"], row["category"])
                 r = dict(row, name="%s/%s" % (self.name("tier", key[0]), self.name("cat", key[1])))
                 rate = self._rate(("bwcat",) + key, ms, row.get("kb", 0), tm.MS_WRAP)
@@ -650,7 +650,7 @@ class State:
         return " | ".join(parts)
 
 
-def _rows(f, name):
+def frame_rows(f, name):
     # the rows of a record that may appear once (a dict) or several times (a list under name + "s")
     rows = f.get(name + "s")
     if rows is not None:

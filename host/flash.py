@@ -11,28 +11,24 @@
 import ast
 import contextlib
 import hashlib
-import io
 import json
 import os
 import shlex
 import subprocess
 import sys
 import tempfile
-import time
 
 import serial
 
-from host import boardmodel, boards, monitor, paths, vboard
+from host import boardmodel, boards, link, paths, vboard
 from host.errors import UserError
 
 MANIFEST = "kvrtos_manifest.json"  # path -> sha256 of what the last good flash wrote
 CONFIG = "kvrtos.json"  # the application config on the board (firmware_py/serve.py CONFIG_FILE)
 CHUNK = 2048  # bytes per write through the raw REPL
-ANSWER_TIMEOUT = 10.0  # s the board may stay silent while an answer is due
 ESP_MAX_SEGMENTS = 16  # an ESP image header's segment count is at most this (esptool)
 MIN_IMAGE_BYTES = 64 * 1024  # a MicroPython image (bootloader, partition table, app) is far larger
 FIRMWARE_SHAPE = ("__init__.py", "app.py", "main.py")  # a --src folder without these is not the firmware
-_POLL_S = 0.05  # s one read of the port waits before the deadline is checked again
 # mpy native architectures by number (sys.implementation._mpy >> 10, .mpy header byte 2 >> 2)
 MPY_ARCHS = ("none", "x86", "x64", "armv6", "armv6m", "armv7m", "armv7em", "armv7emsp", "armv7emdp",
              "xtensa", "xtensawin", "rv32imc", "rv64imc")
@@ -40,28 +36,8 @@ MPY_ARCHS = ("none", "x86", "x64", "armv6", "armv6m", "armv7m", "armv7em", "armv
 # Runs on the device: its MicroPython version and the .mpy format it loads
 _MPY_PROBE = "import sys\nprint(repr((sys.implementation.version, getattr(sys.implementation, '_mpy', None))))\n"
 
-# Runs on the device: sha256 hex of each path in P (None when absent). Reads in
-# 512-byte chunks so a large file does not need its size in RAM.
-_HASH_SCRIPT = """
-import hashlib, binascii
-def _kvh(p):
-    try:
-        f = open(p, 'rb')
-    except OSError:
-        return None
-    h = hashlib.sha256()
-    b = bytearray(512)
-    m = memoryview(b)
-    while True:
-        n = f.readinto(b)
-        if not n:
-            break
-        h.update(m[:n])
-    f.close()
-    return binascii.hexlify(h.digest()).decode()
-print(repr([_kvh(p) for p in %r]))
-"""
 
+_HASH_SCRIPT = link.HASH_SCRIPT  # TEMPORARY: a running measurement reads it
 
 _REMOVE_SCRIPT = """
 import os
@@ -72,98 +48,12 @@ except OSError:
 """
 
 
-class BoardSilent(serial.SerialException):
-    # the board sent nothing for the answer timeout while an answer was due
-    pass
-
-
-class _Answering:
-    # a pyserial port whose reads give up after `timeout` s without a byte either way
-    # (mpremote reads with no deadline); OS errors become SerialException (port lost)
-    def __init__(self, ser, timeout):
-        ser.timeout = _POLL_S  # so a read returns to check the deadline
-        self.__dict__["ser"] = ser  # the pyserial port
-        self.__dict__["timeout"] = timeout  # s of silence allowed
-        self.__dict__["last"] = time.monotonic()  # when a byte last went either way
-        self.__dict__["until"] = None  # monotonic deadline for the whole exchange (raw-REPL entry), or None
-
-    # forward what is not wrapped (close, rts, dtr, is_open, ...) to the port
-    def __getattr__(self, name):
-        return getattr(self.ser, name)
-
-    # set attributes (rts, dtr, timeout) on the port itself, as mpremote expects
-    def __setattr__(self, name, value):
-        setattr(self.ser, name, value)
-
-    # raise BoardSilent once the board has been silent too long
-    def _due(self):
-        if time.monotonic() - self.last > self.timeout:
-            raise BoardSilent("no answer for %g s" % self.timeout)
-
-    # give the exchange that starts now `seconds` in all (None: no overall deadline)
-    def deadline(self, seconds):
-        self.__dict__["until"] = None if seconds is None else time.monotonic() + seconds
-
-    # raise BoardSilent once the whole exchange is past its deadline, even while bytes
-    # keep coming (a port that streams noise never goes silent)
-    def _overall(self):
-        if self.until is not None and time.monotonic() > self.until:
-            raise BoardSilent("no raw REPL prompt within %g s" % self.timeout)
-
-    # the port's own call, an OS error turned into SerialException (the port is gone)
-    def _call(self, fn, *args):
-        try:
-            return fn(*args)
-        except serial.SerialException:
-            raise
-        except OSError as e:
-            raise serial.SerialException("port failed: %s" % e) from None
-
-    # write bytes; restarts the answer clock
-    def write(self, data):
-        n = self._call(self.ser.write, data)
-        self.__dict__["last"] = time.monotonic()
-        return n
-
-    # n bytes, waiting at most the answer timeout between bytes
-    def read(self, n=1):
-        got = b""
-        while len(got) < n:
-            self._overall()
-            chunk = self._call(self.ser.read, n - len(got))
-            if chunk:
-                got += chunk
-                self.__dict__["last"] = time.monotonic()
-            else:
-                self._due()
-        return got
-
-    # bytes waiting; raises BoardSilent when none came for the answer timeout
-    def inWaiting(self):  # noqa: N802 (mpremote's name)
-        self._overall()
-        n = self._call(lambda: self.ser.in_waiting)
-        if n == 0:
-            self._due()
-        return n
-
-    # pyserial's modern name for inWaiting(), under the same deadline
-    @property
-    def in_waiting(self):
-        return self.inWaiting()
-
-
 class Artifact:
     # one file to put on the device
     def __init__(self, dest, data):
         self.dest = dest  # device path, relative to the board's filesystem root
         self.data = data  # bytes
         self.sha256 = hashlib.sha256(data).hexdigest()
-
-
-def is_virtual(port):
-    # True when port is a pseudo-terminal (the virtual board), not a USB serial device
-    real = os.path.realpath(port)
-    return real.startswith("/dev/pts/") or real.startswith("/dev/ttyp")
 
 
 def build(board, src=paths.FIRMWARE, virtual=False, march=None):
@@ -197,17 +87,6 @@ def build(board, src=paths.FIRMWARE, virtual=False, march=None):
                     out.append(Artifact(dest, f.read()))
     out.append(Artifact("board.json", json.dumps(board.raw, separators=(",", ":")).encode()))
     return out
-
-
-def usb_port(board):
-    # the first USB serial port with the profile's VID (0x303A for an ESP32-S3), or None
-    from serial.tools import list_ports
-
-    if board.usb_vid is not None:
-        for p in list_ports.comports():
-            if p.vid == board.usb_vid:
-                return p.device
-    return None
 
 
 def check_firmware_src(src):
@@ -277,68 +156,6 @@ def check_mpy(t, arts, port, answer=None):
                 "install a MicroPython that matches mpy-cross (./kv flash-firmware --bin FILE)"
                 % (port, ver, mpy_format(board_ver, board_feat), a.dest, mpy_format(ver_a, feat_a)))
     return ver, mpy
-
-
-def find_port(board):
-    # the board on USB, else the running virtual board, else None
-    return usb_port(board) or vboard.running_port(board.name)
-
-
-def connect(port, answer_timeout=ANSWER_TIMEOUT):
-    # an mpremote SerialTransport in raw REPL on port, every read under the answer
-    # timeout; UserError when the port is missing, busy or has no MicroPython on it
-    from mpremote.transport import TransportError
-    from mpremote.transport_serial import SerialTransport
-
-    monitor.check_port(port)
-    try:
-        t = SerialTransport(port, baudrate=115200)
-    except (TransportError, serial.SerialException, OSError) as e:
-        # mpremote says only "failed to access": ask pyserial why (busy: another holds its lock)
-        try:
-            serial.Serial(port, exclusive=True).close()
-        except (serial.SerialException, OSError) as why:
-            raise monitor.port_error(port, why, who="a monitor? mpremote?") from None
-        raise UserError("cannot open port %s: %s" % (port, str(e).strip() or type(e).__name__)) from None
-    t.serial = _Answering(t.serial, answer_timeout)
-    try:
-        # soft reset on the way in, as mpremote does: a running firmware (and the KV arena
-        # it allocated) is gone, so the copy has the whole heap to work in; mpremote
-        # prints what it got on failure: our one line says it instead
-        # the whole entry (interrupt, soft reset, banner) within the answer timeout
-        # (mpremote checks its own timeouts only while nothing arrives: noise never ends it)
-        t.serial.deadline(answer_timeout)
-        with contextlib.redirect_stdout(io.StringIO()):
-            t.enter_raw_repl(soft_reset=True, timeout_overall=answer_timeout)
-        t.serial.deadline(None)
-    except (TransportError, serial.SerialException, OSError) as e:
-        _close(t)
-        if not os.path.exists(port):
-            raise UserError("port %s vanished while entering the raw REPL" % port) from None
-        if isinstance(e, BoardSilent) or "could not enter raw repl" in str(e):
-            raise UserError("no MicroPython raw REPL on %s: no prompt within %g s (--timeout)" % (port, answer_timeout)) from None
-        raise UserError("no MicroPython raw REPL on %s (%s)" % (port, str(e).strip() or type(e).__name__)) from None
-    return t
-
-
-def _close(t):
-    # close a transport whose port may already be gone
-    try:
-        t.close()
-    except Exception:
-        pass
-
-
-def device_hashes(t, dests):
-    # sha256 hex (or None) of each device path, computed on the device
-    out = t.exec(_HASH_SCRIPT % (list(dests),)).decode("utf-8", "replace").strip()
-    try:
-        got = ast.literal_eval(out.splitlines()[-1])
-    except (ValueError, SyntaxError, IndexError):
-        got = None
-    if not isinstance(got, list) or len(got) != len(dests):
-        raise UserError("the board's answer to the sha256 query was not understood: %r" % out[-80:])
-    return got
 
 
 def _ensure_dirs(t, dests):
@@ -564,7 +381,7 @@ def _has_tasks(config):
 
 
 def flash(port=None, board_name=paths.DEFAULT_BOARD, src=paths.FIRMWARE, out=print, reset=True, keep_open=False,
-          answer_timeout=ANSWER_TIMEOUT, model=None, tokenizer="", config=None, weights="int8"):
+          answer_timeout=link.ANSWER_TIMEOUT, model=None, tokenizer="", config=None, weights="int8"):
     # flash the firmware (and with model, a checkpoint and its tokenizer: host/boardmodel.py;
     # with config, an application config as kvrtos.json and its modules: config_files);
     # returns a summary dict (and the open serial port when keep_open)
@@ -587,17 +404,17 @@ def flash(port=None, board_name=paths.DEFAULT_BOARD, src=paths.FIRMWARE, out=pri
                fit["max_tokens"], fit["kv_dtype"], fit["decode_tokens"],
                "the model's context" if fit["limited_by"] == "context" else "the KV budget"))
     if port is None:
-        port = find_port(board)
+        port = link.find_port(board)
         if port is None:
             out("flash: no ESP32-S3 on USB and no virtual board running; starting one")
             h = vboard.start(board_name, detach=True)  # a profile path starts that profile
             port = h.port
             out("flash: the virtual %s keeps running on %s (./kv vboard --board %s --stop stops it)"
                 % (board.name, port, board_name))
-    virtual = is_virtual(port)
+    virtual = link.is_virtual(port)
     # built before the port is opened (a virtual board just started finishes its main.py meanwhile)
     arts = build(board, src, virtual=virtual) + [Artifact(dest, data) for dest, data in model_files + extra]
-    t = connect(port, answer_timeout)
+    t = link.connect(port, answer_timeout)
     copied = skipped = 0
     copied_bytes = skipped_bytes = 0
     current = None
@@ -617,7 +434,7 @@ def flash(port=None, board_name=paths.DEFAULT_BOARD, src=paths.FIRMWARE, out=pri
                 % (8 * word, vfit["max_tokens"], vfit["kv_dtype"]))
         check_mpy(t, arts, port, answer)
         current = "while hashing its files"
-        have = device_hashes(t, [a.dest for a in arts])
+        have = link.device_hashes(t, [a.dest for a in arts])
         todo = [a for a, h in zip(arts, have, strict=True) if h != a.sha256]
         for a, h in zip(arts, have, strict=True):
             if h == a.sha256:
@@ -630,7 +447,7 @@ def flash(port=None, board_name=paths.DEFAULT_BOARD, src=paths.FIRMWARE, out=pri
             current = "while writing %s" % a.dest
             part = a.dest + ".part"
             t.fs_writefile(part, a.data, chunk_size=CHUNK)
-            (got,) = device_hashes(t, [part])
+            (got,) = link.device_hashes(t, [part])
             if got != a.sha256:
                 raise UserError("verify failed for %s: device has %s, expected %s" % (a.dest, got, a.sha256))
             t.exec(_REMOVE_SCRIPT % a.dest + "os.rename(%r, %r)\n" % (part, a.dest))  # install the verified file
@@ -638,7 +455,7 @@ def flash(port=None, board_name=paths.DEFAULT_BOARD, src=paths.FIRMWARE, out=pri
             copied_bytes += len(a.data)
             out("  copy  %-34s %7d B" % (a.dest, len(a.data)))
         current = "while verifying"
-        final = device_hashes(t, [a.dest for a in arts])
+        final = link.device_hashes(t, [a.dest for a in arts])
         bad = [a.dest for a, h in zip(arts, final, strict=True) if h != a.sha256]
         if bad:
             raise UserError("verify failed after copying: %s" % ", ".join(bad))
@@ -663,12 +480,12 @@ def flash(port=None, board_name=paths.DEFAULT_BOARD, src=paths.FIRMWARE, out=pri
         else:
             t.close()
     except (TransportError, serial.SerialException, OSError, UserError) as e:
-        _close(t)
+        link.close(t)
         if isinstance(e, UserError):
             raise
         where = current or "during the flash"
         done = " (%d of %d changed files written)" % (copied, len(todo)) if todo else ""
-        if isinstance(e, BoardSilent) and os.path.exists(port):
+        if isinstance(e, link.BoardSilent) and os.path.exists(port):
             raise UserError("the board on %s stopped answering %s: nothing for %g s%s; reset it and run flash again"
                             % (port, where, answer_timeout, done)) from None
         if isinstance(e, TransportExecError) or (isinstance(e, OSError) and not isinstance(e, serial.SerialException)):
@@ -731,7 +548,7 @@ def flash_firmware(bin_path, port=None, erase=False, board_name=paths.DEFAULT_BO
     check_esp_image(bin_path)
     board = boards.load(board_name)
     if port is None:
-        port = usb_port(board)
+        port = link.usb_port(board)
         if port is None and not dry_run:
             raise UserError("no ESP32-S3 found on USB (VID 0x%04X); plug one in or pass --port" % (board.usb_vid or 0))
     elif not dry_run and not os.path.exists(port):

@@ -11,7 +11,7 @@ import sys
 
 from firmware_py import decode, kv, llama2c, tokenizer
 from firmware_py import model as fw_model
-from host import boards, interp, paths
+from host import boardmodel, boards, interp, paths
 from host.errors import UserError
 
 TINY = os.path.join(paths.ROOT, "models", "kvrtos-tiny")  # the committed default model
@@ -19,31 +19,8 @@ RUNTIMES = ("cpython", "micropython", "board")
 ENTRY = os.path.join("firmware_py", "tools", "generate.py")  # the board-side entry (unix port)
 
 
-# (model path, tokenizer path) for what the user typed: "" is kvrtos-tiny, "stories260K"
-# is ../shared/models, anything else a path (its tokenizer.bin or tok512.bin beside it)
-def resolve(model_arg, tok_arg):
-    from host import boardmodel  # noqa: PLC0415 - the model names (kvrtos-tiny, stories260K)
-
-    named = boardmodel.named(model_arg)
-    if named:
-        mp, tp = named
-    else:
-        mp = paths.user_path(model_arg)
-        tp = ""
-        for name in ("tokenizer.bin", "tok512.bin"):
-            cand = os.path.join(os.path.dirname(mp), name)
-            if os.path.isfile(cand):
-                tp = cand
-                break
-    if tok_arg:
-        tp = paths.user_path(tok_arg)
-    if not os.path.isfile(mp):
-        raise UserError("no model file %s" % mp, 2)
-    if not tp:
-        raise UserError("no tokenizer.bin or tok512.bin beside %s: give --tokenizer PATH" % mp, 2)
-    if not os.path.isfile(tp):
-        raise UserError("no tokenizer file %s" % tp, 2)
-    return mp, tp
+# (model path, tokenizer path) for what the user typed: host/boardmodel.resolve
+resolve = boardmodel.resolve
 
 
 # a whole number from text in lo..hi, or a one-line UserError naming the flag

@@ -138,7 +138,7 @@ def _serve_boot(interp, word, path, model, tok, board, context):
     import subprocess  # noqa: PLC0415
     import tempfile  # noqa: PLC0415
 
-    from host import flash  # noqa: PLC0415
+    from host import flash, link  # noqa: PLC0415
 
     brd = boards.load(board)
     heap = brd.mpy_heap
@@ -161,7 +161,7 @@ def _serve_boot(interp, word, path, model, tok, board, context):
         shutil.copyfile(SERVEPROBE, os.path.join(d, "serveprobe.py"))
         shutil.copyfile(SERVEFILL, os.path.join(d, "servefill.py"))
         with open(os.path.join(d, "repl.txt"), "w") as f:  # what ./kv monitor --start asks before it starts serve
-            f.write(flash._HASH_SCRIPT % (["firmware_py/serve.mpy", "firmware_py/telemetry.mpy"],))
+            f.write(link.HASH_SCRIPT % (["firmware_py/serve.mpy", "firmware_py/telemetry.mpy"],))
         figs = []
         for via in VIAS:
             where = "%s %s via %s" % (board, context, via)

@@ -22,6 +22,7 @@ import time
 import serial
 
 from host import console as con
+from host import link
 from host.errors import UserError
 
 RETRY_S = 0.2  # how often a lost port is looked for again
@@ -66,15 +67,6 @@ def pattern_of(until):
         raise UserError("--until %s is not a valid regular expression: %s" % (shown, e), 2) from None
 
 
-def kind_of(mode):
-    # what a path with this st_mode is, in words: "a FIFO (named pipe)", "a folder", ...
-    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISCHR, "a character device"), (stat.S_ISREG, "a regular file")):
-        if test(mode):
-            return name
-    return "not a file"
-
-
 def check_log(path, opt="--log"):
     # path, when a log can be appended there; else a one-line UserError saying why not.
     # A regular file or a character device (/dev/null, a terminal) may be a log; a FIFO
@@ -82,7 +74,7 @@ def check_log(path, opt="--log"):
     if os.path.exists(path) and not os.path.isdir(path):
         mode = os.stat(path).st_mode
         if not (stat.S_ISREG(mode) or stat.S_ISCHR(mode)):
-            raise UserError("%s %s is %s; give a regular file to append to" % (opt, path, kind_of(os.stat(path).st_mode)), 2)
+            raise UserError("%s %s is %s; give a regular file to append to" % (opt, path, link.kind_of(os.stat(path).st_mode)), 2)
     if os.path.isdir(path):
         raise UserError("%s %s is a folder; give a file to append to" % (opt, path), 2)
     folder = os.path.dirname(path) or "."
@@ -93,33 +85,13 @@ def check_log(path, opt="--log"):
     return path
 
 
-def check_port(port):
-    # port, when it names a character device; else a one-line UserError (code 2)
-    if not os.path.exists(port):
-        raise UserError("no serial port at %s" % port, 2)
-    mode = os.stat(port).st_mode
-    if not stat.S_ISCHR(mode):
-        raise UserError("%s is not a serial port: it is %s" % (port, kind_of(mode)), 2)
-    return port
-
-
-def port_error(port, e, who="flash? mpremote? a monitor?"):
-    # the UserError for a port pyserial could not open: busy (another program holds its
-    # lock) or the OS's own reason
-    msg = str(e)
-    if "lock" in msg.lower():
-        return UserError("port %s is busy: another program (%s) has it open" % (port, who))
-    why = getattr(e, "strerror", None) or msg.strip().splitlines()[-1] if msg.strip() else type(e).__name__
-    return UserError("cannot open port %s: %s" % (port, why))
-
-
 def open_port(port, baud=115200):
     # a pyserial port opened exclusively; UserError naming the problem when it cannot be
-    check_port(port)
+    link.check_port(port)
     try:
         return _open(port, baud)
     except serial.SerialException as e:
-        raise port_error(port, e) from None
+        raise link.port_error(port, e) from None
 
 
 def _open_log(path):
@@ -134,7 +106,7 @@ def _open_log(path):
     mode = os.fstat(fd).st_mode
     if not (stat.S_ISREG(mode) or stat.S_ISCHR(mode)):
         os.close(fd)
-        raise UserError("--log %s is %s; give a regular file to append to" % (path, kind_of(mode)), 2)
+        raise UserError("--log %s is %s; give a regular file to append to" % (path, link.kind_of(mode)), 2)
     os.set_blocking(fd, True)
     return open(fd, "a", encoding="utf-8", errors="surrogateescape")
 
@@ -539,13 +511,11 @@ def start_serve(port, link_bps=0, out=print, opts=None):
     # running (the port is closed again for the monitor); UserError when it cannot be.
     # The raw REPL as generate --runtime board enters it: two tries (a board still
     # rebooting after ./kv flash may drop the first Ctrl-C), then a line that says to
-    # reset the board (flash.connect's own hint names flash's --timeout, and monitor's
+    # reset the board (link.connect's own hint names flash's --timeout, and monitor's
     # --timeout is how long to watch, not how long the board may stay silent)
-    from host import boardrun, flash
-
-    t = boardrun._connect(port)
+    t = link.connect_twice(port, link.CONNECT_S)
     try:
-        have = flash.device_hashes(t, ["firmware_py/serve.mpy", "firmware_py/telemetry.mpy"])
+        have = link.device_hashes(t, ["firmware_py/serve.mpy", "firmware_py/telemetry.mpy"])
         if None in have:
             raise UserError("the board on %s has no telemetry firmware (firmware_py/serve): run ./kv flash first" % port, 2)
         # the decode options go to serve.main itself, so that its boot (before the kernel
@@ -557,7 +527,7 @@ def start_serve(port, link_bps=0, out=print, opts=None):
         args = ", ".join("%s=%r" % (k, kw[k]) for k in sorted(kw))
         t.exec_raw_no_follow("from firmware_py import serve\nserve.main(%s)\n" % args)
     finally:
-        flash._close(t)
+        link.close(t)
     out("monitor: started firmware_py.serve on %s" % port)
 
 
@@ -597,13 +567,12 @@ def main(port=None, board=None, log=None, until=None, timeout=None, jsonl=None, 
             raise UserError("--replay %s: no such file" % replay, 2)
     elif port is None:
         from host import boards
-        from host.flash import find_port
 
-        port = find_port(boards.load(board))
+        port = link.find_port(boards.load(board))
         if port is None:
             raise UserError("no ESP32-S3 on USB and no virtual board running (start one: ./kv vboard)", 2)
     if replay is None:
-        check_port(port)
+        link.check_port(port)
     out = out if out is not None else sys.stdout
     view = "plain" if plain or as_json else "auto"
     m = Monitor(port or replay, log_path=log, out=out if not as_json else sys.stderr, jsonl_path=jsonl,

@@ -141,7 +141,7 @@ def tree_at(repo, ref):
         raise UserError("no MicroPython git repository at %s (pass --repo DIR: a clone of micropython/micropython)" % repo, 2)
     def git(*a, **kw):
         try:
-            return subprocess.run(["git", "--git-dir", _git_dir(repo)] + list(a), capture_output=True, timeout=300, **kw)
+            return subprocess.run(["git", "--git-dir", git_dir(repo)] + list(a), capture_output=True, timeout=300, **kw)
         except FileNotFoundError:
             raise UserError("git is not installed; building a tagged MicroPython needs it", 1)
     if git("rev-parse", "--git-dir").returncode != 0:
@@ -183,7 +183,7 @@ def tree_at(repo, ref):
     return out
 
 
-def _git_dir(repo):
+def git_dir(repo):
     # the git directory of a clone (repo/.git: a folder, or a file naming it in a worktree or
     # submodule) or of a bare mirror (repo itself)
     g = os.path.join(repo, ".git")

@@ -27,7 +27,7 @@ import os
 import sys
 
 from host import paths
-from host.console import _rows
+from host.console import frame_rows
 from host.errors import UserError
 
 PID = 1  # the board's process in the trace
@@ -287,11 +287,11 @@ def build(frames):
             h = f.get("heap")
             if h:
                 ev.append({"ph": "C", "name": "heap bytes", "pid": PID, "ts": us, "args": {"free": h.get("free", 0)}})
-            for s in _rows(f, "seq"):
+            for s in frame_rows(f, "seq"):
                 ev.append({"ph": "C", "name": "kv seq %d" % s["slot"], "pid": PID, "ts": us,
                            "args": {"cached": s.get("cached", 0), "length": s.get("length", 0), "blocks": s.get("blocks", 0)}})
                 series["seq"].append((t, s))
-            for r in _rows(f, "tier"):
+            for r in frame_rows(f, "tier"):
                 tier = r["tier"]
                 kb = r.get("kb", 0)
                 pv = prev_tier.get(tier)
@@ -308,7 +308,7 @@ def build(frames):
             tp = f.get("temp")
             if tp:
                 ev.append({"ph": "C", "name": "temperature C", "pid": PID, "ts": us, "args": {"C": tp.get("deci_c", 0) / 10.0}})
-            for r in _rows(f, "task"):
+            for r in frame_rows(f, "task"):
                 slot = r["slot"]
                 run = r.get("run_ms", 0)
                 pv = prev_task.get(slot)

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from host import boards, flash, paths
+from host import boards, flash, link, paths
 from host.errors import UserError
 from vboard_util import fs_path, kv, one_line_error, start
 
@@ -34,9 +34,9 @@ def test_first_flash_copies_all_second_nothing_changed_file_only(tmp_path):
         s1 = flash.flash(port=vb.port, src=str(src), out=quiet, reset=False)
         assert s1["copied"] == len(arts) and s1["skipped"] == 0
         # the device's own sha256 of every file matches the build, and so do the bytes on its filesystem
-        t = flash.connect(vb.port)
+        t = link.connect(vb.port)
         try:
-            assert flash.device_hashes(t, [a.dest for a in arts]) == [a.sha256 for a in arts]
+            assert link.device_hashes(t, [a.dest for a in arts]) == [a.sha256 for a in arts]
         finally:
             t.close()
         for a in arts:
