@@ -189,7 +189,9 @@ class Meter:
     # token_ns at its KV length: every figure of layer_ns and final_ns, each charged where
     # the step does that work; the fixed costs spread over the step's matvec dispatches
     # (layer_mcyc over its layer's seven, token_mcyc over all 7 x layers + 1). Sampling
-    # (vocab x sample_el_mcyc) is charged only for a token that is sampled. Runs on
+    # (vocab x sample_el_mcyc) is charged only for a token that is sampled; the integer
+    # path's rope "cache" ranks (U_RANK) on top, at the elementwise figure (token_ns has
+    # no figure for them). Runs on
     # CPython (big ints): the emulator's; a board slices by its own clock
     def __init__(self, cost, kernel, slice_us):
         from firmware_py.model import Slicer  # noqa: PLC0415 - the emulator's only

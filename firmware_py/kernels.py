@@ -224,8 +224,8 @@ class Plain:
         for i in range(i0, i1):
             x[i] += y[i]
 
-    # rope over pairs p0 .. p1 - 1 of v's `heads` heads (pair p: head p // (D/2), index
-    # p % (D/2)); a sliced step's units, the same floats as rope(); O(p1 - p0)
+    # rope over pairs p0 .. p1 - 1 of v's heads (pair p: head p // (D/2), index p % (D/2));
+    # a sliced step's units, the same floats as rope(); O(p1 - p0)
     def rope_part(self, v, p0, p1):
         cs = self.cs
         sn = self.sn

@@ -827,7 +827,8 @@ def ranks_v(ranks, pos, arena, bases, nblk: int, t: int, nslot: int, j0: int, j1
     # for every filled slot j (header != 0) in j0 .. j1 - 1 of the nblk blocks at byte
     # offsets bases: ranks[j] = how many filled slots hold an older position (pos: one int
     # per slot, the slots' positions, gathered when j0 == 0: a step's parts run j0 = 0
-    # first); returns the filled slots of all nslot. O(nslot x (j1 - j0) + nslot), no allocation
+    # first); returns the filled slots of all nslot at the last part (j1 == nslot), else 0.
+    # O(nslot x (j1 - j0)), plus O(nslot) in the first and the last part; no allocation
     pr = ptr32(ranks)
     pp = ptr32(pos)
     pa = ptr32(arena)
@@ -844,11 +845,12 @@ def ranks_v(ranks, pos, arena, bases, nblk: int, t: int, nslot: int, j0: int, j1
                 r += 1
             k += 1
     n = 0
-    j = 0
-    while j < nslot:
-        if int(pp[j]) != 0:
-            n += 1
-        j += 1
+    if j1 == nslot:  # the last part counts the filled slots (the others return 0)
+        j = 0
+        while j < nslot:
+            if int(pp[j]) != 0:
+                n += 1
+            j += 1
     j = j0
     while j < j1:
         pj = int(pp[j])
@@ -865,7 +867,7 @@ def ranks_v(ranks, pos, arena, bases, nblk: int, t: int, nslot: int, j0: int, j1
     return n
 
 
-# twin of ranks_v; O(nslot x (j1 - j0) + nslot)
+# twin of ranks_v
 def ranks_py(ranks, pos, arena, bases, nblk, t, nslot, j0, j1):
     if j0 == 0:
         j = 0
@@ -879,7 +881,7 @@ def ranks_py(ranks, pos, arena, bases, nblk, t, nslot, j0, j1):
     for j in range(j0, j1):
         if hdr[j]:
             ranks[j] = sum(1 for p in hdr if p and p < hdr[j])
-    return sum(1 for p in hdr if p)
+    return sum(1 for p in hdr if p) if j1 == nslot else 0
 
 
 @micropython.viper

@@ -43,8 +43,9 @@ U_RANK = const(12)  # a comparisons of the slots' positions (the integer path's 
 U_COLS = const(11)  # a columns of one matvec row (the plain path's unit where a row is more than one); b 1: the row's last
 U_ATTH = const(10)  # attention over a head-slot-passes (one head: 2 x slots; one pass of a range: its slots, the exp pass 0)
 SLICE = const(1)  # what a step yields when its slice is spent (a layer's end yields None)
-# units of the plain (bytecode) path: one matvec row, one attention slot (per pass);
-# of the integer path (qmodel.QForward, viper): Q8_UNIT_MACS multiply-adds of rows
+# units of the plain (bytecode) path: PLAIN_MACS multiply-adds of a matvec, PLAIN_EL
+# elements, one attention slot (per pass); of the integer path (qmodel.QForward, viper):
+# Q8_UNIT_MACS multiply-adds of rows
 PLAIN_MACS = const(32)  # multiply-adds of a matvec per unit (rows of cols <= 32, else 32 columns of a row)
 PLAIN_EL = const(32)  # elements per unit of elementwise work (rmsnorm's two passes, adds, SiLU, RoPE: half as many pairs)
 PLAIN_SLOTS = const(1)
@@ -90,7 +91,7 @@ class Slicer:
         if self.us <= 0:
             return False
         d = ticks_diff(self.now(), self.k.t0)
-        if not self.call_us or not self.row_us:  # no matvec timed yet: the first one starts a slice
+        if not self.row_macs:  # no matvec unit timed yet: the first one starts a slice
             return d > 0
         return d > 0 and d + self.call_us + self.row_us >= self.us
 
@@ -611,6 +612,8 @@ class Model:
                 yield from self._el(3, q, None, 0, sl)
                 if absolute:
                     yield from self._el(3, kv, None, 0, sl)
+                elif sl.step(U_ROPE, kvd, 0):  # rope "cache": the key's turn is at attention; priced here, as before
+                    yield SLICE
             else:
                 k.rope(q, cfg.n_heads)
                 if absolute:

@@ -359,7 +359,6 @@ class QForward:
                     c.add_score(h, j, s)
         return self.status
 
-    # the whole step without yielding: begin, every layer, finish; the status. No allocation
     # the query's RoPE row at position (rank) qpos; E_RANGE (self.status set) past the tables
     def qrope(self, qpos):
         if K.rope_row(self.cs_q, self.rope_lo, self.rope_hi, ROPE_HI, qpos, self.cfg.seq_len, self.cfg.head_dim // 2,
@@ -368,6 +367,7 @@ class QForward:
             return E_RANGE
         return 0
 
+    # the whole step without yielding: begin, every layer, finish; the status. No allocation
     def step(self, h, token, pos):
         if self.begin(h, token, pos) < 0:
             return self.status

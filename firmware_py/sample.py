@@ -125,6 +125,8 @@ class Sampler:
     def run(self, logits, fb, most):
         n = self.vocab_size
         self.el = 0
+        if most < 1:  # at least one step: a part always makes progress
+            most = 1
         if self.ph == 0:
             i = self.i
             e = i + most if most < n - i else n

@@ -37,7 +37,6 @@ MPY_ARCHS = ("none", "x86", "x64", "armv6", "armv6m", "armv7m", "armv7em", "armv
 _MPY_PROBE = "import sys\nprint(repr((sys.implementation.version, getattr(sys.implementation, '_mpy', None))))\n"
 
 
-_HASH_SCRIPT = link.HASH_SCRIPT  # TEMPORARY: a running measurement reads it
 
 _REMOVE_SCRIPT = """
 import os

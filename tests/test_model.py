@@ -631,3 +631,41 @@ def test_budget_too_small_is_one_line_on_micropython(tmp_path):
                      args=TINY_ARGS + ["--tokens", "4", "--heap", str(no_block)])
     assert r.returncode == 2 and r.stderr.strip().startswith("generate: the KV budget is too small"), r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stdout + r.stderr
+
+
+def test_the_plain_sliced_step_reports_the_same_rope_work_in_both_modes():
+    # the emulator prices RoPE by the elements the sliced step reports (U_ROPE): rope
+    # "cache" turns the key at attention, but its work is reported with the query's, as
+    # absolute's is, so a token costs the same in both modes (the key's share was lost)
+    from firmware_py import kv, llama2c, pool
+    from firmware_py.model import U_ROPE, Model, Slicer
+    from firmware_py.sched import Kernel
+
+    w = llama2c.load(os.path.join(TINY, "model.bin"))
+    cfg = w.cfg
+    seen = {}
+    for rope in ("absolute", "cache"):
+        lay = kv.Layout(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, "fp32")
+        p = pool.Pool(lay.block_bytes, 4)
+        c = kv.KVCache(p, lay)
+        h = c.open(p.add_region(4))
+        m = Model(w, c, "plain", rope)
+        k = Kernel(verbose=False)
+        got = [0]
+
+        class Counting(Slicer):
+            def step(self, kind, a, b, got=got):
+                if kind == U_ROPE:
+                    got[0] += a
+                return Slicer.step(self, kind, a, b)
+
+        def task(k=k, m=m, h=h):
+            m.slicer = Counting(k, 1)
+            for pos in range(3):
+                for _ in m.forward(h, pos + 1, pos):
+                    yield
+
+        k.spawn("t", 1, task())
+        k.run()
+        seen[rope] = got[0]
+    assert seen["absolute"] == seen["cache"] == 3 * cfg.n_layers * (cfg.dim + cfg.kv_dim), seen
