@@ -24,8 +24,10 @@ class KvTask(invoke.Task):
 
 
 def task(*args, **kwargs):
-    # invoke.task with KvTask
+    # invoke.task with KvTask; long flags only (invoke makes a short flag of each option's
+    # first letter: -t was --tokens in budget, --tokenizer in emulate and --timeout in flash)
     kwargs.setdefault("klass", KvTask)
+    kwargs.setdefault("auto_shortflags", False)
     return invoke.task(*args, **kwargs)
 
 
