@@ -25,10 +25,10 @@ GC_BLOCKS = 2  # + this many GC blocks per part: the rounding of the largest liv
 GC_HEADROOM = {"q8": 4096, "plain": 32768}
 
 TABLE = {
-    (4, "q8"): {"decode": (3072, 256), "telemetry": (6144, 1024), "tasks": (2304, 1792)},
-    (4, "plain"): {"decode": (3072, 0), "telemetry": (6144, 1024), "tasks": (2304, 1792)},
-    (8, "q8"): {"decode": (7168, 1024), "telemetry": (9216, 1792), "tasks": (2048, 1536)},
-    (8, "plain"): {"decode": (7680, 0), "telemetry": (9216, 1792), "tasks": (2048, 1536)},
+    (4, "q8"): {"decode": (3072, 256), "telemetry": (6656, 1024), "tasks": (1280, 768)},
+    (4, "plain"): {"decode": (4096, 1024), "telemetry": (6656, 1024), "tasks": (1280, 768)},
+    (8, "q8"): {"decode": (7168, 1024), "telemetry": (9472, 1024), "tasks": (1536, 1024)},
+    (8, "plain"): {"decode": (7168, 512), "telemetry": (9472, 1024), "tasks": (1536, 1024)},
 }
 # What the boot measures, for the calculator to predict it (decode.predict_boot): per word
 # size, path and context, "residual": the firmware's own heap before the model's run state
@@ -42,10 +42,10 @@ TABLE = {
 # the board's files in one folder, .mpy modules, main.py's boot report, then serve.main),
 # "serve+tasks" the same with a config's tasks (voice-assistant's) in kvrtos.json
 FOOTPRINT = {
-    (4, "q8"): {"decode": {"residual": (284064, 608), "holes": (15838, 471), "model_extra": (5356, 4)}, "serve": {"residual": (341712, 512), "holes": (15065, 535), "model_extra": (5344, 0)}, "serve+tasks": {"residual": (372928, 512), "holes": (12469, 130), "model_extra": (5344, 0)}},
-    (4, "plain"): {"decode": {"residual": (266240, 656), "holes": (11087, 167), "model_extra": (992, 0)}, "serve": {"residual": (324064, 624), "holes": (36507, 12313), "model_extra": (992, 0)}, "serve+tasks": {"residual": (355360, 640), "holes": (20275, 3392), "model_extra": (992, 0)}},
-    (8, "q8"): {"decode": {"residual": (417952, 608), "holes": (13380, 2239), "model_extra": (10628, 28)}, "serve": {"residual": (496416, 640), "holes": (12687, 331), "model_extra": (10600, 0)}, "serve+tasks": {"residual": (535392, 608), "holes": (11292, 420), "model_extra": (10600, 0)}},
-    (8, "plain"): {"decode": {"residual": (395744, 736), "holes": (11066, 1163), "model_extra": (2080, 0)}, "serve": {"residual": (474464, 640), "holes": (10513, 260), "model_extra": (2080, 0)}, "serve+tasks": {"residual": (513408, 672), "holes": (9878, 79), "model_extra": (2080, 0)}},
+    (4, "q8"): {"decode": {"residual": (287664, 464), "holes": (16490, 832), "model_extra": (5352, 8)}, "serve": {"residual": (345536, 688), "holes": (14700, 619), "model_extra": (5344, 0)}, "serve+tasks": {"residual": (376656, 640), "holes": (12463, 28), "model_extra": (5344, 0)}},
+    (4, "plain"): {"decode": {"residual": (269360, 720), "holes": (10869, 578), "model_extra": (992, 0)}, "serve": {"residual": (327344, 640), "holes": (36706, 18651), "model_extra": (992, 0)}, "serve+tasks": {"residual": (358512, 560), "holes": (20065, 2916), "model_extra": (992, 0)}},
+    (8, "q8"): {"decode": {"residual": (422112, 736), "holes": (14065, 1124), "model_extra": (10604, 4)}, "serve": {"residual": (500608, 640), "holes": (12492, 1130), "model_extra": (10600, 0)}, "serve+tasks": {"residual": (539776, 640), "holes": (12611, 988), "model_extra": (10600, 0)}},
+    (8, "plain"): {"decode": {"residual": (399328, 672), "holes": (10864, 371), "model_extra": (2080, 0)}, "serve": {"residual": (478176, 608), "holes": (10440, 389), "model_extra": (2080, 0)}, "serve+tasks": {"residual": (517088, 608), "holes": (9794, 1033), "model_extra": (2080, 0)}},
 }
 VOCAB = 512  # vocabulary of the model the footprints were measured with
 # bytes the calculator takes off the free heap and again off its largest piece beyond the
@@ -54,7 +54,7 @@ VOCAB = 512  # vocabulary of the model the footprints were measured with
 # scripts collected their imports' garbage as it came); kept below one int8 block of
 # stories260K (7,808 B) so the boot stays within one block of the prediction
 ALLOWANCE = 2048
-SOURCE = "./kv heapmargin --write on 2026-12-06 (esp32s3_n4r2 heap, draws t=0.0, t=0.8, 8 layouts; the float path: its decode greedy, 2 layouts, the other parts the integer path's; + 512 B for the layouts not tried)"  # the command and date of the figures
+SOURCE = "./kv heapmargin --write on 2026-12-07 (esp32s3_n4r2 heap, draws t=0.0, t=0.8, 8 layouts; the float path: its decode greedy, 2 layouts, the other parts the integer path's; + 512 B for the layouts not tried)"  # the command and date of the figures
 # what runs after the boot in each context: the parts of the margin it keeps
 CONTEXTS = {"decode": ("decode",), "serve": ("decode", "telemetry"), "serve+tasks": ("decode", "telemetry", "tasks")}
 
