@@ -830,7 +830,7 @@ def _verdict(rep, n):
     out["holder"] = holder
     out["holder_max_slice_us"] = hold
     # tasks that held the CPU longer than the slice bound, by name (the decode passes it only
-    # by a unit it cannot split: a temperature draw, a bytecode path's unit)
+    # by a unit it cannot split: the float path's attention slot, a bound below a unit's time)
     over = {name: d["max_slice_us"] for name, d in tasks.items() if n["slice_us"] and d["max_slice_us"] > n["slice_us"]}
     out["overran"] = over
     if out["ok"]:
@@ -839,6 +839,8 @@ def _verdict(rep, n):
         if over:
             out["line"] += "; over the bound: %s" % ", ".join(
                 "%s %s us" % (nm, "{:,}".format(us)) for nm, us in sorted(over.items(), key=lambda x: (-x[1], x[0])))
+            if any(nm in over for nm in ({"decode", "prefix"} | set(rep.get("chats") or ()))):
+                out["line"] += " (a decode unit that cannot be split is longer than the bound: it is not kept)"
         return out
     path, weights = _path_words(rep)
     bound = "slice unbounded" if not n["slice_us"] else "slice %d us" % n["slice_us"]
@@ -866,8 +868,6 @@ def _verdict(rep, n):
         # the decode passed the bound by a unit it cannot split: a shorter slice does not help
         if faster:
             fix = "its units on this path take longer than the slice: run the integer path's viper kernels (%s)" % faster
-        elif sp.get("temperature"):
-            fix = "a temperature draw, one unit, takes longer than the slice: decode greedy (temperature 0)"
         else:
             fix = "one of its units took %s us, longer than the slice, and it cannot be split" % "{:,}".format(hold)
     else:
