@@ -833,19 +833,19 @@ def _verdict(rep, n):
     # by a unit it cannot split: the float path's attention slot, a bound below a unit's time)
     over = {name: d["max_slice_us"] for name, d in tasks.items() if n["slice_us"] and d["max_slice_us"] > n["slice_us"]}
     out["overran"] = over
+    decoders = {"decode", "prefix"} | set(rep.get("chats") or ())  # the tasks that run decode steps
     if out["ok"]:
         out["line"] = "every deadline met: the longest slice %s us (%s), slice bound %s" % (
             "{:,}".format(hold), holder or "-", "%d us" % n["slice_us"] if n["slice_us"] else "none")
         if over:
             out["line"] += "; over the bound: %s" % ", ".join(
                 "%s %s us" % (nm, "{:,}".format(us)) for nm, us in sorted(over.items(), key=lambda x: (-x[1], x[0])))
-            if any(nm in over for nm in ({"decode", "prefix"} | set(rep.get("chats") or ()))):
+            if any(nm in over for nm in decoders):
                 out["line"] += " (a decode unit that cannot be split is longer than the bound: it is not kept)"
         return out
     path, weights = _path_words(rep)
     bound = "slice unbounded" if not n["slice_us"] else "slice %d us" % n["slice_us"]
     sp = rep["spec"]
-    decoders = {"decode", "prefix"} | set(rep.get("chats") or ())  # the tasks that run decode steps
     # the options that put the decode on the integer path's viper kernels, where it is not
     faster = []
     if sp["cost"] == "bytecode":

@@ -2,7 +2,7 @@
 # pseudo-terminal), found, checked and opened, and mpremote's raw-REPL transport on it
 # with every read under a deadline. The lowest layer of host/: deploy (flash, boardrun,
 # calibrate) and the console (monitor) stand on it; it imports only the virtual board
-# (host/vboard.py), the errors and the board profiles' USB ids.
+# (host/vboard.py) and the errors.
 #
 # Every exchange with the board has a deadline: the board must send a byte within
 # answer_timeout seconds of the last byte either way, or the exchange stops with one

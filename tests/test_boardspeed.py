@@ -269,6 +269,6 @@ def test_a_worktree_or_a_plain_folder(tmp_path):
     # a worktree's .git is a file naming its git directory; a folder that is no repository says so
     (tmp_path / "wt").mkdir()
     (tmp_path / "wt" / ".git").write_text("gitdir: ../real/.git/worktrees/wt\n")
-    assert mp32._git_dir(str(tmp_path / "wt")) == str(tmp_path / "real" / ".git" / "worktrees" / "wt")
+    assert mp32.git_dir(str(tmp_path / "wt")) == str(tmp_path / "real" / ".git" / "worktrees" / "wt")
     with pytest.raises(UserError, match="is not a git repository"):
         mp32.tree_at(str(tmp_path), "v1.20.0")

@@ -577,11 +577,11 @@ def test_start_on_a_board_that_does_not_answer_says_to_reset_it(monkeypatch):
     # (monitor's --timeout is how long to watch)
     import pty
 
-    from host import boardrun
+    from host import link
     from host.errors import UserError
     from host.monitor import start_serve
 
-    monkeypatch.setattr(boardrun, "CONNECT_S", 0.3)
+    monkeypatch.setattr(link, "CONNECT_S", 0.3)
     master, slave = pty.openpty()
     try:
         with pytest.raises(UserError) as e:
