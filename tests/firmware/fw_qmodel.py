@@ -198,11 +198,16 @@ gensr = [mr.forward(hr, t, i, slr) for i, t in enumerate(TOKR)]
 gotr = array("i", [0] * len(TOKR))
 
 
-def ranked():
-    for i in range(len(TOKR)):
-        for _ in gensr[i]:
+def drive(gens, got, m):
+    # run each token's step generator to its end, the greedy token of its logits into got
+    for i in range(len(got)):
+        for _ in gens[i]:
             pass
-        gotr[i] = K.argmax(mr.logits, V)
+        got[i] = K.argmax(m.logits, V)
+
+
+def ranked():
+    drive(gensr, gotr, mr)
 
 
 wantr = []
@@ -225,10 +230,7 @@ got7 = array("i", [0] * len(TOKS))
 
 
 def ranged():
-    for i in range(len(TOKS)):
-        for _ in gens7[i]:
-            pass
-        got7[i] = K.argmax(m7.logits, V)
+    drive(gens7, got7, m7)
 
 
 no_alloc("the sliced integer step attending in ranges of blocks for %d tokens" % len(TOKS), ranged)
