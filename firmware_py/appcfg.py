@@ -23,6 +23,7 @@
 import json
 
 from firmware_py import workloads
+from firmware_py.sample import SEED_MAX, TEMPERATURE_MAX
 from firmware_py.kvlayout import DTYPES as KV_DTYPES, POLICIES
 
 KINDS = ("audio", "wifi", "sensor", "wakeword", "module")
@@ -33,14 +34,15 @@ MAX_TASKS = 12  # tasks a config may list
 DECODE_KEYS = {
     "model": (str, None, None), "tokenizer": (str, None, None), "policy": (str, None, None),
     "window": (int, 0, 1 << 20), "sinks": (int, 0, 64), "kv_dtype": (str, None, None),
-    "tokens": (int, 1, 1 << 20), "prompt": (str, None, None), "seed": (int, 0, 0x3FFFFFFF),
-    "temperature": (float, 0.0, 10.0), "top_p": (float, 0.0, 1.0), "priority": (int, 0, 7),
+    "tokens": (int, 1, 1 << 20), "prompt": (str, None, None), "seed": (int, 0, SEED_MAX),
+    "temperature": (float, 0.0, TEMPERATURE_MAX), "top_p": (float, 0.0, 1.0), "priority": (int, 0, 7),
     "piece_bytes": (int, 0, 1 << 24), "kv_blocks": (int, 0, 1 << 20), "prefix": (str, None, None), "chats": (list, None, None),
     "slice_us": (int, 0, 10000000),
     "comment": (str, None, None),
 }
 CHAT_KEYS = {"name": (str, None, None), "prompt": (str, None, None), "tokens": (int, 1, 1 << 20),
-             "priority": (int, 0, 7), "seed": (int, 0, 0x3FFFFFFF), "comment": (str, None, None)}
+             "priority": (int, 0, 7), "seed": (int, 0, SEED_MAX), "comment": (str, None, None)}
+OPEN_LO = ("top_p",)  # keys whose lower bound is excluded (top_p 0 keeps nothing)
 DMA_KEYS = {"priority": (int, 0, 7), "slots": (int, 1, 4096), "max_burst": (int, 1, 1 << 20),
             "comment": (str, None, None)}
 
@@ -98,6 +100,8 @@ def _check(where, d, spec):
             _err("%s: %s must be %s, got %r" % (where, key, _TYPE_NAMES[typ], v))
         if lo is not None and not lo <= v <= hi:
             _err("%s: %s must be in %s..%s, got %r" % (where, key, lo, hi, v))
+        if key in OPEN_LO and v == lo:
+            _err("%s: %s must be in (%s, %s], got %r" % (where, key, lo, hi, v))
     return d
 
 

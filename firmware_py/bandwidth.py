@@ -1073,10 +1073,6 @@ class DecodeTraffic:
         self.bytes_kv_g = 0  # ... times CARRY_N
         self.refused = 0  # pieces the tracker refused (moved nothing, counted nowhere else here; saturates)
 
-    # KV bytes one attention pass over n cached tokens reads in one layer
-    def kv_read_bytes(self, n):
-        return n * self.row
-
     # charge one layer with n cached tokens (the new one included): its weights, the new
     # K/V row, the attention pass's read of n rows, one after the other (one CPU: each
     # piece starts when the previous one ends). Returns the µs of the pieces moved (>= 0),

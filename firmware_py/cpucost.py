@@ -182,8 +182,8 @@ def for_session(board, kind, session):
 
 
 class Meter:
-    # the emulator's slicer (model.Slicer's interface): each unit of a sliced decode step
-    # (model.U_*) is charged to the kernel's virtual clock at this cost model's price when
+    # the emulator's slicer (slicer.Slicer's interface): each unit of a sliced decode step
+    # (slicer.U_*) is charged to the kernel's virtual clock at this cost model's price when
     # the step reports it, then the slicer looks at the clock, so the slices the kernel
     # sees are the ones the board's clock would give. What one token's units add up to is
     # token_ns at its KV length: every figure of layer_ns and final_ns, each charged where
@@ -194,7 +194,7 @@ class Meter:
     # no figure for them). Runs on
     # CPython (big ints): the emulator's; a board slices by its own clock
     def __init__(self, cost, kernel, slice_us):
-        from firmware_py.model import Slicer  # noqa: PLC0415 - the emulator's only
+        from firmware_py.slicer import Slicer  # noqa: PLC0415 - the emulator's only
 
         self.cost = cost
         self.k = kernel
@@ -215,7 +215,6 @@ class Meter:
         self.p_norm = 2 * pd * v["norm_el_mcyc"]
         self.p_rope = 2 * pd * v["rope_el_mcyc"]
         self.p_kvw = 2 * pd * kv_wr
-        self.p_att = pn * cost._pos_par  # one pass over one slot: half a position
         self.p_elem = 2 * pd * v["elem_mcyc"]
         self.p_silu = 2 * pd * (v["exp_mcyc"] + v["div_mcyc"])
         self.p_sample = 2 * pd * v["sample_el_mcyc"]
@@ -223,8 +222,8 @@ class Meter:
         # the unit x n_heads, so that one head's share of a slot-pass is a whole number
         nh = cfg.n_heads
         self.den *= nh
-        self.p_atth = self.p_att
-        for name in ("p_mac", "p_row", "p_norm", "p_rope", "p_kvw", "p_att", "p_elem", "p_silu", "p_sample"):
+        self.p_atth = pn * cost._pos_par  # one head's pass over one slot: its share of half a position
+        for name in ("p_mac", "p_row", "p_norm", "p_rope", "p_kvw", "p_elem", "p_silu", "p_sample"):
             setattr(self, name, nh * getattr(self, name))
         self.p_call = (nh * self.p_call[0], nh * self.p_call[1])
         self.rem = 0  # what the charges so far rounded off (below one µs), carried
@@ -244,8 +243,8 @@ class Meter:
             return a * (b * self.p_mac + self.p_row)
         if kind == 11:  # U_COLS: a columns of a row; b 1: its last (the row's price)
             return a * self.p_mac + b * self.p_row
-        if kind == 6:  # U_ATT: a slot-passes over every head
-            return a * self.p_att
+        if kind == 6:  # U_ATT: a head-slot-passes (the plain path's units)
+            return a * self.p_atth
         if kind == 10:  # U_ATTH: a head-slot-passes (one head over one slot, one pass)
             return a * self.p_atth
         if kind == 2:  # U_CALL
@@ -254,8 +253,8 @@ class Meter:
             return a * self.p_norm
         if kind == 4:
             return a * self.p_rope
-        if kind == 5:
-            return a * self.p_kvw
+        if kind == 5:  # U_KVW: a elements; b 1: one of a quantized group's two passes (half each)
+            return a * self.p_kvw >> b
         if kind == 7:
             return a * self.p_elem
         if kind == 8:
@@ -277,6 +276,9 @@ class Meter:
 
     def ahead_h(self, n):
         return self.sl.ahead_h(n)
+
+    def ahead_unit(self, kind):
+        return self.sl.ahead_unit(kind)
 
     def att_range(self, n, least):
         return self.sl.att_range(n, least)

@@ -12,7 +12,8 @@ from firmware_py import bandwidth, compat, heapmargin, kv, llama2c, pool, tokeni
 from firmware_py.clock import RealClock
 from firmware_py.compat import const, ticks_diff
 from firmware_py import model as fw_model
-from firmware_py.model import SAMPLE_UNIT, U_NONE, U_SAMPLE, Model, Slicer
+from firmware_py.model import Model
+from firmware_py.slicer import SAMPLE_UNIT, U_NONE, U_SAMPLE, Slicer
 from firmware_py import sample as sample_mod
 from firmware_py.sample import Sampler, SamplerError
 from firmware_py.sched import DONE, EventFlags, Kernel  # imported before the pool takes the heap: compiling it later may not fit
@@ -31,7 +32,7 @@ TOKENIZER_FILE = "tokenizer.bin"  # ... and its tokenizer
 
 MAX_CHATS = const(64)  # sequences one Session may be sized for (seqs)
 # The longest the decode holds the CPU in one slice (µs) by default: the step yields
-# inside a layer (model.Slicer) whenever its slice reaches this, on every backend. 2 ms
+# inside a layer (slicer.Slicer) whenever its slice reaches this, on every backend. 2 ms
 # fits the shipped scenarios' tightest deadline (sensor-gateway's IMU read: 5 ms) with
 # room for the higher-priority tasks that run first; 0: unbounded (a layer per slice)
 SLICE_US = const(2000)
@@ -244,7 +245,7 @@ class Session:
         # one piece's time instead of one layer's; 0: each layer's traffic in one go
         self.piece_bytes = 0
         self._pb = 0  # the piece size task() moves the traffic in (piece_bytes, or one that fits half a slice)
-        self.slicer = None  # the model.Slicer (or cpucost.Meter) of the running task, or None
+        self.slicer = None  # the slicer.Slicer (or cpucost.Meter) of the running task, or None
         self.pieces = 0  # pieces moved so far (piece_bytes > 0)
         self._ns = 0  # sub-µs remainder of the pieces' priced ns, carried to the next piece
         self.carried_us = 0  # µs the carried remainders added to the pieces' time (the tier's own busy time lacks them)

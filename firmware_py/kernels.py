@@ -21,14 +21,18 @@
 #   begin(h, n)                    per token: where the n cached slots of h live
 #   attention(out, q, h, layer)    out = softmax(q K^T / sqrt(D)) V over the slots, GQA
 #   matvec_rows(out, m, x, r0, r1) rows r0..r1-1 of matvec (a sliced step's unit)
-#   att_scores(q, layer, s0, s1), att_softmax(), att_values(out, layer, s0, s1)
-#                                  attention in parts over slot ranges (a sliced step's units)
+#   att_scores(q, layer, s0, s1, g0, g1), att_softmax(), att_values(out, layer, s0, s1, g0, g1)
+#                                  attention in parts over slot ranges, or K/V heads g0..g1-1
+#                                  of one slot (a sliced step's units)
+#   embed_part, begin_part, store_scaled/store_group/store_part/store_end, the *_part
+#                                  elementwise ops: the rest of a sliced step's units
 #   end(h)                         feed this token's attention to h2o (cache.add_score)
 #   logits_of(logits, x)           logits = wcls x
 # rope_mode "cache" (StreamingLLM): keys are stored before RoPE and each is rotated at
 # attention time by its rank among the cached positions (slot order by position); the
 # query by the newest rank. "absolute": keys stored rotated at their own position.
 import math
+import struct
 
 from firmware_py import quant
 from firmware_py.compat import const, new_array
@@ -105,9 +109,12 @@ class Plain:
         self.smax = _zeros("d", cfg.n_heads)  # [head] the softmax's running max (att_softmax_part)
         self.ssum = _zeros("d", cfg.n_heads)  # [head] its running sum ('d': the float att_softmax keeps)
         self.n = 0  # cached slots of the current token
+        self.order = None  # rope "cache": [(position, slot)] of the current token, sorted (begin_part)
         self.h = -1  # the sequence of the current token (int4: rows are read through the cache)
         self.mv_s = 0.0  # a part's running sum (matvec_cols' row, rmsnorm_part's squares)
         self.mv_a = 0.0  # matvec_cols' group sum; rmsnorm_part's scale
+        self.st_a = 0.0  # store_part: the group's max |x| so far
+        self.st_sc = 0.0  # ... and its stored scale
 
     # zeroed array('f') of n floats; boot only
     def vec(self, n):
@@ -115,19 +122,23 @@ class Plain:
 
     # x = embedding row of token (dequantized for int8); O(dim)
     def embed(self, x, token):
+        self.embed_part(x, token, 0, self.dim)
+
+    # ... its elements i0 .. i1 - 1 (a sliced step's unit)
+    def embed_part(self, x, token, i0, i1):
         m = self.w.token_embedding
         d = self.dim
         o = m.off + token * d
         if not m.group:
             f = self.f32
-            for i in range(d):
+            for i in range(i0, i1):
                 x[i] = f[o + i]
             return
         q = self.q8
         f = self.f32
         g = m.group
         s = m.soff + token * d // g
-        for i in range(d):
+        for i in range(i0, i1):
             x[i] = q[o + i] * f[s + i // g]
 
     # out = W x for Matrix m (fp32, or int8 values times their group scale); O(rows x cols)
@@ -135,7 +146,7 @@ class Plain:
         Plain.matvec_rows(self, out, m, x, 0, m.rows)  # by the class: a probe times it on a stand-in self (tools/probe.py)
 
     # rows r0 .. r1 - 1 of out = W x: the unit a sliced forward step runs between two
-    # looks at its slice (model.Slicer); the same sums as matvec. O((r1 - r0) x cols)
+    # looks at its slice (slicer.Slicer); the same sums as matvec. O((r1 - r0) x cols)
     def matvec_rows(self, out, m, x, r0, r1):
         cols = m.cols
         f = self.f32
@@ -283,42 +294,100 @@ class Plain:
     # pack k, v (kv_dim floats each) into the cache's layer-row format and write it to
     # the token reserved for h; the cache's status (OK or negative); O(kv_dim)
     def store(self, h, layer, k, v):
-        if self.lay.dtype == "fp32":
+        kd = self.kv_dim
+        for which in (0, 1):
+            x = v if which else k
+            g = self.store_group(which)
+            for j in range(0, kd, g):
+                if self.store_scaled(which):
+                    self.store_part(x, which, 0, j, j + g)
+                self.store_part(x, which, 1, j, j + g)
+        return self.store_end(h, layer)
+
+    # the new K/V row in parts, a sliced step's units (the same bytes as a whole store):
+    # store_scaled(which): K (which 0) or V (1) is quantized; store_group(which): the
+    # elements sharing one scale, kv_dim where there is none. store_part(x, which, p, i0, i1), i0 .. i1 within one group and
+    # each group's parts in order: p 0 (quantized only) its max |x| so far, the scale
+    # stored at the group's end; p 1 its elements packed. store_end writes the row
+    def store_scaled(self, which):
+        lay = self.lay
+        return lay.dtype == "int8" or lay.dtype == "int4tok" or (lay.kivi and which)
+
+    def store_group(self, which):
+        return self.lay.group if self.store_scaled(which) else self.kv_dim
+
+    def store_part(self, x, which, p, i0, i1):
+        lay = self.lay
+        kd = self.kv_dim
+        if p == 0 and not self.store_scaled(which):
+            return
+        if lay.dtype == "fp32":
             rf = self.rowf
-            kd = self.kv_dim
-            for i in range(kd):
-                rf[i] = k[i]
-                rf[kd + i] = v[i]
-            copy32(self.row, 0, rf, 0, self.lr >> 2)  # write() measures src in bytes
-            return self.cache.write(h, layer, self.row, 0)
-        quant.pack_layer(self.lay, k, v, self.row, 0)
+            o = kd if which else 0
+            for i in range(i0, i1):
+                rf[o + i] = x[i]
+            return
+        row = self.row
+        if lay.kivi and not which:  # K in fp32: the cache quantizes it per channel
+            struct.pack_into("<%df" % (i1 - i0), row, 4 * i0, *x[i0:i1])
+            return
+        d = lay.v_off if which else 0
+        so = lay.vs_off if which else lay.ks_off
+        g = lay.group
+        if p == 0:
+            a = quant.group_max(x, i0, i1, 0.0 if i0 % g == 0 else self.st_a)
+            self.st_a = a
+            if i1 % g == 0:
+                self.st_sc = quant.put_scale(lay, row, so, i0, a)
+            return
+        quant.pack_range(lay, x, row, d, self.st_sc, i0, i1)
+
+    def store_end(self, h, layer):
+        if self.lay.dtype == "fp32":
+            copy32(self.row, 0, self.rowf, 0, self.lr >> 2)  # write() measures src in bytes
         return self.cache.write(h, layer, self.row, 0)
 
     # per token, after the first layer's write (a copy on write has happened by then):
     # the arena offset of every cached slot's layer-0 row and, for rope "cache", each
     # slot's rank by position; O(n)
     def begin(self, h, n):
+        for p in range(3 if self.rope_cache else 1):
+            self.begin_part(h, n, p, 0, n)
+
+    # ... in parts (a sliced step's units, in order, each p from 0 to n): p 0 slots s0 .. s1
+    # - 1's offsets (and h2o sums zeroed); rope "cache": p 1 their positions gathered (sorted
+    # at the last), p 2 the cos/sin of ranks s0 .. s1 - 1
+    def begin_part(self, h, n, p, s0, s1):
         c = self.cache
-        t = self.t
-        bb = c.block_bytes
-        lr = self.lr
-        nb = (n + t - 1) // t
-        s = 0
-        self.h = h
-        for k in range(nb if not self.lay.kivi else 0):
-            base = c.block_at(h, k) * bb + t * HDR_BYTES
-            for r in range(t if s + t <= n else n - s):
-                self.off0[s] = base + r * lr
-                s += 1
-        self.n = n
-        if self.h2o:
-            for s in range(n):
-                self.acc[s] = 0.0
-        if self.rope_cache:
-            order = sorted([(c.slot_pos(h, s), s) for s in range(n)])
+        if p == 0:
+            t = self.t
+            self.h = h
+            self.n = n
+            if not self.lay.kivi:
+                bb = c.block_bytes
+                lr = self.lr
+                base = 0
+                for s in range(s0, s1):
+                    r = s % t
+                    if r == 0 or s == s0:
+                        base = c.block_at(h, s // t) * bb + t * HDR_BYTES
+                    self.off0[s] = base + r * lr
+            if self.h2o:
+                for s in range(s0, s1):
+                    self.acc[s] = 0.0
+        elif p == 1:
+            if s0 == 0:
+                self.order = []
+            o = self.order
+            for s in range(s0, s1):
+                o.append((c.slot_pos(h, s), s))
+            if s1 == n:
+                o.sort()
+        else:
             h2 = self.hd // 2
-            for r in range(n):
-                s = order[r][1]
+            o = self.order
+            for r in range(s0, s1):
+                s = o[r][1]
                 for i in range(h2):
                     a = r * self.inv_freq[i]
                     self.kcos[s * h2 + i] = math.cos(a)
@@ -335,15 +404,16 @@ class Plain:
         if self.lay.dtype != "fp32":
             copy32(self.rowb, 0, self.cache.arena, w, self.lr >> 2)
 
-    # which = 0: the key, 1: the value of the row just read, as kv_dim floats in kf; O(kv_dim)
-    def _vec(self, which):
+    # which = 0: the key, 1: the value of the row just read, as floats in kf: elements
+    # e0 .. e1 - 1 (whole heads) of kv_dim; O(e1 - e0)
+    def _vec(self, which, e0, e1):
         lay = self.lay
         kd = self.kv_dim
         out = self.kf
         if lay.dtype == "fp32" or (lay.kivi and not which):
             rf = self.rowf
             o = kd if which and not lay.kivi else 0
-            for i in range(kd):
+            for i in range(e0, e1):
                 out[i] = rf[o + i]
             return out
         rb = self.rowb
@@ -352,20 +422,21 @@ class Plain:
         so = (lay.vs_off if which else lay.ks_off) >> 2
         g = lay.group
         if lay.dtype == "fp16":
-            for i in range(kd):
+            for i in range(e0, e1):
                 out[i] = _half(rb[d + 2 * i] | (rb[d + 2 * i + 1] << 8))
         elif lay.dtype == "int8":
-            for i in range(kd):
+            for i in range(e0, e1):
                 b = rb[d + i]
                 out[i] = (b - 256 if b > 127 else b) * rf[so + i // g]
         else:
-            for i in range(kd):
+            for i in range(e0, e1):
                 b = (rb[d + (i >> 1)] >> ((i & 1) << 2)) & 15
                 out[i] = (b - 16 if b > 7 else b) * rf[so + i // g]
         return out
 
-    # rotate key kf (all heads) by the angle of slot s's rank (rope "cache"); O(kv_dim)
-    def _rot(self, kf, s):
+    # rotate key kf's elements e0 .. e1 - 1 (whole heads) by the angle of slot s's rank
+    # (rope "cache"); O(e1 - e0)
+    def _rot(self, kf, s, e0, e1):
         hd = self.hd
         h2 = hd // 2
         kc = self.kcos
@@ -373,7 +444,7 @@ class Plain:
         for i in range(h2):
             cs = kc[s * h2 + i]
             sn = ks[s * h2 + i]
-            for b in range(0, self.kv_dim, hd):
+            for b in range(e0, e1, hd):
                 x = kf[b + 2 * i]
                 y = kf[b + 2 * i + 1]
                 kf[b + 2 * i] = x * cs - y * sn
@@ -391,19 +462,23 @@ class Plain:
 
     # attention in parts, the units a sliced forward step runs between looks at its slice
     # (the same operations in the same order as attention()): the scores of slots s0 .. s1 - 1
-    def att_scores(self, q, layer, s0, s1):
+    # for the query heads of K/V heads g0 .. g1 - 1 (None: all); a slot's row is read at its
+    # first part (g0 == 0), the parts of a slot in order
+    def att_scores(self, q, layer, s0, s1, g0=0, g1=None):
         hd = self.hd
         rep = self.rep
-        nh = self.n_heads
         ms = self.ms
         inv = 1.0 / math.sqrt(hd)
         att = self.att
+        if g1 is None:
+            g1 = self.n_kv
         for s in range(s0, s1):
-            self._row(s, layer)
-            kf = self._vec(0)
+            if g0 == 0:
+                self._row(s, layer)
+            kf = self._vec(0, g0 * hd, g1 * hd)
             if self.rope_cache:
-                self._rot(kf, s)
-            for j in range(nh):
+                self._rot(kf, s, g0 * hd, g1 * hd)
+            for j in range(g0 * rep, g1 * rep):
                 kb = (j // rep) * hd
                 qb = j * hd
                 a = 0.0
@@ -472,20 +547,24 @@ class Plain:
                 for s in range(s0, s1):
                     att[b + s] /= tot
 
-    # ... the weighted sum of the values of slots s0 .. s1 - 1 into out (zeroed at s0 == 0)
-    def att_values(self, out, layer, s0, s1):
+    # ... the weighted sum of the values of slots s0 .. s1 - 1 into out (zeroed at the
+    # first part), for the query heads of K/V heads g0 .. g1 - 1 (None: all), as att_scores
+    def att_values(self, out, layer, s0, s1, g0=0, g1=None):
         hd = self.hd
         rep = self.rep
         nh = self.n_heads
         ms = self.ms
         att = self.att
-        if s0 == 0:
+        if g1 is None:
+            g1 = self.n_kv
+        if s0 == 0 and g0 == 0:
             for i in range(self.dim):
                 out[i] = 0.0
         for s in range(s0, s1):
-            self._row(s, layer)
-            vf = self._vec(1)
-            for j in range(nh):
+            if g0 == 0:
+                self._row(s, layer)
+            vf = self._vec(1, g0 * hd, g1 * hd)
+            for j in range(g0 * rep, g1 * rep):
                 p = att[j * ms + s]
                 if self.h2o:
                     self.acc[s] += p / nh
@@ -605,8 +684,8 @@ class Numpy:
             self.rope(v, v.shape[0] // self.hd)
 
     # attention in parts (Plain's interface): the whole attention at the values' first part
-    def att_scores(self, q, layer, s0, s1):
-        if s0 == 0:
+    def att_scores(self, q, layer, s0, s1, g0=0, g1=None):
+        if s0 == 0 and g0 == 0:
             self._q = q
 
     def att_softmax(self):
@@ -615,9 +694,33 @@ class Numpy:
     def att_softmax_part(self, p, s0, s1):
         pass
 
-    def att_values(self, out, layer, s0, s1):
-        if s0 == 0:
+    def att_values(self, out, layer, s0, s1, g0=0, g1=None):
+        if s0 == 0 and g0 == 0:
             self.attention(out, self._q, -1, layer)
+
+    # the row in parts (Plain's interface): the whole row stored at the end
+    def store_scaled(self, which):
+        return Plain.store_scaled(self, which)
+
+    def store_group(self, which):
+        return Plain.store_group(self, which)
+
+    def store_part(self, x, which, p, i0, i1):
+        if which:
+            self._sv = x
+        else:
+            self._sk = x
+
+    def store_end(self, h, layer):
+        return self.store(h, layer, self._sk, self._sv)
+
+    def begin_part(self, h, n, p, s0, s1):
+        if p == 0 and s0 == 0:
+            self.begin(h, n)
+
+    def embed_part(self, x, token, i0, i1):
+        if i0 == 0:
+            self.embed(x, token)
 
     # out = W x; int8: per group sums of q * x, times the group's scale; O(rows x cols)
     def matvec(self, out, m, x):

@@ -62,7 +62,7 @@ P_KSH = const(14)  # rope="cache": right shift of a rotated key (Q14 * int8) bef
 P_RLEN = const(15)  # rope="cache": rows in the cos/sin table
 P_H0 = const(16)  # per call: the first query head to attend (a sliced step: a unit of heads)
 P_H1 = const(17)  # per call: the head after the last (0: every head, in one call)
-# one pass of one head over a range of blocks (a sliced step, model.Slicer.att_range: one
+# one pass of one head over a range of blocks (a sliced step, slicer.Slicer.att_range: one
 # head's attention over very many slots would hold the CPU longer than a slice)
 P_PASS = const(18)  # per call: 0: every pass of heads P_H0..P_H1 - 1; 1 scores, 2 exp, 3 values: that pass only
 P_K0 = const(19)  # per call (P_PASS > 0): the first block of the range
@@ -895,7 +895,7 @@ def attend_v(out, q, arena, bases, prm, sc, hacc, e2t, hexp, ranks, cs) -> int:
     # prm[P_H1] (P_H1 0: every head): only those heads, so a sliced step attends in units of
     # heads; out's other rows are left as they are and the exponent (0 until then) is
     # returned by the call whose heads end at n_heads, which rescales every head's row to
-    # it. prm[P_PASS] 1, 2, 3 (a sliced step, model.Slicer.att_range): one pass of head P_H0
+    # it. prm[P_PASS] 1, 2, 3 (a sliced step, slicer.Slicer.att_range): one pass of head P_H0
     # over blocks P_K0 .. P_K1 - 1, the head's state kept in prm between the calls (the
     # passes in order, each over the ranges in order: the same sums as one call); the call
     # ending pass 3 of the last head returns the exponent. O(slots * dim), no allocation

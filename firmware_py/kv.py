@@ -39,8 +39,8 @@ from array import array
 
 from firmware_py.compat import const, micropython, misaligned, ptr8, ptr16, ptr32
 from firmware_py.kvlayout import (  # noqa: F401 - re-exported: kv.Layout, kv.SINKS, kv.blocks_for ...
-    BOOT_BYTES, DTYPES, GROUP, H2O_RECENT_PCT, HDR_BYTES, KV_FIXED_BYTES, POLICIES, SINKS, TOKENS_PER_BLOCK,
-    WATERMARK_PCT, KVError, Layout, blocks_for, blocks_for_board, boot_reserve, bytes_per_block, fixed_bytes, heap_for,
+    DTYPES, GROUP, H2O_RECENT_PCT, HDR_BYTES, KV_FIXED_BYTES, POLICIES, SINKS, TOKENS_PER_BLOCK,
+    WATERMARK_PCT, KVError, Layout, blocks_for, bytes_per_block, fixed_bytes, heap_for,
     min_budget, policy_params)
 from firmware_py import kvh2o, kvkivi
 from firmware_py.compat import new_array

@@ -20,14 +20,6 @@ WATERMARK_PCT = const(80)  # default watermark: fires when 80 % of the budget is
 GROUP = const(32)  # default int4 scale group (KIVI's 32), cut to a divisor of head_dim
 TOKENS_PER_BLOCK = const(16)  # default tokens per pool block (vLLM's 16)
 
-# the heap this firmware's boot keeps before the pool: live module objects plus the
-# holes compiling them leaves. Measured on the unix ports (-X heapsize=1000000 and
-# 2000000) importing board, pool, kv, kvlayout, llama2c and tools.kvprobe from source:
-# 129,569 B (64-bit) / 84,388 B (32-bit) unusable for one large block (docs/memory.md:
-# the command); 144 KiB leaves ~18 KiB of margin. A board loading .mpy files keeps
-# less. A profile's firmware_reserved_bytes counts when larger; a decoding firmware
-# sizes its pool from the heap it measures (decode.Session, docs/memory.md).
-BOOT_BYTES = const(147456)
 KV_FIXED_BYTES = const(2048)  # KVCache object + its per-sequence arrays (measured ~1.3 KiB for 4 seqs)
 KIVI_FIXED_BYTES = const(64)  # int4 (KIVI): the residual's two buffers' and the fold scratch's GC rounding
 # int4 (KIVI) key parameters, one uint32 word per (block, layer, channel) (docs/memory.md):
@@ -191,18 +183,6 @@ def fixed_bytes(layout, max_seqs=1):
     if not layout.kivi:
         return KV_FIXED_BYTES
     return KV_FIXED_BYTES + KIVI_FIXED_BYTES + max_seqs * layout.residual_bytes + 4 * layout.tokens_per_block
-
-
-# heap bytes kept before the pool on a board whose profile reserves firmware_bytes
-def boot_reserve(firmware_bytes):
-    return firmware_bytes if firmware_bytes > BOOT_BYTES else BOOT_BYTES
-
-
-# blocks the pool gets on an MCU board profile (brd: firmware_py.board.Board) after the
-# boot reserve, the weights, the activations and one token row: boot-time sizing
-def blocks_for_board(brd, layout, weights_bytes, activations_bytes, max_seqs=1, h2o=False):
-    avail = brd.mpy_heap - boot_reserve(brd.firmware_bytes) - weights_bytes - activations_bytes - layout.row_bytes
-    return blocks_for(avail, layout, max_seqs, h2o)
 
 
 # blocks a heap of avail free bytes can hold as one pool + cache

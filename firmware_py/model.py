@@ -16,205 +16,13 @@
 #   "cache":    keys stored before RoPE, rotated at attention time by their rank among
 #               the cached positions; the query at the newest rank (StreamingLLM)
 from firmware_py import compat, kernels
-from firmware_py.compat import const, ticks_diff
+from firmware_py.slicer import (ATTH_SLOTS, PLAIN_ATT_MACS, PLAIN_EL, PLAIN_MACS, Q8_UNIT_MACS, RANK_CMP, SLICE,
+                                 SOFTMAX_SLOTS, U_ATT, U_ATTH, U_CALL, U_COLS, U_ELEM, U_KVW, U_NONE, U_NORM, U_RANK,
+                                 U_ROPE, U_ROWS, U_SILU)
 from firmware_py.status import E_RANGE, E_STATE, OK
 
 BACKENDS = ("auto", "numpy", "plain", "q8")  # what Model(backend=...) accepts
 ROPE_MODES = ("absolute", "cache")  # what Model(rope=...) accepts
-
-
-# A bounded slice: with a Slicer (Model.slicer, decode.Session sets it from slice_us), the
-# step does its work in units (a few rows of a matvec, a few slots of attention, a norm)
-# and after each asks slicer.step(kind, a, b) whether the slice is spent; when it is, the
-# step yields SLICE (the kernel runs whoever is due) and goes on where it was. A layer's
-# end still yields None (the decode charges the layer's memory traffic there). The unit
-# kinds (a, b: the unit's size), which the emulator's cost meter (cpucost.Meter) prices:
-U_NONE = const(0)  # nothing done: only look at the clock
-U_NORM = const(1)  # an rmsnorm of a elements
-U_CALL = const(2)  # a matvec's dispatch; a = 1 in a layer, 0 the classifier
-U_ROWS = const(3)  # a rows of a matvec of b columns
-U_ROPE = const(4)  # RoPE of a elements (the query's and the key's)
-U_KVW = const(5)  # the new K/V row stored (a elements)
-U_ATT = const(6)  # attention over a slot-passes (one pass over a slots, or both passes over a / 2)
-U_ELEM = const(7)  # a elementwise operations (residual adds, the SwiGLU product)
-U_SILU = const(8)  # SiLU of a elements (an exp and a division each); b 1: and their product (an elementwise op each)
-U_SAMPLE = const(9)  # a part of the pick: a logits scanned (greedy) or weighed (a draw; its other steps are in that price)
-U_RANK = const(12)  # a comparisons of the slots' positions (the integer path's rope "cache" ranks)
-U_COLS = const(11)  # a columns of one matvec row (the plain path's unit where a row is more than one); b 1: the row's last
-U_ATTH = const(10)  # attention over a head-slot-passes (one head: 2 x slots; one pass of a range: its slots, the exp pass 0)
-SLICE = const(1)  # what a step yields when its slice is spent (a layer's end yields None)
-# units of the plain (bytecode) path: PLAIN_MACS multiply-adds of a matvec, PLAIN_EL
-# elements, one attention slot (per pass); of the integer path (qmodel.QForward, viper):
-# Q8_UNIT_MACS multiply-adds of rows
-PLAIN_MACS = const(32)  # multiply-adds of a matvec per unit (rows of cols <= 32, else 32 columns of a row)
-PLAIN_EL = const(32)  # elements per unit of elementwise work (rmsnorm's two passes, adds, SiLU, RoPE: half as many pairs)
-PLAIN_SLOTS = const(1)
-# the integer path's attention unit: one query head over every slot (both passes) while
-# that fits the slice bound; past it, one pass of one head over a range of blocks of what
-# half the bound holds (Slicer.att_range; a head's whole attention over many slots held
-# the CPU past the bound: 2.9 ms at 480 slots). ATTH_SLOTS: before any unit's time is
-# known, the slots past which a head is attended in ranges, and their size
-ATTH_SLOTS = const(64)
-SOFTMAX_SLOTS = const(8)  # slots of every head per softmax unit (about one score unit's work: a head's D MACs per slot)
-Q8_UNIT_MACS = const(2048)
-RANK_CMP = const(8192)  # comparisons per unit of the integer path's rope "cache" ranks (qmodel.QForward.forward)
-SAMPLE_UNIT = const(64)  # steps of the pick per unit (decode.Session.task, sample.Sampler.run)
-
-
-class Slicer:
-    # the decode's slice bound on one kernel: step() after each unit of work is True once
-    # the running slice (from kernel.t0, when the kernel resumed the task) would last
-    # slice_us or more after one more unit, foreseen as long as the longest recent one (or,
-    # at a matvec's start, as its rows at the last matvec unit's time per MAC). slice_us
-    # 0: unbounded (never True). By the kernel's clock: ticks_us on a board, the virtual
-    # clock in the emulator (where cpucost.Meter charges each unit first). No allocation
-    def __init__(self, kernel, slice_us):
-        self.k = kernel
-        self.now = kernel.clock.now
-        self.us = slice_us  # the bound (µs); 0: none
-        self.t0 = 0  # the slice the last unit ran in (kernel.t0 then)
-        self.prev = 0  # ticks at the end of the last unit
-        self.yields = 0  # slices given away (saturates below 2**30)
-        self.row_us = 0  # time of the last matvec unit (µs)
-        self.row_macs = 0  # its multiply-adds
-        self.att_slot_us = 0  # the last attention unit's time per slot and pass (µs, rounded up)
-        self.call_us = 0  # the last matvec dispatch's time (µs): foreseen before the next (ahead_call)
-        self.atth_q = 0  # the last whole-head U_ATTH unit's time per head-slot-pass, in 1/64 µs (rounded up)
-        self.atr_q1 = 0  # the last ranged unit's time per slot of pass 1 (scores: the heaviest), 1/64 µs
-        self.atr_q3 = 0  # ... of pass 3 (values: slots of probability 0 are skipped, so often lighter)
-        self.big = 0  # the longest recent unit (µs), decaying
-
-    # before a matvec's dispatch: True when the slice, already under way, would pass the
-    # bound with a dispatch and one unit of rows as long as the last ones; the caller
-    # yields first. No allocation
-    def ahead_call(self):
-        if self.us <= 0:
-            return False
-        d = ticks_diff(self.now(), self.k.t0)
-        if not self.row_macs:  # no matvec unit timed yet: the first one starts a slice
-            return d > 0
-        return d > 0 and d + self.call_us + self.row_us >= self.us
-
-    # before an attention unit of n slot-passes (a single call doing both passes over s
-    # slots: n = 2 * s): True when the slice would be spent by it (as long per slot-pass
-    # as the last one); the caller yields first. No allocation
-    def ahead(self, n):
-        if self.us <= 0:
-            return False
-        t0 = self.k.t0
-        if t0 != self.t0:
-            return False  # a fresh slice: the unit runs in it
-        if not self.att_slot_us:  # no attention unit timed yet: the first one starts a slice
-            return ticks_diff(self.now(), t0) > 0
-        return ticks_diff(self.now(), t0) + self.att_slot_us * n >= self.us
-
-    # before a piece of work whose time is known up front (us: the emulator's price of a
-    # memory piece): True when the slice, already under way, would pass the bound with it;
-    # the caller yields first. A fresh slice takes it (nothing would be gained). No allocation
-    def ahead_us(self, us):
-        if self.us <= 0 or us <= 0:
-            return False
-        d = ticks_diff(self.now(), self.k.t0)
-        return d > 0 and d + us >= self.us
-
-    # slots per unit of one attention pass of one head over n slots (the integer path's
-    # sliced step, asked once per layer): 0, one unit per head, when both its passes fit the
-    # bound (or there is no bound), at the larger of two estimates: the whole-head units'
-    # time per head-slot-pass, and the ranged units' times per slot of pass 1 and pass 3
-    # (kept apart: a layer's last unit is a light pass 3, and a head priced by it alone
-    # looked short enough for one unit, which then overran); else what half the bound
-    # holds at the heaviest pass's time per slot (pass 1's; a whole head's mean x 2 before
-    # one ran), at least one slot (the caller rounds to whole blocks). Before any time is
-    # known: 0 up to `least` slots, ranges of `least` past them. Small ints only
-    def att_range(self, n, least):
-        us = self.us
-        if us <= 0:
-            return 0
-        q = self.atth_q
-        q1 = self.atr_q1
-        if not q and not q1:
-            return least if n > least else 0
-        est = q * 2 * n
-        e2 = (q1 + self.atr_q3) * n
-        if e2 > est:
-            est = e2
-        if est >> 6 <= us:
-            return 0
-        r = ((us >> 1) << 6) // (q1 if q1 else 2 * q)
-        return r if r > 0 else 1
-
-    # before a ranged attention unit: pass pas (1, 2, 3) of one head over n slots; True when
-    # the slice, already under way, would pass the bound with it at that pass's last time
-    # per slot (pass 3 unknown yet: pass 1's; pass 2, the exponentials, is priced within
-    # the other two: n is 0). No allocation
-    def ahead_r(self, n, pas):
-        if self.us <= 0 or n <= 0:
-            return False
-        q = self.atr_q3 if pas == 3 else self.atr_q1
-        if not q:
-            q = self.atr_q1 if self.atr_q1 else 2 * self.atth_q
-        if not q:
-            return False
-        t0 = self.k.t0
-        if t0 != self.t0:
-            return False  # a fresh slice: the unit runs in it
-        return ticks_diff(self.now(), t0) + (q * n >> 6) >= self.us
-
-    # before a unit of attention heads of n head-slot-passes (U_ATTH): as ahead(). No allocation
-    def ahead_h(self, n):
-        if self.us <= 0 or not self.atth_q:
-            return False
-        t0 = self.k.t0
-        if t0 != self.t0:
-            return False  # a fresh slice: the unit runs in it
-        return ticks_diff(self.now(), t0) + (self.atth_q * n >> 6) >= self.us
-
-    def step(self, kind, a, b):
-        us = self.us
-        if us <= 0:
-            return False
-        t = self.now()
-        t0 = self.k.t0
-        if t0 != self.t0:  # a new slice since the last unit
-            self.t0 = t0
-            self.prev = t0
-        d = ticks_diff(t, t0)
-        u = ticks_diff(t, self.prev)  # the last unit's time (the first: the slice so far)
-        self.prev = t
-        nxt = u  # the next unit's time, foreseen: as long as this one, but at a matvec's start
-        if kind == U_ROWS:  # its rows' time, to foresee the next matvec's units (b: their MACs)
-            self.row_us = u
-            self.row_macs = a * b
-        elif kind == U_COLS and b == 0:  # a row's columns, not its last (that one has the row's own work too): as rows
-            self.row_us = u
-            self.row_macs = a
-        elif kind == U_ATT and a > 0:  # an attention unit's time per slot, to foresee the next (ahead)
-            self.att_slot_us = u // a + 1
-        elif kind == U_ATTH and a > 0:  # u + 1: a tick count may fall up to 1 us short (a short last range of slots)
-            q = ((u + 1) << 6) // a + 1
-            if b == 0:  # one head, both passes
-                self.atth_q = q
-            elif b == 1:  # a range of pass 1
-                self.atr_q1 = q
-            else:  # a range of pass 3
-                self.atr_q3 = q
-        elif kind == U_CALL and b > 0:
-            self.call_us = u
-            m = self.row_macs
-            if m > 0:
-                nxt = self.row_us * ((b + m - 1) // m) if b > m else self.row_us
-        g = self.big  # the longest recent unit (decays by an eighth a unit): the next may be one like it
-        g -= g >> 3
-        if u > g:
-            g = u
-        self.big = g
-        if nxt < g:
-            nxt = g
-        if d + nxt >= us:
-            if self.yields < 0x3FFFFFFF:
-                self.yields += 1
-            return True
-        return False
 
 
 class ModelError(ValueError):
@@ -323,7 +131,10 @@ class Model:
         # takes the units of the path the board would run, so the emulator slices as it does
         q8_units = backend == "q8" or (weights.dtype == "int8" and lay.dtype == "int8")
         self.unit_macs = Q8_UNIT_MACS if q8_units else 0  # 0: PLAIN_MACS a unit (_rows)
-        self.unit_slots = 0 if q8_units else PLAIN_SLOTS  # 0: all slots one unit (QForward's one attend call)
+        # the plain path's attention unit: the query heads of att_kv K/V heads over one slot
+        # (all of them while their MACs fit PLAIN_ATT_MACS); 0: the integer path's units
+        rq = cfg.n_heads // cfg.n_kv_heads * cfg.head_dim
+        self.att_kv = 0 if q8_units else max(1, min(cfg.n_kv_heads, PLAIN_ATT_MACS // rq))
         self.logit_frac_bits = None  # fixed-point logits: fractional bits (q8); None: floats
         if backend == "q8":
             qm = _qmodel()
@@ -490,7 +301,10 @@ class Model:
         k = self.k
         n = len(out) >> 1 if op == 3 else len(out)
         un = PLAIN_EL >> 1 if op == 3 else PLAIN_EL  # RoPE: pairs
+        kind = U_NORM if op == 0 else (U_ELEM if op == 1 else (U_SILU if op == 2 else U_ROPE))
         for p in range(2 if op == 0 else 1):
+            if (p == 1 or op != 0) and sl.ahead_unit(kind):
+                yield SLICE
             i = 0
             while i < n:
                 e = i + un if i + un < n else n
@@ -515,7 +329,7 @@ class Model:
     # attention in units of slots: the scores, the softmax, the values
     def _att(self, out, q, h, layer, n, sl):
         k = self.k
-        if not self.unit_slots:  # as the integer path's sliced step (qmodel.QForward.forward)
+        if not self.att_kv:  # as the integer path's sliced step (qmodel.QForward.forward)
             k.att_scores(q, layer, 0, n)
             k.att_softmax()
             k.att_values(out, layer, 0, n)
@@ -542,9 +356,11 @@ class Model:
                             yield SLICE
                         k0 += cb
             return
-        if sl.ahead(self.unit_slots):
+        gk = self.att_kv
+        nkv = self.cfg.n_kv_heads
+        rep = self.cfg.n_heads // nkv
+        if sl.ahead(rep * (gk if gk < nkv else nkv)):
             yield SLICE
-        u = self.unit_slots
         for p in range(2):
             if p == 1:  # the softmax in units of SOFTMAX_SLOTS slots per pass (its time is in U_ATT's price)
                 for sp in range(3):
@@ -555,15 +371,63 @@ class Model:
                         if sl.step(U_ATT, 0, 1):
                             yield SLICE
                         s = e
+            for s in range(n):  # a slot's K/V heads in groups of gk, in order
+                g = 0
+                while g < nkv:
+                    e = g + gk if g + gk < nkv else nkv
+                    if p == 0:
+                        k.att_scores(q, layer, s, s + 1, g, e)
+                    else:
+                        k.att_values(out, layer, s, s + 1, g, e)
+                    if sl.step(U_ATT, (e - g) * rep, p):
+                        yield SLICE
+                    g = e
+
+    # the plain path's store, embedding and per-token slot table in units (kernels.Plain's
+    # *_part): PLAIN_EL elements (a quantized row group by group, its max pass then its
+    # packing, each half the store's price), PLAIN_EL slots
+    def _store(self, h, layer, sl):
+        k = self.k
+        kd = self.cfg.kv_dim
+        both = k.store_scaled(0) and k.store_scaled(1)
+        for which in (0, 1):
+            x = self.vv if which else self.kv
+            g = k.store_group(which)
+            q = k.store_scaled(which)
+            # the price: per element of K and V, each pass half of it; KIVI (V alone
+            # quantized here, K copied for the cache's fold): V's passes all of it, K none
+            f = 1 if both else (2 if q or not k.store_scaled(1 - which) else 0)
+            for j in range(0, kd, g):
+                for p in range(0 if q else 1, 2):
+                    i = j
+                    while i < j + g:
+                        e = i + PLAIN_EL if i + PLAIN_EL < j + g else j + g
+                        if i == 0 and sl.ahead_unit(U_KVW):
+                            yield SLICE
+                        k.store_part(x, which, p, i, e)
+                        if sl.step(U_KVW, e - i if f else 0, 1 if f == 1 else 0):
+                            yield SLICE
+                        i = e
+        return k.store_end(h, layer)
+
+    def _begin(self, h, n, sl):
+        k = self.k
+        h2 = self.cfg.head_dim >> 1
+        for p in range(3 if self.rope == "cache" else 1):
+            u = (PLAIN_EL >> 1) // h2 if p == 2 and h2 < PLAIN_EL >> 1 else (1 if p == 2 else PLAIN_EL)  # p 2: pairs
+            kind = U_NONE if p == 0 else (U_RANK if p == 1 else U_ROPE)
+            if sl.ahead_unit(kind):
+                yield SLICE
             s = 0
-            while s < n:
+            while s < n or s == 0:
                 e = s + u if s + u < n else n
-                if p == 0:
-                    k.att_scores(q, layer, s, e)
-                else:
-                    k.att_values(out, layer, s, e)
-                if sl.step(U_ATT, e - s, p):
+                k.begin_part(h, n, p, s, e)
+                # p 0 within the token's fixed price (it was unpriced whole); p 1 a position read
+                # each (the sort: one C call); p 2 a cos and a sin per pair
+                if sl.step(kind, 0 if p == 0 else (e - s if p == 1 else 2 * h2 * (e - s)), 0):
                     yield SLICE
+                if e >= n:
+                    break
                 s = e
 
     # forward with a slicer: the same operations as _whole, in units
@@ -587,7 +451,16 @@ class Model:
         hid = cfg.hidden_dim
         kvd = cfg.kv_dim
         plain = not self.unit_macs  # the plain path's elementwise work in units of PLAIN_EL (_el)
-        k.embed(x, token)
+        if plain:
+            i = 0
+            while i < d:
+                e = i + PLAIN_EL if i + PLAIN_EL < d else d
+                k.embed_part(x, token, i, e)
+                if sl.step(U_NONE, 0, 0):  # within the token's fixed price (it was unpriced whole)
+                    yield SLICE
+                i = e
+        else:
+            k.embed(x, token)
         k.rope_at(pos if absolute else n - 1)
         if not plain and not absolute:  # the integer path's rope "cache" ranks, in qmodel.QForward.forward's units
             u = RANK_CMP // n if n < RANK_CMP else 1
@@ -612,22 +485,34 @@ class Model:
                 yield from self._el(3, q, None, 0, sl)
                 if absolute:
                     yield from self._el(3, kv, None, 0, sl)
-                elif sl.step(U_ROPE, kvd, 0):  # rope "cache": the key's turn is at attention; priced here, as before
-                    yield SLICE
+                else:  # rope "cache": the key's turn is at attention; priced here, as before, in PLAIN_EL units
+                    i = 0
+                    while i < kvd:
+                        e = i + PLAIN_EL if i + PLAIN_EL < kvd else kvd
+                        if sl.step(U_ROPE, e - i, 0):
+                            yield SLICE
+                        i = e
             else:
                 k.rope(q, cfg.n_heads)
                 if absolute:
                     k.rope(kv, cfg.n_kv_heads)
                 if sl.step(U_ROPE, d + kvd, 0):
                     yield SLICE
-            st = k.store(h, layer, kv, vv)
+            if plain:
+                st = yield from self._store(h, layer, sl)
+            else:
+                st = k.store(h, layer, kv, vv)
             if st != OK:
                 self._status = st if st < 0 else E_STATE
                 return
-            if layer == 0:
-                k.begin(h, n)
-            if sl.step(U_KVW, 2 * kvd, 0):
-                yield SLICE
+            if plain:
+                if layer == 0:
+                    yield from self._begin(h, n, sl)
+            else:
+                if layer == 0:
+                    k.begin(h, n)
+                if sl.step(U_KVW, 2 * kvd, 0):
+                    yield SLICE
             yield from self._att(xb, q, h, layer, n, sl)
             yield from self._mv(xb2, lw.wo, xb, sl, 1)
             if plain:

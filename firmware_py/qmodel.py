@@ -20,7 +20,7 @@ from array import array
 
 from firmware_py import kernels_q as K
 from firmware_py.compat import const, new_array
-from firmware_py.model import ATTH_SLOTS, Q8_UNIT_MACS, RANK_CMP, SLICE, U_ATTH, U_CALL, U_ELEM, U_KVW, U_NORM, U_RANK, U_ROPE, U_ROWS, U_SILU
+from firmware_py.slicer import ATTH_SLOTS, Q8_UNIT_MACS, RANK_CMP, SLICE, U_ATTH, U_CALL, U_ELEM, U_KVW, U_NORM, U_RANK, U_ROPE, U_ROWS, U_SILU
 from firmware_py.status import E_EMPTY, E_RANGE, OK
 
 LOGIT_FRAC = const(16)  # fractional bits of QForward.logits
@@ -170,7 +170,7 @@ class QForward:
         self.h = -1  # sequence of the step under way
         self.slot = -1  # its reserved slot
         self.nslot = 0  # slots attention scans this step
-        self.att_slots = ATTH_SLOTS  # before any unit's time is known: ranges of this many slots past it (model.Slicer.att_range)
+        self.att_slots = ATTH_SLOTS  # before any unit's time is known: ranges of this many slots past it (slicer.Slicer.att_range)
 
         self.model = None  # the model.Model running this (its slicer bounds forward's slices), or None
         # a sliced forward's matvec units: each matrix's views of its output array at every
@@ -182,7 +182,7 @@ class QForward:
                 self._windows(ws[i], outs[i], win)
         self._windows(self.wcls, self.l32, win)
 
-    # rows of a matvec unit with cols columns (model.Q8_UNIT_MACS multiply-adds; at least one)
+    # rows of a matvec unit with cols columns (slicer.Q8_UNIT_MACS multiply-adds; at least one)
     @staticmethod
     def unit_rows(cols):
         u = Q8_UNIT_MACS // cols
@@ -379,7 +379,7 @@ class QForward:
     # one token through the model as a cooperative step: a generator yielding after each
     # layer; then self.logits holds the next-token logits (Q16), or self.status < 0
     # says what refused. The generator object itself is the only allocation per call.
-    # sl: a model.Slicer: the step runs in units and yields model.SLICE whenever the slice
+    # sl: a slicer.Slicer: the step runs in units and yields slicer.SLICE whenever the slice
     # is spent (no allocation either: the matvec units write through views made at boot)
     def forward(self, h, token, pos, sl=None):
         later = sl is not None and self.rope == "cache"
@@ -574,7 +574,7 @@ class QForward:
     # out = the int8 matrix m times x in units of rows through the views made at boot, as
     # far as the slice allows: r is where it stands (MV_START, MV_DISPATCH, MV_LAST, else
     # the next row); returns MV_DONE when the matrix is
-    # done, or where to resume after the caller yields SLICE (kinds: model.U_CALL, U_ROWS).
+    # done, or where to resume after the caller yields SLICE (kinds: slicer.U_CALL, U_ROWS).
     # A plain function the step loops on, so slicing makes no generator per matvec
     def _mv(self, r, out, m, x, sl, in_layer):
         u = m.unit

@@ -74,34 +74,54 @@ def error_bound(layout, x):
 def _pack(layout, x, dst, d, s):
     n = layout.kv_dim
     dt = layout.dtype
-    if dt == "fp32":
-        struct.pack_into("<%df" % n, dst, d, *x)
-        return
-    if dt == "fp16":
-        struct.pack_into("<%de" % n, dst, d, *x)
+    if dt == "fp32" or dt == "fp16":
+        pack_range(layout, x, dst, d, 0.0, 0, n)
         return
     g = layout.group
-    qmax = _QMAX8 if dt == "int8" else _QMAX4
     for j in range(0, n, g):
-        amax = 0.0
-        for i in range(j, j + g):
-            a = abs(x[i])
-            if a > amax:
-                amax = a
-        struct.pack_into("<f", dst, s + 4 * (j // g), amax / qmax)
-        sc = struct.unpack_from("<f", dst, s + 4 * (j // g))[0]  # the stored (fp32) scale
-        for i in range(j, j + g):
-            q = int(round(x[i] / sc)) if sc > 0 else 0
-            if q > qmax:
-                q = qmax
-            elif q < -qmax:
-                q = -qmax
-            if dt == "int8":
-                dst[d + i] = q & 255
-            elif i & 1:
-                dst[d + i // 2] = (dst[d + i // 2] & 15) | ((q & 15) << 4)
-            else:
-                dst[d + i // 2] = (dst[d + i // 2] & 0xF0) | (q & 15)
+        sc = put_scale(layout, dst, s, j, group_max(x, j, j + g, 0.0))
+        pack_range(layout, x, dst, d, sc, j, j + g)
+
+
+# the parts of _pack (a sliced decode step packs a row in units: kernels.Plain.store_part;
+# the same bytes as pack_layer): the largest |x| of elements i0 .. i1 - 1, or amax if larger
+def group_max(x, i0, i1, amax):
+    for i in range(i0, i1):
+        a = abs(x[i])
+        if a > amax:
+            amax = a
+    return amax
+
+
+# ... the scale of the group that holds element j stored for its max |x| amax at byte s
+# of dst (the row's scales); returns the stored (fp32) scale
+def put_scale(layout, dst, s, j, amax):
+    o = s + 4 * (j // layout.group)
+    struct.pack_into("<f", dst, o, amax / (_QMAX8 if layout.dtype == "int8" else _QMAX4))
+    return struct.unpack_from("<f", dst, o)[0]
+
+
+# ... elements i0 .. i1 - 1 of x packed at byte d of dst (the row's data): fp32/fp16 as
+# they are, int8/int4 quantized at scale sc (i0 .. i1 within one group)
+def pack_range(layout, x, dst, d, sc, i0, i1):
+    dt = layout.dtype
+    if dt == "fp32" or dt == "fp16":
+        b = 4 if dt == "fp32" else 2
+        struct.pack_into("<%d%s" % (i1 - i0, "f" if b == 4 else "e"), dst, d + b * i0, *x[i0:i1])
+        return
+    qmax = _QMAX8 if dt == "int8" else _QMAX4
+    for i in range(i0, i1):
+        q = int(round(x[i] / sc)) if sc > 0 else 0
+        if q > qmax:
+            q = qmax
+        elif q < -qmax:
+            q = -qmax
+        if dt == "int8":
+            dst[d + i] = q & 255
+        elif i & 1:
+            dst[d + i // 2] = (dst[d + i // 2] & 15) | ((q & 15) << 4)
+        else:
+            dst[d + i // 2] = (dst[d + i // 2] & 0xF0) | (q & 15)
 
 
 # int4 (KIVI): the largest error of a key of a block whose channel holds the values xs

@@ -20,6 +20,10 @@ from firmware_py.compat import const, new_array
 _ONE = const(65536)  # weight of the most likely token
 _LIMIT = const(0x3FFFFFFF)  # weights sum below this (a small int on the ESP32)
 _MASK32 = const(0xFFFFFFFF)  # seed range
+# the settings' ranges, which every front end (generate, emulate, the app config) checks
+# with these: temperature 0 (greedy) .. TEMPERATURE_MAX, top_p in (0, 1], seed 0 .. SEED_MAX
+TEMPERATURE_MAX = 1000000.0
+SEED_MAX = _MASK32
 _SEED0 = const(0x2545F491)  # the state for seed 0 (xorshift's state must not be 0)
 _FRAC = const(16)  # fraction bits of (max - logit) as the weight step reads it
 _ESH = const(25)  # fraction bits of the base-2 exponent e (e x 2**25 < 17 x 2**25 < 2**30)
@@ -42,8 +46,8 @@ class Sampler:
     def __init__(self, vocab_size, temperature=0.0, top_p=1.0, seed=0):
         if vocab_size < 1:
             raise SamplerError("vocab_size must be >= 1, got %d" % vocab_size)
-        if not temperature >= 0.0 or temperature != temperature or temperature > 1e6:
-            raise SamplerError("temperature must be a number >= 0, got %r" % temperature)
+        if not temperature >= 0.0 or temperature != temperature or temperature > TEMPERATURE_MAX:
+            raise SamplerError("temperature must be a number in 0..%g, got %r" % (TEMPERATURE_MAX, temperature))
         if not 0.0 < top_p <= 1.0:
             raise SamplerError("top_p must be in (0, 1], got %r" % top_p)
         if seed < 0 or seed > _MASK32:

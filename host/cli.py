@@ -8,6 +8,7 @@ import sys
 
 from invoke import Argument, Exit, ParseError, Program
 
+from firmware_py import VERSION
 from host import running
 
 USAGE_EXIT = running.USAGE_EXIT  # bad input, as docs/getting-started.md promises
@@ -184,7 +185,7 @@ def explain(e, argv, chain=False):
     return "%s: %s" % (who, msg.rstrip("!"))
 
 
-program = KvProgram(name="kv", binary="./kv", binary_names=["kv"], version="0.1.0")
+program = KvProgram(name="kv", binary="./kv", binary_names=["kv"], version=VERSION)
 
 
 def main(argv=None):
@@ -220,7 +221,7 @@ def kvrtos(argv=None):
         for name in CHECKOUT_ONLY:
             if name in ns.tasks:
                 ns.tasks[name] = needs_checkout(name, ns.tasks[name], "kvrtos")
-    prog = KvProgram(name="kvrtos", binary="kvrtos", binary_names=["kvrtos"], version="0.1.0",
+    prog = KvProgram(name="kvrtos", binary="kvrtos", binary_names=["kvrtos"], version=VERSION,
                      namespace=ns)
     try:
         prog.run(argv)

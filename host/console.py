@@ -23,6 +23,7 @@ import time
 import zlib
 
 from firmware_py import telemetry as tm
+from firmware_py.sched.task import STATE_NAMES
 
 MULTI = ("seq", "task", "tier", "bwcat")  # records that come once per slot: lists "seqs", "tasks", ...
 MAX_WIRE = tm.wire_len(tm.MAX_PAYLOAD) - 2  # the longest run between delimiters a frame makes
@@ -688,10 +689,9 @@ def render(state, counts=None, board_text=(), title="kvrtos telemetry"):
     tasks = Table(title="tasks", expand=True)
     for col in ("task", "state", "prio", "CPU %", "max lat us", "max slice us", "misses", "faults"):
         tasks.add_column(col, justify="left" if col in ("task", "state") else "right")
-    states = ("READY", "RUNNING", "RUNNING", "BLOCKED", "DONE", "FAILED", "KILLED")
     for t in sorted(state.tasks.values(), key=lambda r: r["slot"]):
         st = t.get("state", 0)
-        tasks.add_row(t["name"], states[st] if 0 <= st < len(states) else str(st), str(t.get("prio", "")),
+        tasks.add_row(t["name"], STATE_NAMES[st] if 0 <= st < len(STATE_NAMES) else str(st), str(t.get("prio", "")),
                       "-" if t.get("cpu_pct") is None else "%.1f" % t["cpu_pct"], str(t.get("max_lat_us", "")),
                       str(t.get("max_slice_us", "")), str(t.get("misses", "")), str(t.get("faults", "")))
     mem = Table(title="memory", expand=True)

@@ -20,7 +20,7 @@ import json
 import os
 import sys
 
-from firmware_py import appcfg, decode, llama2c
+from firmware_py import appcfg, decode, llama2c, sample
 from firmware_py import bandwidth as bwm
 from firmware_py import telemetry as tm
 from firmware_py import thermal as thm
@@ -74,10 +74,10 @@ DEFAULTS = {
     "max_ms": 1800000,
     "speed": "fit",  # the MicroPython cost at the fitted factor, or at the slow or fast end of its band
 }
-_INT_KEYS = {"window": (0, 1 << 20), "sinks": (0, 64), "tokens": (1, 1 << 20), "seed": (0, 0x3FFFFFFF),
+_INT_KEYS = {"window": (0, 1 << 20), "sinks": (0, 64), "tokens": (1, 1 << 20), "seed": (0, sample.SEED_MAX),
              "piece_bytes": (0, 1 << 24), "kv_blocks": (0, 1 << 20), "reserve": (-1, 1 << 30), "link_bps": (100, 1000000), "rate_hz": (1, 1000), "ambient_c": (-40, 120),
              "max_ms": (1, MAX_MS), "slice_us": (0, decode.SLICE_MAX_US)}
-_FLOAT_KEYS = {"temperature": (0.0, 10.0), "top_p": (0.0, 1.0)}
+_FLOAT_KEYS = {"temperature": (0.0, sample.TEMPERATURE_MAX), "top_p": (0.0, 1.0)}  # top_p: above 0 (appcfg.OPEN_LO)
 _STR_KEYS = ("board", "model", "tokenizer", "policy", "kv_dtype", "prompt", "scenario", "cost", "weights_tier",
              "kv_tier", "weights", "speed")
 SPEEDS = ("fit", "slow", "fast")
@@ -195,6 +195,8 @@ def normalize(spec):
         v = out[key]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
             _bad("%s must be a number in %g..%g, got %r" % (key, lo, hi, v))
+        if key in appcfg.OPEN_LO and v == lo:
+            _bad("%s must be a number in (%g, %g], got %r" % (key, lo, hi, v))
         out[key] = float(v)
     if out["policy"] not in appcfg.POLICIES:
         _bad("policy must be one of %s, got %r" % (", ".join(appcfg.POLICIES), out["policy"]))

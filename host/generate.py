@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from firmware_py import decode, kv, llama2c, tokenizer
+from firmware_py import decode, kv, llama2c, sample, tokenizer
 from firmware_py import model as fw_model
 from host import boardmodel, boards, interp, paths
 from host.errors import UserError
@@ -63,9 +63,9 @@ def main(model="", prompt="", tokens="64", tokenizer_path="", temperature="0", t
     if runtime not in RUNTIMES:
         raise UserError("--runtime must be one of %s, got %r" % (", ".join(RUNTIMES), runtime), 2)
     n = _int(tokens, "--tokens", 1, 1 << 20)
-    t = _float(temperature, "--temperature", 0.0, 1e6)
+    t = _float(temperature, "--temperature", 0.0, sample.TEMPERATURE_MAX)
     p = _float(top_p, "--top-p", 0.0, 1.0, open_lo=True)
-    s = _int(seed, "--seed", 0, 0xFFFFFFFF)
+    s = _int(seed, "--seed", 0, sample.SEED_MAX)
     w = _int(window, "--window", 0, 1 << 24)
     if kv_dtype not in kv.DTYPES and kv_dtype != "auto":  # auto: int8 beside int8 weights, else fp32
         raise UserError("--kv-dtype must be one of %s or auto, got %r" % (", ".join(kv.DTYPES), kv_dtype), 2)

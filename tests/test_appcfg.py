@@ -69,3 +69,43 @@ def test_budget_sum_on_one_tier_at_spawn(tmp_path):
     with pytest.raises(UserError) as e:
         emulate.run({"scenario": str(p), "cost": "c"})
     assert "psram" in str(e.value) and e.value.code == 2 and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("key,value,ok", [("top_p", 0.0, False), ("top_p", 1e-4, True), ("top_p", 1.0, True),
+                                          ("temperature", 1e6, True), ("temperature", 1e6 + 1, False),
+                                          ("seed", 0xFFFFFFFF, True), ("seed", 1 << 32, False)])
+def test_the_sampler_settings_have_one_range_in_every_front_end(key, value, ok):
+    # the app config took top_p 0 (the sampler refuses it: the board failed at boot), its
+    # temperature stopped at 10 and emulate's too where generate took 1e6, and the seeds
+    # stopped at 2**30 - 1 where generate took 2**32 - 1: one range now (sample.py), and
+    # the config, emulate and generate accept and refuse the same values, each in one line
+    from firmware_py import sample
+    from host import generate
+
+    def cfg():
+        appcfg.load({"decode": {key: value}})
+
+    def emu():
+        emulate.normalize({key: value})
+
+    def gen():
+        flag = {"top_p": "top_p", "temperature": "temperature", "seed": "seed"}[key]
+        try:
+            generate.main(model="/nonexistent.bin", **{flag: repr(value)})
+        except UserError as e:
+            if "nonexistent" in str(e) or "model" in str(e):
+                return
+            raise
+
+    for f, err in ((cfg, appcfg.AppConfigError), (emu, UserError), (gen, UserError)):
+        if ok:
+            f()
+        else:
+            with pytest.raises(err) as e:
+                f()
+            assert key.replace("_", "") in str(e.value).replace("_", "").replace("-", "") and "\n" not in str(e.value)
+    if ok:
+        sample.Sampler(8, **{key: value})
+    else:
+        with pytest.raises(sample.SamplerError):
+            sample.Sampler(8, **{key: value})

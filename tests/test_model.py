@@ -348,7 +348,8 @@ def test_the_plain_sliced_step_splits_the_softmax_and_matches_the_whole_one(weig
     # whose group sums run on across units: one group a row, or groups of 4), its elementwise
     # work in units of PLAIN_EL elements: none is more than that
     from firmware_py import kv, llama2c, pool
-    from firmware_py.model import PLAIN_EL, PLAIN_MACS, SLICE, SOFTMAX_SLOTS, U_ATT, U_COLS, U_ELEM, U_NORM, U_ROPE, U_ROWS, U_SILU, Model, Slicer
+    from firmware_py.model import Model
+    from firmware_py.slicer import PLAIN_EL, PLAIN_MACS, SLICE, SOFTMAX_SLOTS, U_ATT, U_COLS, U_ELEM, U_NORM, U_ROPE, U_ROWS, U_SILU, Slicer
     from firmware_py.sched import Kernel
     from host import convert
 
@@ -636,9 +637,11 @@ def test_budget_too_small_is_one_line_on_micropython(tmp_path):
 def test_the_plain_sliced_step_reports_the_same_rope_work_in_both_modes():
     # the emulator prices RoPE by the elements the sliced step reports (U_ROPE): rope
     # "cache" turns the key at attention, but its work is reported with the query's, as
-    # absolute's is, so a token costs the same in both modes (the key's share was lost)
+    # absolute's is (the key's share was lost); on top, "cache" reports its per-token table
+    # of the ranks' cos and sin (a pair per slot and half head, once a token: it was unpriced)
     from firmware_py import kv, llama2c, pool
-    from firmware_py.model import U_ROPE, Model, Slicer
+    from firmware_py.model import Model
+    from firmware_py.slicer import U_ROPE, Slicer
     from firmware_py.sched import Kernel
 
     w = llama2c.load(os.path.join(TINY, "model.bin"))
@@ -668,4 +671,75 @@ def test_the_plain_sliced_step_reports_the_same_rope_work_in_both_modes():
         k.spawn("t", 1, task())
         k.run()
         seen[rope] = got[0]
-    assert seen["absolute"] == seen["cache"] == 3 * cfg.n_layers * (cfg.dim + cfg.kv_dim), seen
+    table = sum(2 * (cfg.head_dim // 2) * (pos + 1) for pos in range(3))
+    assert seen["absolute"] == seen["cache"] - table == 3 * cfg.n_layers * (cfg.dim + cfg.kv_dim), seen
+
+
+@pytest.mark.parametrize("dtype,rope,policy", [("fp32", "absolute", "full"), ("int8", "cache", "h2o"), ("int4", "absolute", "window"),
+                                               ("int4tok", "cache", "full"), ("fp16", "absolute", "h2o"), ("int8", "absolute", "sinks")])
+def test_the_plain_sliced_step_splits_a_wide_slot_the_store_and_the_slot_table(dtype, rope, policy, tmp_path):
+    # a slot of a wide model was one attention unit (4.2 ms for a 288-wide model at the
+    # bytecode figures, 6 ms with int8 KV) and an int8 row's store one unit of 2 x kv_dim
+    # elements (23 ms): the plain path now runs a slot by K/V heads (PLAIN_ATT_MACS), the
+    # store group by group in PLAIN_EL elements, the embedding and the per-token slot table
+    # (rope "cache": the ranks' cos/sin) in units too, and the logits, the h2o scores and
+    # the cache stay the whole step's exactly
+    import test_llama2c as L2
+    from firmware_py import kv, llama2c, pool, quant
+    from firmware_py.model import Model
+    from firmware_py.slicer import PLAIN_EL, U_ATT, U_KVW, U_ROPE, Slicer
+    from firmware_py.sched import Kernel
+
+    hdr, w = L2.random_model(dim=128, hidden=64, layers=2, heads=4, kv_heads=2, vocab=32, seq_len=64, seed=5)
+    wts = llama2c.load(L2.write_legacy(str(tmp_path / "wide.bin"), hdr, w))
+    cfg = wts.cfg
+    runs = []
+    for sliced in (False, True):
+        lay = kv.Layout(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, dtype, tokens_per_block=4)
+        p = pool.Pool(lay.block_bytes, 12)
+        c = kv.KVCache(p, lay, h2o=policy == "h2o")
+        h = c.open(p.add_region(12), policy, 0 if policy == "full" else 12)
+        m = Model(wts, c, "plain", rope)
+        assert m.att_kv == 1  # 2 query heads of 32 per K/V head: 64 MACs a unit, two units a slot
+        k = Kernel(verbose=False)
+        got = {"logits": [], "kinds": set()}
+
+        class Counting(Slicer):
+            def step(self, kind, a, b, got=got):
+                got["kinds"].add(kind)
+                assert kind != U_ATT or a <= 2, (kind, a, b)
+                assert kind not in (U_KVW, U_ROPE) or a <= PLAIN_EL, (kind, a, b)
+                return Slicer.step(self, kind, a, b)
+
+        def task(k=k, sliced=sliced, m=m, h=h, got=got, c=c):
+            m.slicer = Counting(k, 1) if sliced else None
+            for pos in range(30):
+                for _ in m.forward(h, (5 * pos + 3) % cfg.vocab_size, pos):
+                    yield
+                assert m.status >= 0, m.status
+                got["logits"].append(list(m.logits))
+            got["arena"] = bytes(c.arena)
+            got["scores"] = [c.score(h, s) for s in range(c.cached(h))] if policy == "h2o" else []
+
+        k.spawn("t", 1, task())
+        k.run()
+        runs.append(got)
+    assert runs[0]["logits"] == runs[1]["logits"] and len(runs[1]["logits"]) == 30
+    assert runs[0]["arena"] == runs[1]["arena"] and runs[0]["scores"] == runs[1]["scores"]
+    assert {U_ATT, U_KVW} <= runs[1]["kinds"]
+    # the store in parts packs what quant.pack_layer packs
+    rnd = np.random.default_rng(1)
+    kx, vx = rnd.uniform(-3, 3, cfg.kv_dim).tolist(), rnd.uniform(-3, 3, cfg.kv_dim).tolist()
+    want = bytearray(lay.layer_row)
+    quant.pack_layer(lay, kx, vx, want, 0)
+    pk = m.k
+    for which, x in ((0, kx), (1, vx)):
+        g = pk.store_group(which)
+        for j in range(0, cfg.kv_dim, g):
+            for part in range(0 if pk.store_scaled(which) else 1, 2):
+                for i in range(j, j + g, 5):  # parts of 5 elements: not a divisor of the group
+                    pk.store_part(x, which, part, i, min(i + 5, j + g))
+    if dtype == "fp32":
+        from firmware_py.pool import copy32
+        copy32(pk.row, 0, pk.rowf, 0, lay.layer_row >> 2)
+    assert bytes(pk.row) == bytes(want), dtype

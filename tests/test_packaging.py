@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from conftest import ROOT
+from firmware_py import VERSION
 from host import mip, paths
 from vboard_util import fs_path, start
 
@@ -53,7 +54,7 @@ def test_mip_installs_the_firmware_from_a_local_package_json(tmp_path):
         r = subprocess.run([paths.tool("mpremote"), "connect", vb.port, "exec", code], capture_output=True,
                            text=True, timeout=60)
         assert r.returncode == 0, r.stdout + r.stderr
-        assert "slept" in r.stdout and "kvrtos 0.1.0 lib/firmware_py/app" in r.stdout, r.stdout
+        assert "slept" in r.stdout and "kvrtos %s lib/firmware_py/app" % VERSION in r.stdout, r.stdout
 
 
 def _wheel_site(tmp_path):
@@ -176,3 +177,17 @@ def test_kv_bench_help_and_model_names_in_the_checkout(tmp_path):
     shared = paths.shared_models()
     if shared and os.path.isfile(os.path.join(shared, "stories260K.bin")):  # ../shared/models beside the checkout
         assert boardmodel.named("stories260K") == (os.path.join(shared, "stories260K.bin"), os.path.join(shared, "tok512.bin"))
+
+
+def test_the_version_is_written_once():
+    # it was in five places (pyproject.toml, firmware_py/__init__.py, package.json, and
+    # twice in host/cli.py): firmware_py.VERSION now, which the others read
+    files = subprocess.run(["git", "ls-files", "*.py", "*.toml"], cwd=ROOT, capture_output=True, text=True, check=True)
+    quoted = ['"%s"' % VERSION, "'%s'" % VERSION]
+    holders = [p for p in files.stdout.split() if os.path.isfile(os.path.join(ROOT, p))
+               and any(q in open(os.path.join(ROOT, p), encoding="utf-8").read() for q in quoted)]
+    assert holders == ["firmware_py/__init__.py"], holders
+    with open(os.path.join(ROOT, "package.json")) as f:
+        assert json.load(f)["version"] == VERSION
+    r = subprocess.run([sys.executable, "-m", "host.cli", "--version"], cwd=ROOT, capture_output=True, text=True)
+    assert VERSION in r.stdout, r.stdout + r.stderr

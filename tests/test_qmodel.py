@@ -210,7 +210,7 @@ def test_a_model_whose_sums_would_leave_a_32_bit_word_is_refused_in_one_line(tmp
 
 
 def test_sliced_integer_step_matches_the_whole_one(tmp_path):
-    # QForward with a slicer (a slice of 1 us: it yields model.SLICE after nearly every
+    # QForward with a slicer (a slice of 1 us: it yields slicer.SLICE after nearly every
     # unit) computes the same logits as without one, token after token, and yields inside
     # layers; the layer ends are still the plain yields the decode counts
 
@@ -227,7 +227,7 @@ def test_sliced_integer_step_matches_the_whole_one_on_wide_rows(wide_q8):
 
 def _sliced_matches_whole(out):
     from firmware_py import kv, llama2c, pool, qmodel
-    from firmware_py.model import SLICE, Slicer
+    from firmware_py.slicer import SLICE, Slicer
     from firmware_py.sched import Kernel
 
     w = llama2c.load(out)
@@ -267,7 +267,7 @@ def test_the_attention_ranges_follow_the_heaviest_pass_not_the_last_unit():
     # head over 1,000 slots looked short enough for one unit and overran the bound every
     # other layer (review finding). The slicer keeps pass 1's and pass 3's times apart
     from firmware_py.clock import VirtualClock
-    from firmware_py.model import U_ATTH, Slicer
+    from firmware_py.slicer import U_ATTH, Slicer
     from firmware_py.sched import Kernel
 
     k = Kernel(VirtualClock(), verbose=False)

@@ -414,7 +414,7 @@ class Kernel(Timers, Priorities, Watchdog, Notify, Stats):
                     hook(t, task)
                 task.state = running
                 self.current = task
-                self.t0 = t  # the slice's start: the watchdog's and a sliced decode's (model.Slicer)
+                self.t0 = t  # the slice's start: the watchdog's and a sliced decode's (slicer.Slicer)
                 gen = task.gen
                 rv = task.rv
                 if rv is not None:

@@ -143,7 +143,7 @@ eq(c.length(h), 15, "the task decoded 10 more tokens")
 # allocates nothing but each token's forward generator (made before the lock here), and
 # computes the logits of the whole step
 from firmware_py.clock import RealClock  # noqa: E402
-from firmware_py.model import SLICE, Slicer  # noqa: E402
+from firmware_py.slicer import SLICE, Slicer  # noqa: E402
 from firmware_py.sched import Kernel  # noqa: E402
 
 c5, h5, m5 = setup()
@@ -175,10 +175,10 @@ eq(list(got5), want6, "the sliced step picks the whole step's tokens")
 check(nsl5[0] > len(TOKS) * NL * 7, "it yielded inside the layers: %d slices" % nsl5[0])
 eq(list(m5.logits), list(m6.logits), "and gives the same last logits")
 
-# rope "cache": the sliced step ranks the slots in units (of model.RANK_CMP comparisons)
+# rope "cache": the sliced step ranks the slots in units (of slicer.RANK_CMP comparisons)
 # before the layers, a look at the slice after each, under a window that evicts; nothing
 # allocated, the same tokens and logits as the whole step
-from firmware_py import model as _model  # noqa: E402
+from firmware_py import slicer as _slicer  # noqa: E402
 
 cr, hr, mr = setup("window", 4, rope="cache", tpb=2)
 cw, hw, mw = setup("window", 4, rope="cache", tpb=2)
@@ -188,7 +188,7 @@ nrank = array("i", [0])
 
 class RankCounting(Slicer):
     def step(self, kind, a, b):
-        if kind == _model.U_RANK:
+        if kind == _slicer.U_RANK:
             nrank[0] += 1
         return Slicer.step(self, kind, a, b)
 
@@ -221,7 +221,7 @@ eq(list(mr.logits), list(mw.logits), "rope cache: and gives the same last logits
 eq(nrank[0], len(TOKR), "rope cache: one ranks unit a token at these few slots")
 
 # past att_slots slots the sliced step attends one pass of one head over ranges of blocks
-# (model.ATTH_SLOTS; lowered here to 2 slots, blocks of 2 tokens, so that 6 tokens take 3
+# (slicer.ATTH_SLOTS; lowered here to 2 slots, blocks of 2 tokens, so that 6 tokens take 3
 # ranges a pass): the same tokens and logits as the whole step, nothing allocated
 c7, h7, m7 = setup(tpb=2)
 m7.att_slots = 2
