@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from host import sweep
+from host import sweep, sweepcache
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOKENS = 3
@@ -243,10 +243,10 @@ def test_key_covers_module_source_and_every_host_module(tmp_path):
         (tmp_path / "root" / sub).mkdir(parents=True)
         (tmp_path / "root" / sub / "m.py").write_text("x = 1\n")
     a = sweep.code_sha256(str(tmp_path / "root"))
-    sweep._CODE.clear()
+    sweepcache._CODE.clear()
     (tmp_path / "root" / "host" / "m.py").write_text("x = 2\n")
     assert sweep.code_sha256(str(tmp_path / "root")) != a
-    sweep._CODE.clear()
+    sweepcache._CODE.clear()
 
 
 def test_cache_entry_of_another_shape_is_a_miss(tmp_path):
@@ -512,6 +512,6 @@ def test_points_show_both_ends_of_the_board_speed_band(tmp_path):
     # a point that holds at the fitted speed but misses at the slow end does not meet the target
     rep = dict({m: 1 for m in sweep.METRICS}, deadline_misses=0, band={
         "slow": {"tok_s": 0.5, "deadline_misses": 7}, "fast": {"tok_s": 2.0, "deadline_misses": 0}})
-    row = sweep._row({"norm": {"board": "esp32s3_n8r8", "policy": "full", "tokens": 1}}, "k" * 64,
+    row = sweep.row_of({"norm": {"board": "esp32s3_n8r8", "policy": "full", "tokens": 1}}, "k" * 64,
                      {"status": "ok", "report": rep}, {})
     assert row["meets_target"] is False and "7 deadline misses at the slow end" in row["why_not"], row
