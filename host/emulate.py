@@ -469,146 +469,182 @@ def run(spec, out_dir=None, progress=None):
 def _run(n, out_dir, progress):
     if out_dir is not None:
         paths.out_folder(out_dir)
-    brd = boards.load(n["board"])
-    cfg_app = _app_config(n)
-    mfile = _model_file(n)
-    try:
-        mcfg, mlay = llama2c.plan(mfile)
-    except (llama2c.CheckpointError, OSError) as e:
-        _bad("%s: %s" % (_display(n["model"]), e))
-    w_tier, kv_tier, heap, reserve, why = _placement(brd, n, mcfg, mlay)
-    clk = VirtualClock()
-    chats = cfg_app["decode"].get("chats") or []
-    blocks = n["kv_blocks"]
-    if n["reserve"] >= 0:
-        reserve = n["reserve"]
-        if not blocks:  # the budget rule with this reserve: the pool's blocks, given to the Session
-            blocks = _budget(heap, mcfg, mlay.memory_bytes(), n, reserve, max(1, len(chats)))[1]
-            if blocks < 1:
-                _bad("the KV budget is too small: 0 blocks fit in a heap of %d B with --reserve %d (weights %d B on %s)"
-                     % (heap, reserve, mlay.memory_bytes(), w_tier))
-    k = Kernel(clk, max_tasks=appcfg.max_tasks(cfg_app) + 3, verbose=False)
-    bw = bwm.Bandwidth(brd, kernel=k, carry_ns=True, user_categories=appcfg.categories(cfg_app),
-                       window_us=_window_us(brd))
-    try:
-        s = decode.Session(mfile, n["tokenizer"], kv_dtype=n["kv_dtype"], policy=n["policy"], window=n["window"],
-                           backend="auto", heap=heap, reserve=reserve, temperature=n["temperature"], top_p=n["top_p"],
-                           seed=n["seed"], sinks=n["sinks"], word_bytes=4, blocks=blocks, slice_us=n["slice_us"],
-                           context=_context(cfg_app), **({"seqs": len(chats)} if chats else {}))
-        prefix = cfg_app["decode"].get("prefix", n["prompt"])
-        ids = s.encode(prefix if chats else n["prompt"])
-        runs = []  # (name, the object that decodes: the Session or a Chat, tokens asked, priority)
-        if chats:
-            for c in chats:
-                ch = s.chat(c.get("prompt", ""), seed=c.get("seed"))
-                runs.append((c["name"], ch, min(c.get("tokens", n["tokens"]), n["tokens"]),
-                             c.get("priority", cfg_app["decode"]["priority"])))
-        else:
-            runs.append(("decode", s, n["tokens"], cfg_app["decode"]["priority"]))
-    except decode.DecodeError as e:
-        _bad("%s on %s: %s" % (os.path.basename(n["model"]), brd.name, e))
-    kt = brd.tier(kv_tier)
-    if n["kv_tier"] != "auto" and s.pool.n_blocks * s.layout.block_bytes > kt.bytes:
-        _bad("the KV pool (%d blocks of %d B) does not fit %s's %s (%d B): give fewer --kv-blocks"
-             % (s.pool.n_blocks, s.layout.block_bytes, brd.name, kv_tier, kt.bytes))
-    s.traffic = decode.traffic_for(s, bw, w_tier=w_tier, kv_tier=kv_tier)
-    reads = _Reads(mlay, _kv_layout(mcfg, n), s.cache)
-    for obj in {id(r[1].model): r[1].model for r in runs}.values():
-        reads.watch(obj)
-    s.piece_bytes = n["piece_bytes"]
-    cpu, cost = _cost_model(brd, n["cost"], s, n["speed"])
-    s.cpu = cpu
-    try:
-        env = appcfg.make_env(k, bw, cfg_app, brd)
-        loads = appcfg.spawn(k, cfg_app, env)
-    except appcfg.AppConfigError as e:
-        _bad("scenario %s: %s" % (os.path.basename(n["scenario"]) or "-", e))
-    except Exception as e:  # noqa: BLE001 - a built-in workload failed for no config reason: internal
-        raise TaskFault("setup", e) from None
-    src = thm.ModelTemp(clk, ambient_c=n["ambient_c"])
-    guard = thm.for_board(k, brd, source=src)
-    s.thermal = guard
-    sink = _Sink()
-    tel = tm.Telemetry(sink.write, kernel=k, link_bps=n["link_bps"], rate_hz=n["rate_hz"], pool=s.pool, cache=s.cache,
-                       bw=bw, dma=env["dma"], thermal=guard, heap=False, max_seqs=max(4, len(runs)),
-                       meta={"model": os.path.basename(n["model"]), "board": brd.name, "kv.policy": s.policy,
-                             "model.layers": s.cfg.n_layers, "model.seq_len": s.cfg.seq_len, "model.dim": s.cfg.dim,
-                             "emulator": "kv emulate"})
-    k.spawn("telemetry", 2, tel.task(k))
-    k.spawn("thermal", 2, guard.task())
-    total = sum(r[2] for r in runs)
-    made = [0]
-    reasons = {}
-    bt = _BoardTime(clk)
-    marks = {}  # id(Session or Chat) -> {"begin": (board us, tick) at its task's start, "first", "last": at its tokens}
+    em = _Emulation(n, progress)
+    em.drive()
+    rep = em.report()
+    frames_jsonl = _frames(em.sink.buf, rep)
+    if out_dir is not None:
+        _write(out_dir, rep, frames_jsonl)
+    return rep
 
-    seen = {}  # id(Session or Chat) -> on_token calls: the emulator's own count of tokens
 
-    def on_token(sess):
-        tel.tokens += 1
-        made[0] += 1
-        seen[id(sess)] = seen.get(id(sess), 0) + 1
-        m = marks.setdefault(id(sess), {})
-        m["last"] = (bt.now(), clk.now())
+class _Emulation:
+    # one run, in the order it happens: the board and the model's placement, the decode's
+    # Session (or its chats), the tasks beside it (the scenario's, telemetry, the thermal
+    # guard), the requests, then the kernel driven on the virtual clock until they end
+    def __init__(self, n, progress):
+        self.n = n
+        self.progress = progress
+        self.brd = boards.load(n["board"])
+        self.cfg_app = _app_config(n)
+        self.mfile = _model_file(n)
+        try:
+            self.mcfg, self.mlay = llama2c.plan(self.mfile)
+        except (llama2c.CheckpointError, OSError) as e:
+            _bad("%s: %s" % (_display(n["model"]), e))
+        self.w_tier, self.kv_tier, heap, reserve, self.why = _placement(self.brd, n, self.mcfg, self.mlay)
+        self.clk = VirtualClock()
+        self.k = Kernel(self.clk, max_tasks=appcfg.max_tasks(self.cfg_app) + 3, verbose=False)
+        self.bw = bwm.Bandwidth(self.brd, kernel=self.k, carry_ns=True, user_categories=appcfg.categories(self.cfg_app),
+                                window_us=_window_us(self.brd))
+        self._session(heap, reserve)
+        self._beside()
+        self._requests()
+
+    # the decode: one Session, or one per chat on a shared prefix; runs: (name, the object
+    # that decodes, tokens asked, priority)
+    def _session(self, heap, reserve):
+        n, brd, cfg_app, mcfg, mlay = self.n, self.brd, self.cfg_app, self.mcfg, self.mlay
+        chats = cfg_app["decode"].get("chats") or []
+        blocks = n["kv_blocks"]
+        if n["reserve"] >= 0:
+            reserve = n["reserve"]
+            if not blocks:  # the budget rule with this reserve: the pool's blocks, given to the Session
+                blocks = _budget(heap, mcfg, mlay.memory_bytes(), n, reserve, max(1, len(chats)))[1]
+                if blocks < 1:
+                    _bad("the KV budget is too small: 0 blocks fit in a heap of %d B with --reserve %d (weights %d B on %s)"
+                         % (heap, reserve, mlay.memory_bytes(), self.w_tier))
+        try:
+            s = decode.Session(self.mfile, n["tokenizer"], kv_dtype=n["kv_dtype"], policy=n["policy"], window=n["window"],
+                               backend="auto", heap=heap, reserve=reserve, temperature=n["temperature"], top_p=n["top_p"],
+                               seed=n["seed"], sinks=n["sinks"], word_bytes=4, blocks=blocks, slice_us=n["slice_us"],
+                               context=_context(cfg_app), **({"seqs": len(chats)} if chats else {}))
+            prefix = cfg_app["decode"].get("prefix", n["prompt"])
+            self.ids = s.encode(prefix if chats else n["prompt"])
+            runs = []
+            if chats:
+                for c in chats:
+                    ch = s.chat(c.get("prompt", ""), seed=c.get("seed"))
+                    runs.append((c["name"], ch, min(c.get("tokens", n["tokens"]), n["tokens"]),
+                                 c.get("priority", cfg_app["decode"]["priority"])))
+            else:
+                runs.append(("decode", s, n["tokens"], cfg_app["decode"]["priority"]))
+        except decode.DecodeError as e:
+            _bad("%s on %s: %s" % (os.path.basename(n["model"]), brd.name, e))
+        kt = brd.tier(self.kv_tier)
+        if n["kv_tier"] != "auto" and s.pool.n_blocks * s.layout.block_bytes > kt.bytes:
+            _bad("the KV pool (%d blocks of %d B) does not fit %s's %s (%d B): give fewer --kv-blocks"
+                 % (s.pool.n_blocks, s.layout.block_bytes, brd.name, self.kv_tier, kt.bytes))
+        s.traffic = decode.traffic_for(s, self.bw, w_tier=self.w_tier, kv_tier=self.kv_tier)
+        self.reads = _Reads(mlay, _kv_layout(mcfg, n), s.cache)
+        for obj in {id(r[1].model): r[1].model for r in runs}.values():
+            self.reads.watch(obj)
+        s.piece_bytes = n["piece_bytes"]
+        s.cpu, self.cost = _cost_model(brd, n["cost"], s, n["speed"])
+        self.s, self.runs = s, runs
+
+    # the tasks beside the decode: the scenario's (appcfg), the thermal guard and telemetry
+    # into an in-memory sink
+    def _beside(self):
+        n, k, brd, s = self.n, self.k, self.brd, self.s
+        try:
+            self.env = appcfg.make_env(k, self.bw, self.cfg_app, brd)
+            self.loads = appcfg.spawn(k, self.cfg_app, self.env)
+        except appcfg.AppConfigError as e:
+            _bad("scenario %s: %s" % (os.path.basename(n["scenario"]) or "-", e))
+        except Exception as e:  # noqa: BLE001 - a built-in workload failed for no config reason: internal
+            raise TaskFault("setup", e) from None
+        src = thm.ModelTemp(self.clk, ambient_c=n["ambient_c"])
+        self.guard = thm.for_board(k, brd, source=src)
+        s.thermal = self.guard
+        self.sink = _Sink()
+        self.tel = tm.Telemetry(self.sink.write, kernel=k, link_bps=n["link_bps"], rate_hz=n["rate_hz"], pool=s.pool,
+                                cache=s.cache, bw=self.bw, dma=self.env["dma"], thermal=self.guard, heap=False,
+                                max_seqs=max(4, len(self.runs)),
+                                meta={"model": os.path.basename(n["model"]), "board": brd.name, "kv.policy": s.policy,
+                                      "model.layers": s.cfg.n_layers, "model.seq_len": s.cfg.seq_len,
+                                      "model.dim": s.cfg.dim, "emulator": "kv emulate"})
+        k.spawn("telemetry", 2, self.tel.task(k))
+        k.spawn("thermal", 2, self.guard.task())
+
+    # one task per request (its start event, the decode with its text into telemetry, its
+    # done event) and the ender, which stops the kernel once they are done and the last
+    # frames are out
+    def _requests(self):
+        k, s, tel, runs = self.k, self.s, self.tel, self.runs
+        self.total = sum(r[2] for r in runs)
+        self.made = 0
+        self.reasons = {}
+        self.bt = _BoardTime(self.clk)
+        self.marks = {}  # id(Session or Chat) -> {"begin": (board us, tick) at its task's start, "first", "last": at its tokens}
+        self.seen = {}  # id(Session or Chat) -> on_token calls: the emulator's own count of tokens
+        s.on_token = self._on_token
+        tasks = []
+        if self.cfg_app["decode"].get("chats"):
+            k.spawn("prefix", max(r[3] for r in runs), s.prefix_task(k, self.ids))
+        for i, (name, obj, n_tok, prio) in enumerate(runs):
+            tasks.append(k.spawn(name, prio, self._one(i + 1, name, obj, n_tok)))
+            tel.watch_seq(obj.h, s.cap)
+        self.ended = False
+
+        def ender():
+            for t in tasks:
+                yield k.join(t)
+            yield k.sleep_us(2 * tel.period_us + 1000)  # the last frames go out
+            self.ended = True
+            k.stop()
+
+        k.spawn("end", 0, ender())
+
+    def _on_token(self, sess):
+        self.tel.tokens += 1
+        self.made += 1
+        self.seen[id(sess)] = self.seen.get(id(sess), 0) + 1
+        m = self.marks.setdefault(id(sess), {})
+        m["last"] = (self.bt.now(), self.clk.now())
         m.setdefault("first", m["last"])
-        if progress is not None:
-            progress(made[0], total)
+        if self.progress is not None:
+            self.progress(self.made, self.total)
 
-    s.on_token = on_token
-
-    def one(req, name, obj, n_tok):
-        # a request: start event, the decode (its text into telemetry), done event
+    def _one(self, req, name, obj, n_tok):
+        tel, s, bt, clk, reasons = self.tel, self.s, self.bt, self.clk, self.reasons
         tel.requests += 1
         tel.request = req
-        tel.event(tm.EV_START, req, obj.n_prompt if obj is not s else len(ids), n_tok)
+        tel.event(tm.EV_START, req, obj.n_prompt if obj is not s else len(self.ids), n_tok)
         reasons[name] = tm.DONE_ERROR
-        marks.setdefault(id(obj), {})["begin"] = (bt.now(), clk.now())
+        self.marks.setdefault(id(obj), {})["begin"] = (bt.now(), clk.now())
         try:
             if obj is s:
-                yield from s.task(k, ids, n_tok, tel.text)
+                yield from s.task(self.k, self.ids, n_tok, tel.text)
             else:
-                yield from obj.task(k, n_tok, tel.text)
+                yield from obj.task(self.k, n_tok, tel.text)
             reasons[name] = tm.DONE_OK if not obj.stop else (tm.DONE_FULL if obj.stop == "full" else tm.DONE_ERROR)
-            marks[id(obj)]["end"] = (bt.now(), clk.now())
+            self.marks[id(obj)]["end"] = (bt.now(), clk.now())
             if obj.stop:
                 tel.event(tm.EV_REFUSED, -1, 1, req)
         finally:
             tel.event(tm.EV_DONE, req, obj.n_new, reasons[name])
 
-    tasks = []
-    if chats:
-        k.spawn("prefix", max(r[3] for r in runs), s.prefix_task(k, ids))
-    for i, (name, obj, n_tok, prio) in enumerate(runs):
-        tasks.append(k.spawn(name, prio, one(i + 1, name, obj, n_tok)))
-        tel.watch_seq(obj.h, s.cap)
+    # the kernel on the virtual clock, in chunks, until the ender stops it or --max-ms;
+    # a fault in one of the emulator's own tasks is raised (a user's module task is reported)
+    def drive(self):
+        k, bt = self.k, self.bt
+        limit = self.n["max_ms"] * 1000
+        while not self.ended:
+            left = limit - bt.now()
+            if left <= 0:
+                break
+            k.run(min(left, CHUNK_US))
+        self.elapsed = bt.now()
+        user = {id(w.task_obj) for w in self.loads if getattr(w, "kind", "") == "module"}
+        for t in k.tasks:
+            if t is not None and getattr(t, "exc", None) is not None and id(t) not in user:
+                raise TaskFault(t.name, t.exc)
 
-    ended = [False]
-
-    def ender():
-        for t in tasks:
-            yield k.join(t)
-        yield k.sleep_us(2 * tel.period_us + 1000)  # the last frames go out
-        ended[0] = True
-        k.stop()
-
-    k.spawn("end", 0, ender())
-    limit = n["max_ms"] * 1000
-    while not ended[0]:
-        left = limit - bt.now()
-        if left <= 0:
-            break
-        k.run(min(left, CHUNK_US))
-    el = bt.now()
-    user = {id(w.task_obj) for w in loads if getattr(w, "kind", "") == "module"}
-    for t in k.tasks:  # the emulator's own tasks (not a user's module: the report names those)
-        if t is not None and getattr(t, "exc", None) is not None and id(t) not in user:
-            raise TaskFault(t.name, t.exc)
-    rep = _report(n, brd, k, bw, s, env, loads, guard, tel, sink, cost, w_tier, kv_tier, why, len(ids), runs, reasons,
-                  bt, marks, el, reads, seen, made[0], mfile)
-    frames_jsonl = _frames(sink.buf, rep)
-    if out_dir is not None:
-        _write(out_dir, rep, frames_jsonl)
-    return rep
+    def report(self):
+        return _report(self.n, self.brd, self.k, self.bw, self.s, self.env, self.loads, self.guard, self.tel, self.sink,
+                       self.cost, self.w_tier, self.kv_tier, self.why, len(self.ids), self.runs, self.reasons, self.bt,
+                       self.marks, self.elapsed, self.reads, self.seen, self.made, self.mfile)
 
 
 def _app_config(n):
