@@ -458,6 +458,12 @@ def test_slice_holds_on_a_board_three_times_slower(tmp_path, monkeypatch):
         slow = rep["ms_per_token"]
         base = emulate.run({"scenario": name, "tokens": 4})["ms_per_token"]
         assert slow > 2 * base  # the figures did bite
+    # the float (bytecode) path too, whose units are each of them well under the bound
+    # (fp32 weights; int8 KV: the store's units, the heaviest slot of attention)
+    for kvd in ("fp32", "int8"):
+        rep = emulate.run({"scenario": "voice-assistant", "tokens": 3, "board": str(path), "weights": "fp32", "kv_dtype": kvd})
+        assert rep["deadline_misses"] == 0 and rep["verdict"]["ok"], (kvd, rep["verdict"])
+        assert rep["tasks"]["decode"]["max_slice_us"] < 2 * 2000, (kvd, rep["tasks"]["decode"])
 
 
 def test_slice_option_checks():
