@@ -11,6 +11,7 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+from host import options  # noqa: E402
 from host.errors import UserError  # noqa: E402
 
 
@@ -142,7 +143,7 @@ def budget(c, board="esp32s3_n8r8", model="stories260K", kv_dtype="fp32", policy
             raise UserError("%s needs a value (./kv budget --help)" % flag, 2)
     if model.lower() not in (n.lower() for n in models.names()):
         model = paths_user(model)  # a checkpoint path, typed relative to where ./kv ran
-    whole = budget_mod.whole  # ASCII digits only
+    whole = options.whole  # ASCII digits only
     r = budget_mod.main(
         board=board, model=model, kv_dtype=kv_dtype, policy=policy, window=window,
         batch=whole(batch, "--batch", 1), tokens=whole(tokens, "--tokens"), weights_dtype=weights_dtype or "",
@@ -168,7 +169,10 @@ def convert(c, model="", out="", format="q8row", group=""):
         raise UserError("--model IN.bin and --out OUT.bin are required", 2)
     g = 0  # 0: the format's default
     if group != "":
-        g = _whole(group, "--group", 1)
+        numeric = group.isascii() and group.lstrip("+-").isdigit()
+        g = int(group) if numeric else options.whole(group, "--group", 1)  # not a number: options' line
+        if g < 1:
+            raise UserError("--group must be >= 1, or leave it out for the format's default (got %d)" % g, 2)
     r = convert_mod.convert(paths_user(model), paths_user(out), format, g)
     print(convert_mod.report(r))
 
@@ -196,32 +200,6 @@ def paths_user(p):
     from host import paths
 
     return paths.user_path(p)
-
-
-def _seconds(text, flag):
-    # a positive, finite number of seconds from a command-line string, or a one-line UserError
-    import math
-
-    try:
-        v = float(text)
-    except ValueError:
-        v = -1.0
-    if not (v > 0 and math.isfinite(v)):
-        raise UserError("%s must be a positive number of seconds, got %r" % (flag, text), 2)
-    return v
-
-
-def _whole(text, flag, lo=0):
-    # a whole number >= lo from a command-line string, or a one-line UserError
-    try:
-        n = int(text)
-    except ValueError:
-        raise UserError("%s must be a whole number >= %d, got %r" % (flag, lo, text), 2) from None
-    if n < lo:
-        if flag == "--group":
-            raise UserError("--group must be >= 1, or leave it out for the format's default (got %d)" % n, 2)
-        raise UserError("%s must be a whole number >= %d, got %d" % (flag, lo, n), 2)
-    return n
 
 
 @task(help={"board": "board profile name", "fs": "filesystem directory (default .vboard/NAME/fs)", "stop": "stop the one running for this board (e.g. started in the background by flash)"})
@@ -258,7 +236,7 @@ def flash(c, port=None, board="esp32s3_n8r8", src=None, timeout="10", model=None
         raise UserError("--weights must be int8 (the integer path: an fp32 model is converted to q8row on the fly) "
                         "or fp32, got %r" % weights, 2)
     fl.flash(port=port and paths_user(port), board_name=board, src=paths_user(src) if src else paths.FIRMWARE,
-             answer_timeout=_seconds(timeout, "--timeout"), model=model, tokenizer=tokenizer,
+             answer_timeout=options.seconds(timeout, "--timeout"), model=model, tokenizer=tokenizer,
              config=paths_user(config) if config else None, weights=weights)
 
 
@@ -292,7 +270,7 @@ def monitor(c, port=None, board=None, log=None, until=None, timeout=None, jsonl=
     from host import monitor as mon
 
     mon.main(port=port and paths_user(port), board=board, log=log and paths_user(log), until=until,
-             timeout=_seconds(timeout, "--timeout") if timeout is not None else None, jsonl=jsonl and paths_user(jsonl),
+             timeout=options.seconds(timeout, "--timeout") if timeout is not None else None, jsonl=jsonl and paths_user(jsonl),
              capture=capture and paths_user(capture), replay=replay and paths_user(replay), as_json=json, plain=plain,
              start=start, prompt=prompt, tokens=tokens, policy=policy, window=window, kv_dtype=kv_dtype, stop=stop,
              until_done=until_done, link_bps=link_bps)
@@ -384,7 +362,7 @@ def demo(c, board="esp32s3_n8r8", tokens="96", out=None, plain=False):
 
     if out == "":
         raise UserError("--out needs a folder (./kv demo --help)", 2)
-    demo_mod.run(board, tokens=_whole(tokens, "--tokens", 1), out_dir=paths_user(out) if out else None, plain=plain)
+    demo_mod.run(board, tokens=options.whole(tokens, "--tokens", 1), out_dir=paths_user(out) if out else None, plain=plain)
 
 
 @task(help={
@@ -439,13 +417,8 @@ def boardtime(c, file, call="main", board="esp32s3_n8r8", freq=None, emitter=Non
     """Time a MicroPython function on the 32-bit host build and predict its time on the board, with the band (docs/calibration.md)."""
     from host import boardtime as bt
 
-    mhz = None
-    if freq is not None:  # a number here; its range is boardtime.predict's to check
-        try:
-            mhz = float(freq)
-        except ValueError:
-            raise UserError("--freq must be a clock in MHz between 1 and 10000, got %r" % freq, 2) from None
-    bt.main(paths_user(file), call=call, board=board, mhz=mhz, emitter=emitter, runs=_whole(runs, "--runs", 1), as_json=json)
+    mhz = None if freq is None else options.number(freq, "--freq", 1.0, 10000.0)  # MHz
+    bt.main(paths_user(file), call=call, board=board, mhz=mhz, emitter=emitter, runs=options.whole(runs, "--runs", 1), as_json=json)
 
 
 @task(help={"write": "rewrite the MicroPython cost figures of every board profile from docs/bench/boardspeed.json",
@@ -477,7 +450,7 @@ def calibrate(c, port=None, board="esp32s3_n8r8", out=None, write=False, json=Fa
     """Run probes on a board (heap, copy speed, task switch, viper matvec) and write them into its profile, each marked measured with its date."""
     from host import calibrate as cal
 
-    cal.main(port=port and paths_user(port), board=board, out=out, write=write, as_json=json, answer_s=_seconds(timeout, "--timeout"))
+    cal.main(port=port and paths_user(port), board=board, out=out, write=write, as_json=json, answer_s=options.seconds(timeout, "--timeout"))
 
 
 @task(help={"write": "write the figures into firmware_py/heapmargin.py (the boot's margin and the calculator's footprints)",
@@ -489,7 +462,7 @@ def heapmargin(c, write=False, json=False, workers="2"):
     """Measure what the decoding firmware needs free after its boot (decode, telemetry, a config's tasks) and what its boot leaves, on the 32- and 64-bit MicroPython, int8 and fp32 paths (--write: into firmware_py/heapmargin.py)."""
     from host import heapmargin as hm
 
-    hm.run(write, json, _whole(workers, "--workers", 1))
+    hm.run(write, json, options.whole(workers, "--workers", 1))
 
 
 @task(help={"seed": "the first run's seed (run i is drawn from seed + i alone: --seed K+i --runs 1 replays it; default 1)",
@@ -524,26 +497,22 @@ def soak(c, seed="1", runs="8", workers="0", tokens="2000", json=False, interps=
         if not items:
             raise UserError("--%s needs a comma-separated list (./kv soak --help)" % flag.replace("_", "-"), 2)
         if flag == "batch":
-            items = [str(_whole(x, "--batch", 1)) for x in items]
+            items = [str(options.whole(x, "--batch", 1)) for x in items]
         if flag == "temperatures":
-            items = [str(_temperature(x)) for x in items]
+            from firmware_py import sample
+
+            items = [str(options.number(x, "--temperatures", 0.0, sample.TEMPERATURE_MAX)) for x in items]
         lists[flag] = items
         filters += " --%s %s" % (flag.replace("_", "-"), ",".join(items))
-    ring = _whole(tokens, "--tokens", 1)
+    ring = options.whole(tokens, "--tokens", 1)
     if ring < soak_mod.RING_TOKENS:
         raise UserError("--tokens must be at least %d (a ring policy decodes past its budget), got %d" % (soak_mod.RING_TOKENS, ring), 2)
     if ring != soak_mod.RING_TOKENS:
         filters += " --tokens %d" % ring
-    soak_mod.main(seed=_whole(seed, "--seed"), runs=_whole(runs, "--runs", 1), workers=_whole(workers, "--workers"),
+    soak_mod.main(seed=options.whole(seed, "--seed"), runs=options.whole(runs, "--runs", 1), workers=options.whole(workers, "--workers"),
                   ring_tokens=ring, as_json=json, filters=filters,
                   interps=lists.get("interps"), boards_=lists.get("boards"), models_=lists.get("models"),
                   weights=lists.get("weights"), kv_dtypes=lists.get("kv_dtypes"), policies=lists.get("policies"),
                   batches=lists.get("batch"), tasks=lists.get("tasks"), temperatures=lists.get("temperatures"))
 
 
-def _temperature(text):
-    # a sampling temperature from a command-line string, or a one-line UserError
-    try:
-        return float(text)
-    except ValueError:
-        raise UserError("--temperatures must be numbers (0, 0.8), got %r" % text, 2) from None

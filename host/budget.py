@@ -13,7 +13,7 @@ import sys
 
 from firmware_py import decode, flashkv, heapmargin, kv
 from firmware_py import tiers as tiers_mod
-from host import boards, models, mp32, paths
+from host import boards, models, mp32, options, paths
 from host.errors import UserError
 
 EXIT_DOES_NOT_FIT = 3  # exit status of `kv budget` when the model does not fit (2: bad input)
@@ -225,28 +225,6 @@ def compute(board, model, kv_dtype="fp32", policy="full", window=0, batch=1, tok
     return out
 
 
-def whole(text, flag, lo=0):
-    # a whole number >= lo typed on a command line: ASCII digits only (Python's int() would
-    # also take "1_000", " 7 " and other scripts' digits such as "\u0661\u0660\u0660"); an
-    # int passes as it is; anything else, empty included, is a one-line UserError (exit 2)
-    if isinstance(text, bool) or not isinstance(text, (int, str)):
-        raise UserError("%s must be a whole number >= %d, got %r" % (flag, lo, text), 2)
-    if isinstance(text, str):
-        if text == "":
-            raise UserError("%s needs a value: a whole number >= %d (got an empty one)" % (flag, lo), 2)
-        body = text[1:] if text[:1] in "+-" else text
-        if not body or not all("0" <= ch <= "9" for ch in body):
-            if any(ch.isdigit() and not "0" <= ch <= "9" for ch in body):
-                raise UserError("%s must be a whole number in ASCII digits 0-9, got %r" % (flag, text), 2)
-            raise UserError("%s must be a whole number >= %d, got %r" % (flag, lo, text), 2)
-        n = int(text)
-    else:
-        n = text
-    if n < lo:
-        raise UserError("%s must be a whole number >= %d, got %d" % (flag, lo, n), 2)
-    return n
-
-
 def tier_bytes(text, flag):
     # an option's tier size: None (not given: the default), "max" (the bound) or a whole
     # number >= 0 in ASCII digits; anything else, an empty value included, is a one-line
@@ -257,14 +235,15 @@ def tier_bytes(text, flag):
         raise UserError("%s needs a value: a whole number of bytes >= 0 or max (got an empty one)" % flag, 2)
     if isinstance(text, str) and text.lower() == "max":
         return "max"
+    neg = isinstance(text, str) and text[:1] == "-"
     try:
-        n = whole(text, flag, -(1 << 62))
+        n = options.whole(text[1:] if neg else text, flag, 0)
     except UserError as e:
-        if "ASCII" in str(e):
+        if "ASCII" in str(e) and not neg:
             raise
         raise UserError("%s must be a whole number of bytes >= 0 or max, got %r" % (flag, text), 2) from None
-    if n < 0:
-        raise UserError("%s must be a whole number of bytes >= 0 or max, got %d" % (flag, n), 2)
+    if neg and n:
+        raise UserError("%s must be a whole number of bytes >= 0 or max, got -%d" % (flag, n), 2)
     if n > _ABSURD_BYTES:
         raise UserError("%s %d is more than 1 PiB: not a real tier (check the number)" % (flag, n), 2)
     return n
@@ -576,7 +555,7 @@ def main(board="esp32s3_n8r8", model="stories260K", kv_dtype="fp32", policy="ful
          context=CONTEXT_DEFAULT):
     # print the budget (one JSON object with as_json); UserError on bad input
     out = out or sys.stdout
-    window = whole(window, "--window")
+    window = options.whole(window, "--window")
     from firmware_py import board as fw_board
     from firmware_py import llama2c
 
@@ -729,9 +708,9 @@ def _parse(argv):
     # _parser()'s options with the whole numbers checked as the task checks them (ASCII
     # digits only); UserError on a bad one
     a = _parser().parse_args(argv)
-    a.batch = whole(a.batch, "--batch", 1)
+    a.batch = options.whole(a.batch, "--batch", 1)
     for flag in ("tokens", "weights_bytes", "word_bytes"):
-        setattr(a, flag, whole(getattr(a, flag), "--" + flag.replace("_", "-")))
+        setattr(a, flag, options.whole(getattr(a, flag), "--" + flag.replace("_", "-")))
     return a
 
 

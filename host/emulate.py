@@ -30,7 +30,7 @@ from firmware_py.sched import Kernel, T_FAULTS
 from firmware_py.sched.task import WatchdogError
 from firmware_py.sched.stats import S_MAX_LAT, S_MAX_SLICE, S_MISSES, S_RUN_S, S_RUN_US
 from firmware_py.status import CARRY_N
-from host import boards, paths
+from host import boards, options, paths
 from host.errors import UserError
 
 SCENARIOS = os.path.join(paths.ROOT, "scenarios")
@@ -1197,17 +1197,9 @@ def spec_from_options(**opts):
             continue
         flag = "--" + key.replace("_", "-")
         if key in _INT_KEYS:
-            try:
-                v = int(v, 10)
-            except ValueError:
-                _bad("%s must be a whole number, got %r" % (flag, v))
+            v = options.whole(v, flag, *_INT_KEYS[key])
         elif key in _FLOAT_KEYS:
-            try:
-                v = float(v)
-            except ValueError:
-                _bad("%s must be a number, got %r" % (flag, v))
-            if v != v or v in (float("inf"), float("-inf")):
-                _bad("%s must be a finite number, got %r" % (flag, opts[key]))
+            v = options.number(v, flag, *_FLOAT_KEYS[key], open_lo=key in appcfg.OPEN_LO)
         elif key == "model" and v == "":
             _bad("--model needs a value (a path, or stories260K)")
         spec[key] = v

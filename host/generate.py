@@ -4,14 +4,13 @@
 # firmware_py/decode.py: the same boot, budget rule, model and sampler as the board.
 # Inputs are checked here first, so a mistake is one line and exit status 2 whatever
 # the runtime.
-import math
 import os
 import subprocess
 import sys
 
 from firmware_py import decode, kv, llama2c, sample, tokenizer
 from firmware_py import model as fw_model
-from host import boardmodel, boards, interp, paths
+from host import boardmodel, boards, interp, options, paths
 from host.errors import UserError
 
 TINY = os.path.join(paths.ROOT, "models", "kvrtos-tiny")  # the committed default model
@@ -21,28 +20,6 @@ ENTRY = os.path.join("firmware_py", "tools", "generate.py")  # the board-side en
 
 # (model path, tokenizer path) for what the user typed: host/boardmodel.resolve
 resolve = boardmodel.resolve
-
-
-# a whole number from text in lo..hi, or a one-line UserError naming the flag
-def _int(text, flag, lo, hi):
-    try:
-        v = int(text)
-    except (TypeError, ValueError):
-        raise UserError("%s must be a whole number, got %r" % (flag, text), 2)
-    if not lo <= v <= hi:
-        raise UserError("%s must be %d..%d, got %d" % (flag, lo, hi, v), 2)
-    return v
-
-
-# a finite number from text in [lo, hi] (lo excluded when open_lo), or a one-line UserError
-def _float(text, flag, lo, hi, open_lo=False):
-    try:
-        v = float(text)
-    except (TypeError, ValueError):
-        v = float("nan")
-    if not math.isfinite(v) or v < lo or v > hi or (open_lo and v == lo):
-        raise UserError("%s must be a number in %s%g, %g], got %r" % (flag, "(" if open_lo else "[", lo, hi, text), 2)
-    return v
 
 
 # refuse a --prompt that is not UTF-8 (the shell passes bytes; Python keeps the ones
@@ -62,11 +39,11 @@ def main(model="", prompt="", tokens="64", tokenizer_path="", temperature="0", t
          policy="full", window="0", backend="auto", runtime="cpython", rope="absolute", out=None, port=None):
     if runtime not in RUNTIMES:
         raise UserError("--runtime must be one of %s, got %r" % (", ".join(RUNTIMES), runtime), 2)
-    n = _int(tokens, "--tokens", 1, 1 << 20)
-    t = _float(temperature, "--temperature", 0.0, sample.TEMPERATURE_MAX)
-    p = _float(top_p, "--top-p", 0.0, 1.0, open_lo=True)
-    s = _int(seed, "--seed", 0, sample.SEED_MAX)
-    w = _int(window, "--window", 0, 1 << 24)
+    n = options.whole(tokens, "--tokens", 1, 1 << 20)
+    t = options.number(temperature, "--temperature", 0.0, sample.TEMPERATURE_MAX)
+    p = options.number(top_p, "--top-p", 0.0, 1.0, open_lo=True)
+    s = options.whole(seed, "--seed", 0, sample.SEED_MAX)
+    w = options.whole(window, "--window", 0, 1 << 24)
     if kv_dtype not in kv.DTYPES and kv_dtype != "auto":  # auto: int8 beside int8 weights, else fp32
         raise UserError("--kv-dtype must be one of %s or auto, got %r" % (", ".join(kv.DTYPES), kv_dtype), 2)
     if policy not in kv.POLICIES:

@@ -22,7 +22,7 @@ import time
 import serial
 
 from host import console as con
-from host import link
+from host import link, options
 from host.errors import UserError
 
 RETRY_S = 0.2  # how often a lost port is looked for again
@@ -468,17 +468,6 @@ class Monitor:
                 setattr(self, name, None)
 
 
-def _int_opt(v, flag, lo=1):
-    # an int >= lo from an option (text or int), or a one-line UserError
-    try:
-        n = int(v)
-    except (TypeError, ValueError):
-        n = lo - 1
-    if n < lo:
-        raise UserError("%s must be an integer >= %d, got %r" % (flag, lo, v), 2)
-    return n
-
-
 DEFAULT_BOARD = "esp32s3_n8r8"
 DEFAULT_TOKENS = 64
 
@@ -543,14 +532,14 @@ def main(port=None, board=None, log=None, until=None, timeout=None, jsonl=None, 
     check_needs(board=board, until=until, timeout=timeout, replay=replay, port=port, start=start, prompt=prompt,
                 tokens=tokens, until_done=until_done, link_bps=link_bps)
     board = DEFAULT_BOARD if board is None else board  # '' is refused by boards.load, below
-    tokens = DEFAULT_TOKENS if tokens is None else tokens  # '' is refused by _int_opt, below
+    tokens = DEFAULT_TOKENS if tokens is None else tokens  # '' is refused by options.whole, below
     pattern = pattern_of(until)  # a bad regex is refused before the port is opened
     for path, opt in ((log, "--log"), (jsonl, "--jsonl"), (capture, "--capture")):
         if path is not None:
             check_log(path, opt)
-    tokens = _int_opt(tokens, "--tokens")
-    until_done = _int_opt(until_done, "--until-done", 0)
-    link_bps = _int_opt(link_bps, "--link-bps", 0)
+    tokens = options.whole(tokens, "--tokens", 1)
+    until_done = options.whole(until_done, "--until-done", 0)
+    link_bps = options.whole(link_bps, "--link-bps", 0)
     if link_bps and not 100 <= link_bps <= 1000000:
         raise UserError("--link-bps must be 100..1000000 bytes/s, got %d" % link_bps, 2)
     if policy is not None and policy not in kv.POLICIES:
@@ -558,7 +547,7 @@ def main(port=None, board=None, log=None, until=None, timeout=None, jsonl=None, 
     if kv_dtype is not None and kv_dtype not in kv.DTYPES:
         raise UserError("--kv-dtype must be one of %s, got %r" % (", ".join(kv.DTYPES), kv_dtype), 2)
     if window is not None:
-        window = _int_opt(window, "--window")
+        window = options.whole(window, "--window", 1)
     sends = policy is not None or kv_dtype is not None or window is not None or prompt is not None or stop
     if replay is not None:
         if port is not None or start or sends:

@@ -6,7 +6,7 @@ import itertools
 import json
 import os
 
-from host import paths
+from host import options, paths
 from host.errors import UserError
 
 # the grid's axes: (grid-file key / CLI option without dashes, emulate spec key, parser)
@@ -52,9 +52,7 @@ def _parse_axis(axis, kind, raw):
         if isinstance(v, str) and v == "":
             raise UserError("--%s has an empty item in %r" % (axis.replace("_", "-"), raw), 2)
         if kind == "int":
-            if isinstance(v, bool) or not (isinstance(v, int) or (isinstance(v, str) and v.lstrip("-").isdigit())):
-                raise UserError("--%s wants whole numbers, got %r" % (axis.replace("_", "-"), v), 2)
-            v = int(v)
+            v = options.whole(v, "--" + axis.replace("_", "-"))
         elif kind == "scenario":
             if v is None or (isinstance(v, str) and v.lower() == "none"):
                 v = None  # decode alone
@@ -68,14 +66,10 @@ def _parse_axis(axis, kind, raw):
 
 
 def number(name, v, lo=0.0):
+    # a target: None when not given, else a number above lo (an int when whole)
     if v is None or v == "":
         return None
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        raise UserError("--%s wants a number, got %r" % (name.replace("_", "-"), v), 2)
-    if not x > lo or x != x or x == float("inf"):
-        raise UserError("--%s must be above %g, got %r" % (name.replace("_", "-"), lo, v), 2)
+    x = options.number(v, "--" + name.replace("_", "-"), lo, None, open_lo=True)
     return int(x) if x == int(x) else x
 
 

@@ -401,12 +401,12 @@ def test_flash_wear_equals_the_real_tiers_and_flashstore(dtype, batch):
     (["--flash-kv-bytes", "-1"], "--flash-kv-bytes must be a whole number of bytes >= 0 or max, got -1"),
     (["--sram-kv-bytes", ""], "--sram-kv-bytes needs a value: a whole number of bytes >= 0 or max (got an empty one)"),
     (["--flash-kv-bytes", ""], "--flash-kv-bytes needs a value: a whole number of bytes >= 0 or max (got an empty one)"),
-    (["--sram-kv-bytes", "\u0661\u0660\u0660"], "--sram-kv-bytes must be a whole number in ASCII digits 0-9, got '\u0661\u0660\u0660'"),
+    (["--sram-kv-bytes", "\u0661\u0660\u0660"], "--sram-kv-bytes must be a whole number >= 0 in ASCII digits 0-9, got '\u0661\u0660\u0660'"),
     (["--flash-kv-bytes", "1_000"], "--flash-kv-bytes must be a whole number of bytes >= 0 or max, got '1_000'"),
     (["--sram-kv-bytes", "1e23"], "--sram-kv-bytes must be a whole number of bytes >= 0 or max, got '1e23'"),
     (["--flash-kv-bytes", str(10 ** 23)], "--flash-kv-bytes %d is more than 1 PiB: not a real tier" % 10 ** 23),
-    (["--tokens", "\u0661\u0660"], "--tokens must be a whole number in ASCII digits 0-9, got '\u0661\u0660'"),
-    (["--window", "\u0661\u0660"], "--window must be a whole number in ASCII digits 0-9, got '\u0661\u0660'"),
+    (["--tokens", "\u0661\u0660"], "--tokens must be a whole number >= 0 in ASCII digits 0-9, got '\u0661\u0660'"),
+    (["--window", "\u0661\u0660"], "--window must be a whole number >= 0 in ASCII digits 0-9, got '\u0661\u0660'"),
     (["--batch", " 2"], "--batch must be a whole number >= 1, got ' 2'"),
     (["--sram-kv-bytes", "600000"], "--sram-kv-bytes 600000 is more than board esp32s3_n8r8's SRAM tier can give: at most 131072 B"),
     (["--flash-kv-bytes", "99999999"], "--flash-kv-bytes 99999999 is more than board esp32s3_n8r8's flash can give: at most"),
@@ -488,10 +488,12 @@ def test_an_empty_value_is_a_mistake_not_the_default(args, needle):
 
 
 def test_whole_takes_ascii_digits_only():
-    assert budget.whole("120", "--x") == 120 and budget.whole(7, "--x") == 7 and budget.whole("+3", "--x") == 3
+    from host import options
+
+    assert options.whole("120", "--x") == 120 and options.whole(7, "--x") == 7 and options.whole("+3", "--x") == 3
     for bad in ("\u0661\u0660\u0660", "\uff11\uff12", "1_000", " 5", "5 ", "", "-", "0x10", True):
         with pytest.raises(budget.UserError) as e:
-            budget.whole(bad, "--x")
+            options.whole(bad, "--x")
         assert e.value.code == 2 and "\n" not in str(e.value)
     assert budget.tier_bytes("MAX", "--x") == "max" and budget.tier_bytes(None, "--x") is None
 

@@ -826,7 +826,7 @@ def test_every_tasks_repeated_option_says_given_twice():
     (["bench-docs", "--only", ""], "kv bench-docs: --only needs a benchmark name (known: "),
     (["budget", "--sram-kv-bytes", ""], "kv budget: --sram-kv-bytes needs a value"),
     (["budget", "--flash-kv-bytes", ""], "kv budget: --flash-kv-bytes needs a value"),
-    (["budget", "--sram-kv-bytes", "\u0661\u0660\u0660"], "kv budget: --sram-kv-bytes must be a whole number in ASCII digits 0-9"),
+    (["budget", "--sram-kv-bytes", "\u0661\u0660\u0660"], "kv budget: --sram-kv-bytes must be a whole number >= 0 in ASCII digits 0-9"),
 ])
 def test_empty_repeated_and_contradictory_options_are_one_line_exit_2(args, says):
     r = kv(*args)

@@ -578,7 +578,7 @@ def test_generate_cli_micropython_runtime():
 
 @pytest.mark.parametrize("args, words", [
     (["--tokens", "x"], "--tokens must be a whole number"),
-    (["--tokens", "0"], "--tokens must be 1.."),
+    (["--tokens", "0"], "--tokens must be a whole number in 1.."),
     (["--temperature", "-1"], "--temperature"),
     (["--top-p", "0"], "--top-p"),
     (["--seed", "nan"], "--seed"),

@@ -89,7 +89,7 @@ def test_draws_are_reproducible_fit_and_cover_the_space():
     (["--tokens", "100"], "--tokens must be at least 2000"),
     (["--batch", "9"], "--batch: unknown 9"),
     (["--policies", ""], "--policies needs a comma-separated list"),
-    (["--temperatures", "hot"], "--temperatures must be numbers"),
+    (["--temperatures", "hot"], "--temperatures must be a number in [0, "),
 ])
 def test_bad_options_are_one_line(args, words):
     r = kv("soak", *args)

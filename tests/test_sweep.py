@@ -366,15 +366,15 @@ def test_dask_worker_in_another_folder(tmp_path, monkeypatch):
 @pytest.mark.parametrize("args, code, words", [
     (["--boards", "nosuch_board"], 2, "unknown board"),
     (["--policies", "fifo"], 2, "--policies"),
-    (["--windows", "x"], 2, "whole numbers"),
-    (["--windows", "1.5"], 2, "whole numbers"),
-    (["--windows", "-1"], 2, "--windows wants windows of 1.."),  # policy full alone (the default) ignores windows
+    (["--windows", "x"], 2, "--windows must be a whole number >= 0, got 'x'"),
+    (["--windows", "1.5"], 2, "--windows must be a whole number >= 0, got '1.5'"),
+    (["--windows", "-1"], 2, "--windows must be a whole number >= 0, got -1"),  # policy full alone (the default) ignores windows
     (["--policies", "full", "--windows", "0"], 2, "--windows wants windows of 1.."),
     (["--policies", "sinks", "--windows", "3"], 2, "policy sinks needs a window of at least 5 tokens, got 3"),
     (["--policies", "window"], 2, "policy window needs a window of at least 1 token, got 0"),
     (["--grid", "/nonexistent/grid.json"], 2, "no grid file"),
     (["--scheduler", "localhost"], 2, "tcp://"),
-    (["--target-ms-per-token", "-1"], 2, "above"),
+    (["--target-ms-per-token", "-1"], 2, "--target-ms-per-token must be a number > 0, got '-1'"),
 ])
 def test_bad_input_one_line(args, code, words):
     r = kv("sweep", "--models", TINY, "--tokens", "2", "--cache", "/tmp/kvrtos-sweep-test-unused", *args)
