@@ -25,10 +25,10 @@ GC_BLOCKS = 2  # + this many GC blocks per part: the rounding of the largest liv
 GC_HEADROOM = {"q8": 4096, "plain": 32768}
 
 TABLE = {
-    (4, "q8"): {"decode": (3072, 256), "telemetry": (6656, 1024), "tasks": (1280, 768)},
-    (4, "plain"): {"decode": (4096, 1024), "telemetry": (6656, 1024), "tasks": (1280, 768)},
-    (8, "q8"): {"decode": (7168, 1024), "telemetry": (9472, 1024), "tasks": (1536, 1024)},
-    (8, "plain"): {"decode": (7168, 512), "telemetry": (9472, 1024), "tasks": (1536, 1024)},
+    (4, "q8"): {"decode": (3072, 256), "telemetry": (6912, 1536), "tasks": (1280, 768)},
+    (4, "plain"): {"decode": (3584, 0), "telemetry": (6912, 1536), "tasks": (1280, 768)},
+    (8, "q8"): {"decode": (6912, 512), "telemetry": (9984, 1792), "tasks": (2304, 1792)},
+    (8, "plain"): {"decode": (8192, 512), "telemetry": (9984, 1792), "tasks": (2304, 1792)},
 }
 # What the boot measures, for the calculator to predict it (decode.predict_boot): per word
 # size, path and context, "residual": the firmware's own heap before the model's run state
@@ -42,10 +42,10 @@ TABLE = {
 # the board's files in one folder, .mpy modules, main.py's boot report, then serve.main),
 # "serve+tasks" the same with a config's tasks (voice-assistant's) in kvrtos.json
 FOOTPRINT = {
-    (4, "q8"): {"decode": {"residual": (287664, 464), "holes": (16490, 832), "model_extra": (5352, 8)}, "serve": {"residual": (345536, 688), "holes": (14700, 619), "model_extra": (5344, 0)}, "serve+tasks": {"residual": (376656, 640), "holes": (12463, 28), "model_extra": (5344, 0)}},
-    (4, "plain"): {"decode": {"residual": (269360, 720), "holes": (10869, 578), "model_extra": (992, 0)}, "serve": {"residual": (327344, 640), "holes": (36706, 18651), "model_extra": (992, 0)}, "serve+tasks": {"residual": (358512, 560), "holes": (20065, 2916), "model_extra": (992, 0)}},
-    (8, "q8"): {"decode": {"residual": (422112, 736), "holes": (14065, 1124), "model_extra": (10604, 4)}, "serve": {"residual": (500608, 640), "holes": (12492, 1130), "model_extra": (10600, 0)}, "serve+tasks": {"residual": (539776, 640), "holes": (12611, 988), "model_extra": (10600, 0)}},
-    (8, "plain"): {"decode": {"residual": (399328, 672), "holes": (10864, 371), "model_extra": (2080, 0)}, "serve": {"residual": (478176, 608), "holes": (10440, 389), "model_extra": (2080, 0)}, "serve+tasks": {"residual": (517088, 608), "holes": (9794, 1033), "model_extra": (2080, 0)}},
+    (4, "q8"): {"decode": {"residual": (290608, 480), "holes": (18091, 1388), "model_extra": (5356, 12)}, "serve": {"residual": (349008, 944), "holes": (12958, 549), "model_extra": (5344, 0)}, "serve+tasks": {"residual": (379712, 576), "holes": (12458, 28), "model_extra": (5344, 0)}},
+    (4, "plain"): {"decode": {"residual": (272432, 576), "holes": (11302, 27), "model_extra": (1072, 0)}, "serve": {"residual": (330480, 528), "holes": (36471, 18518), "model_extra": (1072, 0)}, "serve+tasks": {"residual": (361648, 560), "holes": (20062, 2644), "model_extra": (1072, 0)}},
+    (8, "q8"): {"decode": {"residual": (425920, 608), "holes": (16814, 2792), "model_extra": (10604, 4)}, "serve": {"residual": (504928, 608), "holes": (11596, 235), "model_extra": (10600, 0)}, "serve+tasks": {"residual": (543552, 480), "holes": (12537, 1025), "model_extra": (10600, 0)}},
+    (8, "plain"): {"decode": {"residual": (403136, 512), "holes": (11245, 959), "model_extra": (2240, 0)}, "serve": {"residual": (482304, 608), "holes": (10779, 741), "model_extra": (2240, 0)}, "serve+tasks": {"residual": (521088, 672), "holes": (9591, 305), "model_extra": (2240, 0)}},
 }
 VOCAB = 512  # vocabulary of the model the footprints were measured with
 # bytes the calculator takes off the free heap and again off its largest piece beyond the
