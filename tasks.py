@@ -202,6 +202,21 @@ def paths_user(p):
     return paths.user_path(p)
 
 
+@task(help={"port": "serial port (default: ESP32-S3 by USB VID, else the running virtual board)",
+            "board": "board profile name (to find the port; default esp32s3_n8r8)"})
+@one_line_errors
+def repl(c, port=None, board="esp32s3_n8r8"):
+    """Open the board's MicroPython REPL (mpremote's) on the port the other commands find; Ctrl-] leaves it."""
+    from host import link
+
+    p = link.check_port(link.port_of(port and paths_user(port), board))
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise UserError("./kv repl is interactive: run it in a terminal (to run code on the board without one: "
+                        "mpremote connect %s exec '...', as .venv/bin/mpremote)" % p, 2)
+    sys.stdout.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "mpremote", "connect", p, "repl"])
+
+
 @task(help={"board": "board profile name", "fs": "filesystem directory (default .vboard/NAME/fs)", "stop": "stop the one running for this board (e.g. started in the background by flash)"})
 @one_line_errors
 def vboard(c, board="esp32s3_n8r8", fs=None, stop=False):

@@ -10,34 +10,12 @@ import os
 import sys
 
 from firmware_py import decode
-from host import boards, link, paths
+from host import link, paths
 from host.errors import UserError
 
 SILENCE_S = 60.0  # s the board may stay silent: its boot (weights, tokenizer) and one token
 CONNECT_S = link.CONNECT_S  # s for each try at the raw REPL (link.connect_twice)
 _ERR = "DecodeError: "  # the board's one-line mistake, last line of its traceback
-
-
-# the port of the board: the one given, else an ESP32-S3 on USB, else the running virtual board
-def port_of(port, board_name=paths.DEFAULT_BOARD):
-    if port:
-        return port
-    b = boards.load(board_name)
-    p = link.find_port(b)
-    if p is not None:
-        return p
-    # a virtual board of another profile (./kv flash --board B started it)
-    from host import vboard  # noqa: PLC0415
-
-    up = [(n, vboard.running_port(n)) for n in boards.names()]
-    up = [(n, q) for n, q in up if q]
-    if len(up) == 1:
-        return up[0][1]
-    if up:
-        raise UserError("several virtual boards are running (%s): say which with --port" % ", ".join(
-            "%s on %s" % nq for nq in up), 2)
-    raise UserError("no ESP32-S3 on USB and no virtual board running: start one (./kv vboard) and "
-                    "./kv flash --model PATH, or give --port", 2)
 
 
 # the Python the board runs: decode.run over model.bin / tokenizer.bin with the options
@@ -57,7 +35,7 @@ def run(port, mp, tp, prompt, n, opts, out=None, silence_s=SILENCE_S, board_name
     import serial
 
     dst = out or sys.stdout.buffer
-    port = port_of(port, board_name)
+    port = link.port_of(port, board_name)
     t = link.connect_twice(port, CONNECT_S)
     try:
         have = link.device_hashes(t, ["firmware_py/decode.mpy", decode.MODEL_FILE, decode.TOKENIZER_FILE])

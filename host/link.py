@@ -17,7 +17,7 @@ import time
 
 import serial
 
-from host import vboard
+from host import paths, vboard
 from host.errors import UserError
 
 ANSWER_TIMEOUT = 10.0  # s the board may stay silent while an answer is due
@@ -253,3 +253,25 @@ def connect_twice(port, seconds):
         raise UserError("no MicroPython raw REPL on %s: no prompt within %g s, twice (the board ignores Ctrl-C "
                         "or runs no MicroPython): reset it (its reset button; a virtual board: ./kv vboard --stop, "
                         "then start it again) and run this again" % (port, seconds)) from None
+
+
+# the port of the board: the one given, else an ESP32-S3 on USB, else the running virtual board
+def port_of(port, board_name=paths.DEFAULT_BOARD):
+    if port:
+        return port
+    from host import boards  # noqa: PLC0415
+
+    b = boards.load(board_name)
+    p = find_port(b)
+    if p is not None:
+        return p
+    # a virtual board of another profile (./kv flash --board B started it)
+    up = [(n, vboard.running_port(n)) for n in boards.names()]
+    up = [(n, q) for n, q in up if q]
+    if len(up) == 1:
+        return up[0][1]
+    if up:
+        raise UserError("several virtual boards are running (%s): say which with --port" % ", ".join(
+            "%s on %s" % nq for nq in up), 2)
+    raise UserError("no ESP32-S3 on USB and no virtual board running: start one (./kv vboard) and "
+                    "./kv flash --model PATH, or give --port", 2)

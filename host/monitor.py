@@ -555,11 +555,7 @@ def main(port=None, board=None, log=None, until=None, timeout=None, jsonl=None, 
         if not os.path.isfile(replay):
             raise UserError("--replay %s: no such file" % replay, 2)
     elif port is None:
-        from host import boards
-
-        port = link.find_port(boards.load(board))
-        if port is None:
-            raise UserError("no ESP32-S3 on USB and no virtual board running (start one: ./kv vboard)", 2)
+        port = link.port_of(None, board)
     if replay is None:
         link.check_port(port)
     out = out if out is not None else sys.stdout

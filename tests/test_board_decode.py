@@ -213,14 +213,14 @@ def test_demo_flashes_the_virtual_board_and_decodes_on_it(tmp_path):
 def test_the_port_is_found_when_the_virtual_board_runs_another_profile(tmp_path, monkeypatch):
     # generate --runtime board has no --board: a virtual board that ./kv flash --board B
     # started for another profile is the board (it said "no virtual board running")
-    from host import boardrun, paths, vboard
+    from host import link, paths, vboard
     from host.errors import UserError
 
     monkeypatch.setattr(paths, "VBOARD_HOME", str(tmp_path / "boards"))
     with pytest.raises(UserError, match="no virtual board running"):
-        boardrun.port_of(None)
+        link.port_of(None)
     h = vboard.start("esp32s3_n4r2", fs_dir=str(tmp_path / "fs"), home=vboard.state_dir("esp32s3_n4r2"))
     try:
-        assert boardrun.port_of(None) == vboard.running_port("esp32s3_n4r2")
+        assert link.port_of(None) == vboard.running_port("esp32s3_n4r2")
     finally:
         h.stop()
