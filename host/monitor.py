@@ -27,6 +27,7 @@ from host.errors import UserError
 
 RETRY_S = 0.2  # how often a lost port is looked for again
 DONE_GRACE_S = 0.5  # --until-done: read this long after the last done event (its last periodic frames)
+SERVE_ANSWER_S = 5.0  # commands wait for serve's first telemetry frame this long (it sends one a period)
 # serve has ended on the board (its requests never will): the raw REPL's end of a run
 # ("\x04" then its error text then "\x04>"), a soft reboot (sys.exit: serve's one-line error
 # exits 2; a board's raw REPL then soft-resets), the raw REPL's banner
@@ -391,8 +392,11 @@ class Monitor:
         self.ser = ser or open_port(self.port, self.baud)
         if ser is None:
             self.emit("connected to %s" % self.port, note=True)
-        if on_open is not None:
-            on_open(self)
+        # commands go only to a serve that has answered: on_open runs at the first good frame
+        # (a board at its REPL would take the frame's bytes as typed input)
+        pending = on_open
+        answer_s = SERVE_ANSWER_S if deadline is None else max(0.0, min(SERVE_ANSWER_S, deadline - time.monotonic()))
+        answer_by = time.monotonic() + answer_s
         grace = None  # once until_done requests have ended: read until this time, then return
         try:
             while deadline is None or time.monotonic() < deadline:
@@ -416,6 +420,14 @@ class Monitor:
                         break
                     continue
                 hit = self.feed(data, pattern) if data else self.settle(pattern)
+                if pending is not None:
+                    if self.decoder.counts()["good"]:
+                        pending(self)
+                        pending = None
+                    elif time.monotonic() >= answer_by:
+                        raise UserError("no kvrtos serve answered on %s within %.3g s (no telemetry frame): the board is "
+                                        "at its REPL or runs other code, and a command would be typed into it; "
+                                        "--start runs serve first" % (self.port, answer_s), 2)
                 if hit is not None:
                     return hit  # the rest of what was read is logged (feed_text); the logs flushed below
                 if data and until_done and self.done_events >= until_done and grace is None:

@@ -154,3 +154,15 @@ def test_a_profile_without_the_kv_figures_is_refused():
     del d["cpu"]["cost"]["viper"]["kv_rd_fp16_mcyc"]
     with pytest.raises(fb.BoardError, match="kv_rd_fp16_mcyc"):
         fb.Board(d)
+
+
+def test_the_cost_probe_runs_its_kv_figures_under_micropython(tmp_path):
+    # firmware_py/tools/costprobe.py calls the firmware's kernels by their signatures: a
+    # changed signature must fail here, not in the calibration benchmark an hour later
+    from host import interp
+    script = tmp_path / "probe_kv.py"
+    script.write_text("import sys\nsys.path.insert(0, 'firmware_py/tools')\nimport costprobe\nprint(sorted(costprobe.kv_ns(1).items()))\n")
+    r = interp.run(str(script), "micropython", timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    figures = dict(eval(r.stdout.strip().splitlines()[-1]))
+    assert {"bytecode_rd_int8_ns", "bytecode_wr_int4_ns", "viper_pack_i8_ns"} <= set(figures)

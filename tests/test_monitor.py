@@ -623,3 +623,15 @@ def test_until_done_stops_at_once_when_serve_ends_on_the_board(tmp_path, timeout
     assert r.stderr.startswith("kv monitor: serve ended on the board after 0 of 1 requests: serve: kvrtos.json: config: "
                                "task 'meter': its factory boom.make raised ValueError: boom in factory"), r.stderr
     assert "boom in factory" in r.stdout  # the board's line, shown as it came
+
+
+@vboard
+def test_a_command_is_not_typed_into_a_board_at_its_repl(tmp_path):
+    # nothing flashed or serving: the board sits at its REPL, where a command frame's
+    # bytes would be taken as typed input. monitor --prompt waits for serve's first
+    # telemetry frame, then says in one line that none answered, and types nothing
+    with start(tmp_path) as vb:
+        r = kv("monitor", "--port", vb.port, "--prompt", "Once upon", "--tokens", "4", "--timeout", "20", "--plain", timeout=60)
+    assert one_line_error(r) and r.returncode == 2, (r.returncode, r.stdout[-2000:], r.stderr)
+    assert r.stderr.startswith("kv monitor: no kvrtos serve answered on %s within 5 s" % vb.port), r.stderr
+    assert "Once upon" not in r.stdout, r.stdout[-2000:]  # the REPL would have echoed it

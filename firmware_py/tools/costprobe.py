@@ -123,8 +123,8 @@ class _V:
 
 def _reads(o, iters):
     for _ in range(iters):
-        kernels.Plain._vec(o, 0)
-        kernels.Plain._vec(o, 1)
+        kernels.Plain._vec(o, 0, 0, o.kv_dim)
+        kernels.Plain._vec(o, 1, 0, o.kv_dim)
 
 
 def _packs(o, iters):
@@ -133,7 +133,7 @@ def _packs(o, iters):
 
 
 def _copies(o, iters):
-    # Plain.store's fp32 branch: K and V copied element by element into the row
+    # Plain.store_part's fp32 branch: K and V copied element by element into the float row
     rf = o.rowf
     kd = o.kv_dim
     for _ in range(iters):
