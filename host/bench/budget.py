@@ -10,6 +10,7 @@
 # (max_tokens) must be <= what fits; the slack says how tight it is.
 import os
 import re
+import subprocess
 import tempfile
 
 from firmware_py import llama2c
@@ -72,12 +73,20 @@ def interpreters():
     return out
 
 
+PROBE_S = 240  # a probe runs 2-30 s; past this its decode is collecting on every boxed float
+
+
 def probe(interp, heapsize, board, model, tok, dtype, blocks):
     # one kvprobe size=try run with a pool of `blocks`: its figures as a dict (booted
-    # False: what refused it); UserError when the probe itself fails
-    r = interp_mod.run(PROBE, interp, heapsize=heapsize, args=[
-        "board=" + os.path.join(paths.BOARDS, board + ".json"), "model=" + model, "tokenizer=" + tok,
-        "kv_dtype=" + dtype, "size=try", "blocks=%d" % blocks])
+    # False: what refused it); UserError when the probe itself fails. A pool that leaves
+    # the bytecode decode too little heap does not fault: every float it boxes starts a
+    # collection of the whole heap and the decode crawls. That pool does not fit either
+    try:
+        r = interp_mod.run(PROBE, interp, heapsize=heapsize, timeout=PROBE_S, args=[
+            "board=" + os.path.join(paths.BOARDS, board + ".json"), "model=" + model, "tokenizer=" + tok,
+            "kv_dtype=" + dtype, "size=try", "blocks=%d" % blocks])
+    except subprocess.TimeoutExpired:
+        return {"booted": False, "limit": "GCThrash"}
     m = _LINE.search(r.stdout)
     if r.returncode != 0 or not m:
         raise UserError("kvprobe on %s (%s, %s, %d blocks) failed: %s" % (interp, board, dtype, blocks, (r.stdout + r.stderr).strip()[-300:]), 1)
@@ -252,8 +261,9 @@ def render(r):
         "asked for it (`micropython32`: the 32-bit unix port, the ESP32-S3's word; `micropython`: the 64-bit PyPI "
         "port, which the virtual board runs). `heap` is the `-X heapsize` given: `calculator` = that word size's "
         "`heap_bytes_needed`, `board` = the board's usable heap. `fit` = the largest pool that boots, decodes and "
-        "fills; `limited by` = what refused one block more; `MemoryError at` = tokens when decode keeps asking for "
-        "blocks after the fill until a real `MemoryError`." % r["model"],
+        "fills; `limited by` = what refused one block more (`GCThrash`: "
+        "it booted, but the bytecode decode, left too little heap, collected on every float it boxed and ran past %d s); `MemoryError at` = tokens when decode keeps asking for "
+        "blocks after the fill until a real `MemoryError`." % (r["model"], PROBE_S),
         "",
     ]
     if boot:
