@@ -1,7 +1,9 @@
 # kvrtos tasks: the one front door (`./kv TASK` runs `invoke TASK`). Each task is
 # thin and calls into host/; a user's mistake is one line and a non-zero exit.
 import functools
+import inspect
 import os
+import re
 import sys
 
 import invoke
@@ -34,8 +36,17 @@ def task(*args, **kwargs):
 
 def one_line_errors(fn):
     # turn host.errors.UserError into "kv <task>: message" on stderr and its exit code
+    positional = [p.name for p in list(inspect.signature(fn).parameters.values())[1:] if p.default is p.empty]
+
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        if any(a in ("-h", "--help") for a in list(args[1:]) + [kwargs.get(p) for p in positional]):
+            # invoke hands a flag typed where a positional (bench NAME, trace LOG, boardtime
+            # FILE) goes to the task as its value: the running program's help for the task
+            from host import running
+
+            running.print_task_help(fn.__name__.replace("_", "-"))
+            return None
         try:
             return fn(*args, **kwargs)
         except UserError as e:
@@ -72,13 +83,6 @@ def bench(c, name, json=False, model=None, tokenizer=None, prompt=None):
     """Run a benchmark (host/bench/<name>.py) and print its figures; --json prints one object."""
     import importlib
 
-    if name in ("-h", "--help"):
-        # invoke hands a flag typed where the positional NAME goes to the task as NAME:
-        # the running program's own help for bench (./kv's or the installed kvrtos's)
-        from host import running
-
-        running.print_task_help("bench")
-        return
     try:
         if name.startswith("_"):
             raise ModuleNotFoundError(name)  # helper scripts, not benchmarks
@@ -161,15 +165,15 @@ def budget(c, board="esp32s3_n8r8", model="stories260K", kv_dtype="fp32", policy
             "format": "q8row (default; kvq8, a group size per matrix) or v2 (llama2.c ak42, one group size)",
             "group": "a whole number >= 1; leave it out for the format's default. v2: the group size (default: the largest dividing every row, up to 64); q8row: each matrix takes the divisor of its row nearest this (default 64)"})
 @one_line_errors
-def convert(c, model="", out="", format="q8row", group=""):
+def convert(c, model="", out="", format="q8row", group=None):
     """Write an int8 checkpoint from an fp32 one and print its size, bytes per weight and worst dequantization error."""
     from host import convert as convert_mod
 
     if not model or not out:
         raise UserError("--model IN.bin and --out OUT.bin are required", 2)
     g = 0  # 0: the format's default
-    if group != "":
-        numeric = group.isascii() and group.lstrip("+-").isdigit()
+    if group is not None:  # given, even empty ("needs a value")
+        numeric = re.fullmatch(r"[+-]?[0-9]+", group) is not None
         g = int(group) if numeric else options.whole(group, "--group", 1)  # not a number: options' line
         if g < 1:
             raise UserError("--group must be >= 1, or leave it out for the format's default (got %d)" % g, 2)
@@ -298,12 +302,6 @@ def trace(c, log, out=None, json=False):
     """Chrome trace JSON (Perfetto) and PNG plots from a telemetry JSONL log: KV bytes vs tokens with the fitted slope, pool, bandwidth."""
     from host import trace as trace_mod
 
-    if log in ("-h", "--help"):
-        # invoke hands a flag typed where the positional LOG goes to the task as LOG
-        import subprocess
-
-        subprocess.run([sys.executable, "-m", "host.cli", "--help", "trace"])
-        return
     trace_mod.main(paths_user(log), paths_user(out) if out else None, as_json=json)
 
 

@@ -171,6 +171,17 @@ def normalize(spec):
     if not isinstance(sc, str):
         _bad("scenario must be a name or a path, got %r" % (sc,))
     cfg = None
+    path = ""
+
+    def name(key):
+        # where a refused value came from: the flag that gave it, or the scenario file's key
+        if key in given or not cfg:
+            return "--" + key.replace("_", "-")
+        if key in cfg["decode"] and key in DECODE_SPEC_KEYS:
+            return "%s: decode.%s" % (_display(path), key)
+        if key in cfg["emulate"]:
+            return "%s: emulate.%s" % (_display(path), key)
+        return "--" + key.replace("_", "-")
     if sc:
         path, cfg = load_scenario(sc)
         for key in DECODE_SPEC_KEYS:
@@ -186,29 +197,29 @@ def normalize(spec):
         out["window"] = 0  # the scenario's window was for its own policy: full keeps none
     for key in _STR_KEYS:
         if not isinstance(out[key], str):
-            _bad("%s must be a string, got %r" % (key, out[key]))
+            _bad("%s must be a string, got %r" % (name(key), out[key]))
     for key, (lo, hi) in _INT_KEYS.items():
         v = out[key]
         if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-            _bad("%s must be a whole number in %d..%d, got %r" % (key, lo, hi, v))
+            _bad("%s must be a whole number in %d..%d, got %r" % (name(key), lo, hi, v))
     for key, (lo, hi) in _FLOAT_KEYS.items():
         v = out[key]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:
-            _bad("%s must be a number in %g..%g, got %r" % (key, lo, hi, v))
+            _bad("%s must be a number in %s%g, %g], got %r" % (name(key), "(" if key in appcfg.OPEN_LO else "[", lo, hi, v))
         if key in appcfg.OPEN_LO and v == lo:
-            _bad("%s must be a number in (%g, %g], got %r" % (key, lo, hi, v))
+            _bad("%s must be a number in (%g, %g], got %r" % (name(key), lo, hi, v))
         out[key] = float(v)
     if out["policy"] not in appcfg.POLICIES:
-        _bad("policy must be one of %s, got %r" % (", ".join(appcfg.POLICIES), out["policy"]))
+        _bad("%s must be one of %s, got %r" % (name("policy"), ", ".join(appcfg.POLICIES), out["policy"]))
     if out["kv_dtype"] not in appcfg.KV_DTYPES and out["kv_dtype"] != "auto":
-        _bad("kv_dtype must be one of %s or auto, got %r" % (", ".join(appcfg.KV_DTYPES), out["kv_dtype"]))
+        _bad("%s must be one of %s or auto, got %r" % (name("kv_dtype"), ", ".join(appcfg.KV_DTYPES), out["kv_dtype"]))
     if out["weights"] not in WEIGHTS:
-        _bad("weights must be one of %s, got %r" % (", ".join(WEIGHTS), out["weights"]))
+        _bad("%s must be one of %s, got %r" % (name("weights"), ", ".join(WEIGHTS), out["weights"]))
     if out["speed"] not in SPEEDS:
-        _bad("speed must be one of %s, got %r" % (", ".join(SPEEDS), out["speed"]))
+        _bad("%s must be one of %s, got %r" % (name("speed"), ", ".join(SPEEDS), out["speed"]))
     if out["policy"] == "full":
         if out["window"]:
-            _bad("--window applies to the window, sinks and h2o policies, not full")
+            _bad("%s applies to the window, sinks and h2o policies, not full" % name("window"))
     brd = boards.load(out["board"])
     out["board"] = brd.name if not ("/" in out["board"] or out["board"].endswith(".json")) else boards.path_of(out["board"])
     model = out["model"] or _default_model()
@@ -226,7 +237,7 @@ def normalize(spec):
     if cost == "":
         cost = "viper" if "viper" in have else "none"
     elif cost != "none" and cost not in COST_KINDS:
-        _bad("cost must be one of %s or none, got %r" % (", ".join(COST_KINDS), cost))
+        _bad("%s must be one of %s or none, got %r" % (name("cost"), ", ".join(COST_KINDS), cost))
     elif cost != "none" and cost not in have:
         _bad("board %s has no %s cost figures (it has: %s)" % (brd.name, cost, ", ".join(sorted(have)) or "none"))
     out["cost"] = cost
@@ -235,12 +246,12 @@ def normalize(spec):
              % (out["speed"], cost))
     wt = out["weights_tier"]
     if wt != "auto" and wt not in [t.name for t in brd.tiers]:
-        _bad("weights_tier: board %s has no tier %r (has %s)" % (brd.name, wt, ", ".join(t.name for t in brd.tiers)))
+        _bad("%s: board %s has no tier %r (has %s)" % (name("weights_tier"), brd.name, wt, ", ".join(t.name for t in brd.tiers)))
     kt = out["kv_tier"]
     if kt != "auto" and kt not in [t.name for t in brd.tiers]:
-        _bad("kv_tier: board %s has no tier %r (has %s)" % (brd.name, kt, ", ".join(t.name for t in brd.tiers)))
+        _bad("%s: board %s has no tier %r (has %s)" % (name("kv_tier"), brd.name, kt, ", ".join(t.name for t in brd.tiers)))
     if kt != "auto" and brd.tier(kt).kind == "flash":
-        _bad("kv_tier: %s is %s's flash: the KV is written every token, it lives in RAM" % (kt, brd.name))
+        _bad("%s: %s is %s's flash: the KV is written every token, it lives in RAM" % (name("kv_tier"), kt, brd.name))
     return out
 
 

@@ -6,8 +6,13 @@
 #   seconds(v, flag)           a finite number of seconds above 0
 #   choice(v, flag, choices)   one of the given names
 import math
+import re
 
 from host.errors import UserError
+
+# a number as typed: ASCII digits, one point, an exponent, a sign; float() alone also
+# took " 5 ", "1_0", "inf" and other scripts' digits
+_NUMBER = re.compile(r"[+-]?([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][+-]?[0-9]+)?")
 
 
 def _span(lo, hi):
@@ -53,10 +58,7 @@ def number(v, flag, lo=0.0, hi=None, open_lo=False):
         text = v if isinstance(v, str) else str(v)
         if text == "":
             raise UserError("%s needs a value: a number %s (got an empty one)" % (flag, _nspan(lo, hi, open_lo)), 2)
-        try:
-            x = float(text) if text.isascii() else float("nan")
-        except ValueError:
-            x = float("nan")
+        x = float(text) if _NUMBER.fullmatch(text) else float("nan")
     if not math.isfinite(x) or x < lo or (open_lo and x == lo) or (hi is not None and x > hi):
         raise UserError("%s must be a number %s, got %r" % (flag, _nspan(lo, hi, open_lo), v), 2)
     return x

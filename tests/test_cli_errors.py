@@ -345,7 +345,8 @@ def test_board_profile_that_is_not_utf8_is_one_line(tmp_path):
         assert r.returncode == 2 and "%s: <file>: is not UTF-8 text" % bad in line(r), (cmd, r.stderr)
 
 
-@pytest.mark.parametrize("task, says", [("flash-firmware", "--dry-run"), ("bench", "--json"), ("monitor", "--until")])
+@pytest.mark.parametrize("task, says", [("flash-firmware", "--dry-run"), ("bench", "--json"), ("monitor", "--until"),
+                                        ("boardtime", "--emitter"), ("trace", "--out")])
 def test_task_help_works(task, says):
     r = kv(task, "--help")
     assert r.returncode == 0 and "Usage:" in r.stdout and says in r.stdout and r.stderr == "", r.stdout + r.stderr

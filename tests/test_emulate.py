@@ -614,3 +614,16 @@ def test_a_wide_model_on_the_float_path_stays_within_the_slice(kv_dtype, tmp_pat
                        "tokenizer": os.path.join(paths.shared_models(), "tok512.bin")})
     assert rep["deadline_misses"] == 0 and rep["verdict"]["ok"], rep["verdict"]
     assert rep["tasks"]["decode"]["max_slice_us"] <= 2000, rep["tasks"]["decode"]
+
+
+def test_a_refused_value_names_the_flag_or_the_scenario_key_that_gave_it(tmp_path):
+    sc = tmp_path / "mine.json"
+    sc.write_text(json.dumps({"name": "mine", "tasks": [], "decode": {"policy": "full", "window": 64}}))
+    with pytest.raises(UserError, match=r"^mine\.json: decode\.window applies to the window"):
+        emulate.normalize({"scenario": str(sc)})
+    sc.write_text(json.dumps({"name": "mine", "tasks": [], "decode": {"policy": "ring"}}))
+    with pytest.raises(UserError, match=r"mine\.json: config: decode: policy must be one of"):
+        emulate.normalize({"scenario": str(sc)})
+    for key, value in (("policy", "ring"), ("kv_dtype", "int3"), ("weights", "int4"), ("speed", "x"), ("cost", "x")):
+        with pytest.raises(UserError, match=r"^--%s must be one of" % key.replace("_", "-")):
+            emulate.normalize({key: value})

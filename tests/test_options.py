@@ -47,3 +47,15 @@ def test_a_range_names_the_flag():
     for cmd in ("emulate", "generate"):
         r = kv(cmd, "--temperature", "-1")
         assert one_line_error(r) and "--temperature must be a number in [0, 1e+06], got '-1'" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("text", [" 5 ", "1_0", "inf", "-nan", "0x10", "1.2.3", "\uff15", "5e", ""])
+def test_a_number_is_typed_in_ascii_digits_a_point_and_an_exponent(text):
+    with pytest.raises(UserError) as e:
+        options.number(text, "--top-p", 0.0, 10.0)
+    assert "--top-p" in str(e.value) and e.value.code == 2
+
+
+@pytest.mark.parametrize("text,value", [("5", 5.0), ("+.5", 0.5), ("5.", 5.0), ("1e-1", 0.1), ("-0", 0.0)])
+def test_the_numbers_a_user_types_are_taken(text, value):
+    assert options.number(text, "--x", -1.0, 10.0) == value
