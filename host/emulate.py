@@ -228,6 +228,9 @@ def normalize(spec):
     mp, tp = generate.resolve(model, out["tokenizer"])
     out["model"], out["tokenizer"] = os.path.abspath(mp), os.path.abspath(tp)
     fdt = _file_dtype(out["model"])  # an fp32 file with weights int8 runs converted (_run: _model_file)
+    seq_len = llama2c.plan(out["model"])[0].seq_len
+    if out["policy"] != "full" and out["window"] > seq_len:  # as generate and the board refuse it
+        _bad("%s %d is more than the model's context: it must be at most seq_len %d" % (name("window"), out["window"], seq_len))
     if out["weights"] == "fp32" and fdt != "fp32":
         _bad("--weights fp32: %s is already int8; give its fp32 checkpoint" % _display(out["model"]))
     if out["kv_dtype"] == "auto":  # what the weights' fastest path reads: int8 KV beside int8 weights
@@ -1106,9 +1109,12 @@ def summary(rep):
     # the readable summary lines of a report
     inv = rep["invariants"]
     conv = rep["model"].get("converted")
+    c = rep["cost"]["cpu"]
+    float_path = not c.get("note") and c["kind"] != rep["spec"]["cost"]  # viper off the integer path
+    cost = "%s (the float path: %s)" % (rep["spec"]["cost"], c["kind"]) if float_path else rep["spec"]["cost"]
     L = ["emulate: %s on %s, %s KV %s%s, cost %s%s" % (
         "%s (%s)" % (rep["model"]["file"], conv) if conv else rep["model"]["file"], rep["board"], rep["spec"]["policy"], rep["spec"]["kv_dtype"],
-        " window %d" % rep["spec"]["window"] if rep["spec"]["window"] else "", rep["spec"]["cost"],
+        " window %d" % rep["spec"]["window"] if rep["spec"]["window"] else "", cost,
         ", scenario %s" % rep["spec"]["scenario"] if rep["spec"]["scenario"] else ""),
         "  tokens      %d of %d (prompt %d)%s" % (rep["tokens"], rep["tokens_requested"], rep["prompt_tokens"],
                                                    "; " + rep["stop"] if rep["stop"] else ""),
@@ -1118,8 +1124,6 @@ def summary(rep):
         "  memory      KV %s B (%d tokens cached), pool high-water %d/%d blocks = %s B; weights in %s, KV in %s" % (
             "{:,}".format(rep["kv_bytes"]), rep["kv_cached_tokens"], rep["pool_high_water"], rep["pool_blocks"],
             "{:,}".format(rep["pool_high_water_bytes"]), rep["placement"]["weights"], rep["placement"]["kv"])]
-    c = rep["cost"]["cpu"]
-    float_path = not c.get("note") and c["kind"] != rep["spec"]["cost"]  # viper off the integer path
     if float_path:
         L.insert(1, "  note        %s weights with %s KV run the float path on the board: bytecode, no viper kernel "
                     "(the integer path needs int8 weights and int8 KV)" % (rep["model"]["weights_dtype"], rep["spec"]["kv_dtype"]))

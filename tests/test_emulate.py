@@ -506,6 +506,9 @@ def test_int8_weights_beside_another_kv_type_are_priced_as_the_float_path_the_bo
     assert mixed["tok_s"] < q8["tok_s"] / 10, (mixed["tok_s"], q8["tok_s"])
     assert 0.5 < mixed["tok_s"] / fp32["tok_s"] < 2, (mixed["tok_s"], fp32["tok_s"])
     assert emulate._path_words(mixed)[0] == "bytecode matvec"
+    # the header names the figures it priced by, not only the cost kind asked for
+    assert "cost viper (the float path: bytecode)" in emulate.summary(mixed)[0], emulate.summary(mixed)[0]
+    assert "cost viper," in emulate.summary(q8)[0], emulate.summary(q8)[0]
 
 
 def _follow(spec, line):
@@ -627,3 +630,11 @@ def test_a_refused_value_names_the_flag_or_the_scenario_key_that_gave_it(tmp_pat
     for key, value in (("policy", "ring"), ("kv_dtype", "int3"), ("weights", "int4"), ("speed", "x"), ("cost", "x")):
         with pytest.raises(UserError, match=r"^--%s must be one of" % key.replace("_", "-")):
             emulate.normalize({key: value})
+
+
+def test_a_window_past_the_models_context_is_refused_as_generate_refuses_it():
+    # it ran and reported a 63-block pool high-water for 2 tokens
+    _stories()
+    with pytest.raises(UserError, match=r"^--window 1000 is more than the model's context: it must be at most seq_len 512"):
+        emulate.normalize({"policy": "window", "window": 1000, "model": "stories260K"})
+    assert emulate.normalize({"policy": "window", "window": 512, "model": "stories260K"})["window"] == 512
