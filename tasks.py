@@ -431,7 +431,7 @@ def boardtime(c, file, call="main", board="esp32s3_n8r8", freq=None, emitter=Non
     from host import boardtime as bt
 
     mhz = None if freq is None else options.number(freq, "--freq", 1.0, 10000.0)  # MHz
-    bt.main(paths_user(file), call=call, board=board, mhz=mhz, emitter=emitter, runs=options.whole(runs, "--runs", 1), as_json=json)
+    bt.main(paths_user(file), call=call, board=board, mhz=mhz, emitter=emitter, runs=options.whole(runs, "--runs", 1, bt.RUNS_MAX), as_json=json)
 
 
 @task(help={"write": "rewrite the MicroPython cost figures of every board profile from docs/bench/boardspeed.json",

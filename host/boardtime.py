@@ -12,10 +12,11 @@ import statistics
 import subprocess
 import tempfile
 
-from host import boards, boardspeed, mp32
+from host import boards, boardspeed, mp32, options
 from host.errors import UserError
 
 RUNS = 7
+RUNS_MAX = 10000  # the driver keeps each run's time in a list on the 32-bit port's heap
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LINE = re.compile(r"^BOARDTIME (\S+)(?: (.*))?$", re.M)
 _DRIVER = """import sys
@@ -59,15 +60,13 @@ def predict(path, call="main", board="esp32s3_n8r8", mhz=None, emitter=None, run
         raise UserError("--call must be a function name, not %r" % call, 2)
     if emitter is not None and emitter not in boardspeed.EMITTERS:
         raise UserError("--emitter must be one of %s, not %r" % (", ".join(boardspeed.EMITTERS), emitter), 2)
-    if runs < 1:
-        raise UserError("--runs must be at least 1", 2)
+    runs = options.whole(runs, "--runs", 1, RUNS_MAX)
     b = boards.load(board)
     if not any(k in b.cpu_cost for k in ("viper", "bytecode")):
         raise UserError("%s does not run MicroPython in kvrtos's profiles (no viper or bytecode cost figures): pick a "
                         "microcontroller such as esp32s3_n8r8" % board, 2)
     clock = b.cpu_mhz if mhz is None else mhz
-    if not (isinstance(clock, (int, float)) and 1 <= clock <= 10000):
-        raise UserError("--freq must be a clock in MHz between 1 and 10000, not %r" % mhz, 2)
+    clock = options.number(clock, "--freq", 1.0, 10000.0)  # MHz
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -114,8 +113,10 @@ def main(path, call="main", board="esp32s3_n8r8", mhz=None, emitter=None, runs=R
     if as_json:
         print(json.dumps(r, sort_keys=True))
         return r
-    print("%s:%s()  %s, host %s us (median of %d runs on the 32-bit unix port)" % (
-        os.path.basename(path), call, r["emitter"], "{:,}".format(int(r["host_us"])), len(r["host_runs_us"])))
+    n = len(r["host_runs_us"])
+    print("%s:%s()  %s, host %s us (%s on the 32-bit unix port)" % (
+        os.path.basename(path), call, r["emitter"], "{:,}".format(int(r["host_us"])),
+        "one run" if n == 1 else "median of %d runs" % n))
     print("on %s at %g MHz: %s us predicted, band %s-%s us (the %s factor %.1f board cycles per host ns, band "
           "%.1f-%.1f, %d published points on %s%s; docs/calibration.md)" % (
               r["board"], r["mhz"], "{:,}".format(int(r["board_us"])), "{:,}".format(int(r["band_us"][0])),

@@ -190,6 +190,7 @@ def test_boardtime_predicts_with_the_emitters_factor_and_band(tmp_path, rec):
     (_LOOP, {"board": "apple_m1_8gb"}, "does not run MicroPython"),
     (_LOOP, {"emitter": "fortran"}, "--emitter must be one of"),
     (_LOOP, {"mhz": 0}, "--freq must be"),
+    (_LOOP, {"runs": 10 ** 8}, r"--runs must be a whole number in 1\.\.10000"),  # was a MemoryError blamed on main()
 ])
 def test_boardtime_bad_input_is_one_line(tmp_path, body, args, match):
     from host import boardtime
