@@ -199,7 +199,7 @@ def test_boardtime_bad_input_is_one_line(tmp_path, body, args, match):
     f = tmp_path / "u.py"
     f.write_text(body)
     with pytest.raises(UserError, match=match) as e:
-        boardtime.predict(str(f), runs=1, **args)
+        boardtime.predict(str(f), **dict({"runs": 1}, **args))
     assert "\n" not in str(e.value)
     with pytest.raises(UserError, match="no file"):
         boardtime.predict(str(tmp_path / "none.py"))
