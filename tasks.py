@@ -150,7 +150,7 @@ def budget(c, board="esp32s3_n8r8", model="stories260K", kv_dtype="fp32", policy
     whole = options.whole  # ASCII digits only
     r = budget_mod.main(
         board=board, model=model, kv_dtype=kv_dtype, policy=policy, window=window,
-        batch=whole(batch, "--batch", 1), tokens=whole(tokens, "--tokens"), weights_dtype=weights_dtype or "",
+        batch=whole(batch, "--batch", 1), tokens=whole(tokens, "--tokens", 0, options.TOKENS_MAX), weights_dtype=weights_dtype or "",
         weights_bytes=whole(weights_bytes, "--weights-bytes"), as_json=json, word_bytes=whole(word_bytes, "--word-bytes"),
         sram_kv_bytes=sram_kv_bytes, flash_kv_bytes=flash_kv_bytes, context=context,
     )
@@ -375,7 +375,7 @@ def demo(c, board="esp32s3_n8r8", tokens="96", out=None, plain=False):
 
     if out == "":
         raise UserError("--out needs a folder (./kv demo --help)", 2)
-    demo_mod.run(board, tokens=options.whole(tokens, "--tokens", 1), out_dir=paths_user(out) if out else None, plain=plain)
+    demo_mod.run(board, tokens=options.whole(tokens, "--tokens", 1, options.TOKENS_MAX), out_dir=paths_user(out) if out else None, plain=plain)
 
 
 @task(help={
@@ -517,7 +517,7 @@ def soak(c, seed="1", runs="8", workers="0", tokens="2000", json=False, interps=
             items = [str(options.number(x, "--temperatures", 0.0, sample.TEMPERATURE_MAX)) for x in items]
         lists[flag] = items
         filters += " --%s %s" % (flag.replace("_", "-"), ",".join(items))
-    ring = options.whole(tokens, "--tokens", 1)
+    ring = options.whole(tokens, "--tokens", 1, options.TOKENS_MAX)
     if ring < soak_mod.RING_TOKENS:
         raise UserError("--tokens must be at least %d (a ring policy decodes past its budget), got %d" % (soak_mod.RING_TOKENS, ring), 2)
     if ring != soak_mod.RING_TOKENS:

@@ -101,8 +101,8 @@ def compute(board, model, kv_dtype="fp32", policy="full", window=0, batch=1, tok
         lowest = kv.min_budget(policy)  # what KVCache.open accepts with the default sinks and h2o split
         if window < lowest:
             raise UserError("--policy %s needs --window of at least %d token%s, got %d" % (policy, lowest, "" if lowest == 1 else "s", window), 2)
-    if batch < 1 or tokens < 0:
-        raise UserError("--batch must be >= 1 and --tokens >= 0", 2)
+    batch = options.whole(batch, "--batch", 1)
+    tokens = options.whole(tokens, "--tokens", 0, options.TOKENS_MAX)
     cfg = m.cfg
     if policy != "full" and window > cfg.seq_len:
         raise UserError("--window %d is more than the model's context: it must be at most seq_len %d" % (window, cfg.seq_len), 2)
@@ -555,7 +555,7 @@ def main(board="esp32s3_n8r8", model="stories260K", kv_dtype="fp32", policy="ful
          context=CONTEXT_DEFAULT):
     # print the budget (one JSON object with as_json); UserError on bad input
     out = out or sys.stdout
-    window = options.whole(window, "--window")
+    window = options.whole(window, "--window", 0, options.WINDOW_MAX)
     from firmware_py import board as fw_board
     from firmware_py import llama2c
 
@@ -709,7 +709,8 @@ def _parse(argv):
     # digits only); UserError on a bad one
     a = _parser().parse_args(argv)
     a.batch = options.whole(a.batch, "--batch", 1)
-    for flag in ("tokens", "weights_bytes", "word_bytes"):
+    a.tokens = options.whole(a.tokens, "--tokens", 0, options.TOKENS_MAX)
+    for flag in ("weights_bytes", "word_bytes"):
         setattr(a, flag, options.whole(getattr(a, flag), "--" + flag.replace("_", "-")))
     return a
 

@@ -74,7 +74,7 @@ DEFAULTS = {
     "max_ms": 1800000,
     "speed": "fit",  # the MicroPython cost at the fitted factor, or at the slow or fast end of its band
 }
-_INT_KEYS = {"window": (0, 1 << 20), "sinks": (0, 64), "tokens": (1, 1 << 20), "seed": (0, sample.SEED_MAX),
+_INT_KEYS = {"window": (0, options.WINDOW_MAX), "sinks": (0, 64), "tokens": (1, options.TOKENS_MAX), "seed": (0, sample.SEED_MAX),
              "piece_bytes": (0, 1 << 24), "kv_blocks": (0, 1 << 20), "reserve": (-1, 1 << 30), "link_bps": (100, 1000000), "rate_hz": (1, 1000), "ambient_c": (-40, 120),
              "max_ms": (1, MAX_MS), "slice_us": (0, decode.SLICE_MAX_US)}
 _FLOAT_KEYS = {"temperature": (0.0, sample.TEMPERATURE_MAX), "top_p": (0.0, 1.0)}  # top_p: above 0 (appcfg.OPEN_LO)
@@ -217,6 +217,8 @@ def normalize(spec):
         _bad("%s must be one of %s, got %r" % (name("weights"), ", ".join(WEIGHTS), out["weights"]))
     if out["speed"] not in SPEEDS:
         _bad("%s must be one of %s, got %r" % (name("speed"), ", ".join(SPEEDS), out["speed"]))
+    if given.get("sinks", DEFAULTS["sinks"]) != DEFAULTS["sinks"] and out["policy"] not in ("sinks", "h2o"):
+        _bad("--sinks applies to the sinks and h2o policies, not %s" % out["policy"])
     if out["policy"] == "full":
         if out["window"]:
             _bad("%s applies to the window, sinks and h2o policies, not full" % name("window"))

@@ -39,11 +39,11 @@ def main(model="", prompt="", tokens="64", tokenizer_path="", temperature="0", t
          policy="full", window="0", backend="auto", runtime="cpython", rope="absolute", out=None, port=None):
     if runtime not in RUNTIMES:
         raise UserError("--runtime must be one of %s, got %r" % (", ".join(RUNTIMES), runtime), 2)
-    n = options.whole(tokens, "--tokens", 1, 1 << 20)
+    n = options.whole(tokens, "--tokens", 1, options.TOKENS_MAX)
     t = options.number(temperature, "--temperature", 0.0, sample.TEMPERATURE_MAX)
     p = options.number(top_p, "--top-p", 0.0, 1.0, open_lo=True)
     s = options.whole(seed, "--seed", 0, sample.SEED_MAX)
-    w = options.whole(window, "--window", 0, 1 << 24)
+    w = options.whole(window, "--window", 0, options.WINDOW_MAX)
     if kv_dtype not in kv.DTYPES and kv_dtype != "auto":  # auto: int8 beside int8 weights, else fp32
         raise UserError("--kv-dtype must be one of %s or auto, got %r" % (", ".join(kv.DTYPES), kv_dtype), 2)
     if policy not in kv.POLICIES:

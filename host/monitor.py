@@ -549,7 +549,7 @@ def main(port=None, board=None, log=None, until=None, timeout=None, jsonl=None, 
     for path, opt in ((log, "--log"), (jsonl, "--jsonl"), (capture, "--capture")):
         if path is not None:
             check_log(path, opt)
-    tokens = options.whole(tokens, "--tokens", 1)
+    tokens = options.whole(tokens, "--tokens", 1, options.TOKENS_MAX)
     until_done = options.whole(until_done, "--until-done", 0)
     link_bps = options.whole(link_bps, "--link-bps", 0)
     if link_bps and not 100 <= link_bps <= 1000000:
@@ -559,7 +559,7 @@ def main(port=None, board=None, log=None, until=None, timeout=None, jsonl=None, 
     if kv_dtype is not None and kv_dtype not in kv.DTYPES:
         raise UserError("--kv-dtype must be one of %s, got %r" % (", ".join(kv.DTYPES), kv_dtype), 2)
     if window is not None:
-        window = options.whole(window, "--window", 1)
+        window = options.whole(window, "--window", 1, options.WINDOW_MAX)
     sends = policy is not None or kv_dtype is not None or window is not None or prompt is not None or stop
     if replay is not None:
         if port is not None or start or sends:

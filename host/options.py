@@ -10,6 +10,9 @@ import re
 
 from host.errors import UserError
 
+TOKENS_MAX = 1 << 20  # every command's --tokens: at most this many (a generation, a ring soak, a budget's ask)
+WINDOW_MAX = 1 << 20  # every command's --window
+
 # a number as typed: ASCII digits, one point, an exponent, a sign; float() alone also
 # took " 5 ", "1_0", "inf" and other scripts' digits
 _NUMBER = re.compile(r"[+-]?([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][+-]?[0-9]+)?")

@@ -169,7 +169,7 @@ def test_budget_that_does_not_fit_exits_3_with_the_figures():
     "args, code, says",
     [
         (["--weights-bytes", "9" * 23], 2, "the weights would take 99,999"),
-        (["--tokens", "9" * 17], 2, "the KV of --batch x --tokens would take"),
+        (["--tokens", "9" * 17], 2, "--tokens must be a whole number in 0..1048576"),
         (["--board", "rk3588_4gb", "--model", "Llama-3-8B", "--batch", "100000000000"], 2, "the activations of --batch would take"),
         (["--model", "Llama-3-8B"], 3, "Llama-3-8B's weights (14.96 GiB) are 2,007x the 7.63 MiB of esp32s3_n8r8"),
         (["--batch", "-2"], 2, "--batch must be a whole number"),
@@ -746,7 +746,7 @@ def test_chain_with_an_unknown_or_no_task_is_one_line(args, says):
 
 
 @pytest.mark.parametrize("args, says", [(["--word-bytes", "-8"], "--word-bytes must be a whole number >= 0, got -8"),
-                                        (["--tokens", "-5"], "--tokens must be a whole number >= 0, got -5"),
+                                        (["--tokens", "-5"], "--tokens must be a whole number in 0..1048576, got -5"),
                                         (["--weights-bytes", "-1"], "--weights-bytes must be a whole number >= 0, got -1"),
                                         (["--batch", "0"], "--batch must be a whole number >= 1, got 0")])
 def test_budget_negative_numbers_say_the_floor(args, says):
