@@ -227,6 +227,8 @@ def vboard(c, board="esp32s3_n8r8", fs=None, stop=False):
     """Run a virtual board (MicroPython unix port on a pty) until Ctrl-C; prints its port."""
     from host import vboard as vb
 
+    if fs == "":
+        raise UserError("--fs needs a value: a folder (leave it out for .vboard/%s/fs)" % board, 2)
     code = vb.main(["--board", board] + (["--fs", paths_user(fs)] if fs else []) + (["--stop"] if stop else []), prog="kv vboard")
     if code:
         raise Exit(code=code)
@@ -248,6 +250,9 @@ def flash(c, port=None, board="esp32s3_n8r8", src=None, timeout="10", model=None
         raise UserError("--tokenizer needs --model (the tokenizer is flashed with its model)", 2)
     if config == "":
         raise UserError("--config needs a file (./kv flash --help)", 2)
+    for flag, v in (("--model", model), ("--src", src), ("--port", port)):
+        if v == "":  # typed empty: it flashed without a model (or from firmware_py/, to the port found)
+            raise UserError("%s needs a value (leave it out for its default; ./kv flash --help)" % flag, 2)
     if weights is not None and not model:
         raise UserError("--weights needs --model (it says how the model goes on the board)", 2)
     weights = weights or "int8"
@@ -351,6 +356,8 @@ def mp32(c, src=None, ref=None, repo=None):
     """Build (once, cached in .cache/) the 32-bit MicroPython unix port, the board's word size; print its path."""
     from host import mp32 as mp32_mod
 
+    if src == "":
+        raise UserError("--src needs a value: a MicroPython source tree (leave it out for ../shared/micropython-src)", 2)
     if ref is not None or repo is not None:
         if src:
             raise UserError("give --src DIR or --ref TAG --repo DIR, not both (./kv mp32 --help)", 2)

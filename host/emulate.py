@@ -1219,5 +1219,7 @@ def spec_from_options(**opts):
             v = options.number(v, flag, *_FLOAT_KEYS[key], open_lo=key in appcfg.OPEN_LO)
         elif key == "model" and v == "":
             _bad("--model needs a value (a path, or stories260K)")
+        elif v == "" and key != "prompt":  # typed empty: not the default (--scenario '' ran without one, --cost '' with the board's)
+            _bad("%s needs a value (leave the option out for its default)" % flag)
         spec[key] = v
     return spec

@@ -461,6 +461,7 @@ class Monitor:
                 if not data:
                     break
                 self.feed(data)
+        self.settle()  # the capture ended: what the decoder held back for a frame's tail is text, as a quiet live line
         self.flush_partial("end of the capture")
         self.flush_generated()
         self.draw(force=True)

@@ -828,6 +828,15 @@ def test_every_tasks_repeated_option_says_given_twice():
     (["budget", "--sram-kv-bytes", ""], "kv budget: --sram-kv-bytes needs a value"),
     (["budget", "--flash-kv-bytes", ""], "kv budget: --flash-kv-bytes needs a value"),
     (["budget", "--sram-kv-bytes", "\u0661\u0660\u0660"], "kv budget: --sram-kv-bytes must be a whole number >= 0 in ASCII digits 0-9"),
+    # typed empty is not the default: each of these ran (emulate without its scenario, flash
+    # without a model, a vboard in its default folder, mp32 from the shared tree)
+    (["emulate", "--scenario", ""], "kv emulate: --scenario needs a value"),
+    (["emulate", "--cost", ""], "kv emulate: --cost needs a value"),
+    (["flash", "--model", ""], "kv flash: --model needs a value"),
+    (["flash", "--src", ""], "kv flash: --src needs a value"),
+    (["vboard", "--fs", ""], "kv vboard: --fs needs a value"),
+    (["mp32", "--src", ""], "kv mp32: --src needs a value"),
+    (["convert", "--model", "m.bin", "--out", "o.bin", "--group", ""], "kv convert: --group needs a value"),
 ])
 def test_empty_repeated_and_contradictory_options_are_one_line_exit_2(args, says):
     r = kv(*args)
