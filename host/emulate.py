@@ -482,9 +482,27 @@ def run(spec, out_dir=None, progress=None):
         return _run(n, out_dir, progress)
 
 
+OUT_FILES = ("report.json", "telemetry.jsonl", "trace.json", "kv_bytes.png", "pool.png", "bandwidth.png")
+OUT_MARKER = ".kvrtos-emulate"  # in an --out folder emulate wrote: its files may be replaced
+
+
+def _out_ready(out_dir):
+    # --out: a folder emulate wrote before (its marker there) is written again; one holding
+    # a file of ours by name without the marker (a user's report.json) is refused before
+    # anything runs, as the demo refuses it
+    paths.out_folder(out_dir)
+    present = [f for f in OUT_FILES if os.path.lexists(os.path.join(out_dir, f))]
+    if present and not os.path.isfile(os.path.join(out_dir, OUT_MARKER)):
+        _bad("--out %s holds %s (not from emulate): choose an empty or new folder" % (out_dir, present[0]))
+    for f in present:
+        if os.path.isdir(os.path.join(out_dir, f)):
+            _bad("--out %s: %s is a folder; emulate writes a file there" % (out_dir, f))
+    _put(os.path.join(out_dir, OUT_MARKER), "files written by ./kv emulate: %s\n" % ", ".join(OUT_FILES))
+
+
 def _run(n, out_dir, progress):
     if out_dir is not None:
-        paths.out_folder(out_dir)
+        _out_ready(out_dir)
     em = _Emulation(n, progress)
     em.drive()
     rep = em.report()

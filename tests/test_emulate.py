@@ -640,3 +640,20 @@ def test_a_window_past_the_models_context_is_refused_as_generate_refuses_it():
     with pytest.raises(UserError, match=r"^--window 1000 is more than the model's context: it must be at most seq_len 512"):
         emulate.normalize({"policy": "window", "window": 1000, "model": "stories260K"})
     assert emulate.normalize({"policy": "window", "window": 512, "model": "stories260K"})["window"] == 512
+
+
+def test_out_does_not_overwrite_a_users_files_but_rewrites_its_own(tmp_path):
+    # a folder holding a report.json emulate did not write is refused before anything runs
+    # (it overwrote it); a folder emulate wrote (its marker there) is written again
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "report.json").write_text("my notes")
+    r = _kv("--tokens", "2", "--cost", "c", "--out", str(mine))
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "holds report.json (not from emulate)" in lines[0], r.stderr
+    assert (mine / "report.json").read_text() == "my notes" and sorted(p.name for p in mine.iterdir()) == ["report.json"]
+    ours = tmp_path / "ours"
+    for _ in range(2):
+        r = _kv("--tokens", "2", "--cost", "c", "--out", str(ours))
+        assert r.returncode == 0, r.stderr
+    assert json.loads((ours / "report.json").read_text())["tokens"] == 2
