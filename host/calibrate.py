@@ -444,6 +444,11 @@ def main(port, board=paths.DEFAULT_BOARD, out=None, write=False, as_json=False, 
         raise UserError("board %s is a %s: calibrate probes MicroPython boards" % (b.name, b.kind), 2)
     dest = output_path(board, out, write)
     r, _ = run_probe(port, quick=quick, out=None if as_json else (lambda ln: echo("calibrate: " + ln)), answer_s=answer_s)
+    if write and tier_kind(r, 0) == "host":
+        # a virtual board's figures are the host's (PSRAM at tens of GB/s): written into the
+        # committed profile they made every emulation of that board 40x too fast
+        raise UserError("--write: %s is a virtual board (the unix port in host RAM); its figures would replace %s's "
+                        "measured ones. Nothing written; --out FILE keeps them apart" % (port, b.name), 2)
     p, changed = apply(prof, r, port)
     write_profile(p, dest)
     report = {"board": b.name, "port": port, "date": p["calibration"]["date"], "profile": dest, "from": src,

@@ -296,6 +296,9 @@ def test_calibrate_the_virtual_board_end_to_end(tmp_path):
         assert r.returncode == 0, r.stdout + r.stderr
         assert "written to %s" % out in r.stdout and "calibrate: probe: heap" in r.stdout
         r2 = kv("calibrate", "--port", vb.port, "--out", str(tmp_path / "again.json"), "--json", timeout=300)
+        # --write from a virtual board would replace the committed profile's figures with the host's
+        r3 = kv("calibrate", "--port", vb.port, "--board", "esp32s3_n8r8", "--write", "--json", timeout=300)
+    assert r3.returncode == 2 and "is a virtual board" in _line(r3) and "Nothing written" in _line(r3), r3.stdout + r3.stderr
     assert r2.returncode == 0, r2.stderr
     rep = json.loads(r2.stdout)
     assert rep["virtual"] is True and rep["date"] == _today() and rep["figures"]["micropython_heap_bytes"] > 0
