@@ -57,6 +57,8 @@ def resolve(model_arg, tok_arg=""):
                 break
     if tok_arg:
         tp = paths.user_path(tok_arg)
+    if os.path.exists(mp):
+        paths.regular_file(mp, "model")  # a folder or a FIFO was "no model file"
     if not os.path.isfile(mp):
         raise UserError("no model file %s" % mp, 2)
     if not tp:

@@ -9,6 +9,7 @@ import struct
 import tempfile
 
 from firmware_py import llama2c
+from host import paths
 from host.errors import UserError
 
 FORMATS = ("v2", "q8row")
@@ -84,6 +85,8 @@ def header(cfg, fmt, groups):
 def convert(inp, out, fmt, group=0):
     import numpy as np
 
+    if os.path.exists(inp):
+        paths.regular_file(inp, "--model")  # a FIFO blocked the read forever
     try:
         w = llama2c.load(inp)
     except llama2c.CheckpointError as e:
@@ -140,6 +143,8 @@ def convert(inp, out, fmt, group=0):
 def check_out(inp, out):
     if os.path.isdir(out):
         raise UserError("--out %s is a folder; give the file to write" % out, 2)
+    if os.path.exists(out) and not os.path.isfile(out):  # a FIFO or a device was replaced by a regular file
+        raise UserError("--out %s is %s; give a file to write" % (out, paths.kind_of(os.stat(out).st_mode)), 2)
     folder = os.path.dirname(out) or "."
     if not os.path.isdir(folder):
         raise UserError("--out %s: folder %s does not exist" % (out, folder), 2)

@@ -332,6 +332,8 @@ def config_files(path, board, out=print):
 
     if os.path.isdir(path):
         raise UserError("--config %s is a folder; give the JSON file" % path, 2)
+    if os.path.exists(path):
+        paths.regular_file(path, "--config")  # a FIFO blocked the read forever
     try:
         with open(path, "rb") as f:
             data = f.read()

@@ -144,13 +144,7 @@ def usb_port(board):
     return None
 
 
-def kind_of(mode):
-    # what a path with this st_mode is, in words: "a FIFO (named pipe)", "a folder", ...
-    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISCHR, "a character device"), (stat.S_ISREG, "a regular file")):
-        if test(mode):
-            return name
-    return "not a file"
+kind_of = paths.kind_of  # what a path is, in words
 
 
 def check_port(port):

@@ -4,6 +4,7 @@
 import os
 
 from firmware_py import llama2c
+from host import paths
 from host.errors import UserError
 
 # name -> (dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab (negative: untied
@@ -56,6 +57,7 @@ def load(name_or_path):
         if name.lower() == name_or_path.lower():
             return _from_catalog(name, row)
     if os.path.exists(name_or_path):
+        paths.regular_file(name_or_path, "--model")  # a FIFO blocked the read forever
         try:
             cfg, lay = llama2c.plan(name_or_path)
         except llama2c.CheckpointError as e:

@@ -22,7 +22,7 @@ import time
 import serial
 
 from host import console as con
-from host import link, options
+from host import link, options, paths
 from host.errors import UserError
 
 RETRY_S = 0.2  # how often a lost port is looked for again
@@ -565,8 +565,7 @@ def main(port=None, board=None, log=None, until=None, timeout=None, jsonl=None, 
     if replay is not None:
         if port is not None or start or sends:
             raise UserError("--replay decodes a file: --port, --start and commands need a board", 2)
-        if not os.path.isfile(replay):
-            raise UserError("--replay %s: no such file" % replay, 2)
+        paths.regular_file(replay, "--replay")  # a folder, a FIFO or /dev/null: not "no such file"
     elif port is None:
         port = link.port_of(None, board)
     if replay is None:

@@ -4,6 +4,7 @@ import contextlib
 import hashlib
 import os
 import shutil
+import stat
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -130,3 +131,29 @@ def import_folder(folder, modules=()):
         for m in modules:
             if m in before:
                 sys.modules[m] = before[m]
+
+
+def kind_of(mode):
+    # what a path with this st_mode is, in words: "a FIFO (named pipe)", "a folder", ...
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISCHR, "a character device"), (stat.S_ISREG, "a regular file")):
+        if test(mode):
+            return name
+    return "not a file"
+
+
+def regular_file(path, what):
+    # path, when it names a regular file (or a link to one); else a one-line UserError
+    # (exit 2) saying what it is: a FIFO would block the read forever, a folder or a device
+    # is not a file to read ("no such file" said that of all of them)
+    from host.errors import UserError
+
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise UserError("%s %s: no such file" % (what, path), 2) from None
+    except OSError as e:
+        raise UserError("%s %s cannot be read: %s" % (what, path, e.strerror or e), 2) from None
+    if not stat.S_ISREG(mode):
+        raise UserError("%s %s is %s, not a file" % (what, path, kind_of(mode)), 2)
+    return path

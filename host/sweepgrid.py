@@ -76,6 +76,8 @@ def number(name, v, lo=0.0):
 def load_grid_file(path):
     # the grid file: a JSON object with the keys of GRID_KEYS (lists or single values)
     p = paths.user_path(path)
+    if os.path.exists(p) and not os.path.isdir(p):
+        paths.regular_file(p, "grid file")  # a FIFO blocked the read forever
     try:
         with open(p, "rb") as f:
             data = json.loads(f.read().decode("utf-8"))

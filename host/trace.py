@@ -155,6 +155,8 @@ def read(path):
     # [(line number, why)] (not UTF-8, not JSON, not a frame, wrong field types; the last
     # line cut off: why starts with "cut off"). UserError (one line) when the file cannot
     # be read or holds no frame
+    if os.path.exists(path):
+        paths.regular_file(path, "log")  # a FIFO blocked the read forever
     try:
         f = open(path, "rb")
     except OSError as e:

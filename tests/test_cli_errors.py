@@ -1,6 +1,7 @@
 # Bad input to the front door gets one clear line on stderr and a non-zero exit,
 # never a traceback.
 import json
+import os
 
 import pytest
 import serial
@@ -850,3 +851,33 @@ def test_repeatable_prompt_still_repeats():
     parser, _ = _task_contexts()
     assert check_flags(parser, ["bench", "quality", "--prompt", "a", "--prompt", "b", "--json"]) is None
     assert check_flags(parser, ["bench", "--prompt", "a", "quality"]) is None
+
+
+@pytest.mark.parametrize("args, says", [
+    (["trace", "{fifo}"], "kv trace: log {fifo} is a FIFO (named pipe), not a file"),
+    (["budget", "--model", "{fifo}"], "kv budget: --model {fifo} is a FIFO (named pipe), not a file"),
+    (["sweep", "--grid", "{fifo}"], "kv sweep: grid file {fifo} is a FIFO (named pipe), not a file"),
+    (["flash", "--config", "{fifo}"], "kv flash: --config {fifo} is a FIFO (named pipe), not a file"),
+    (["convert", "--model", "{fifo}", "--out", "{tmp}/o.bin"], "kv convert: --model {fifo} is a FIFO (named pipe), not a file"),
+    (["emulate", "--model", "{fifo}"], "kv emulate: model {fifo} is a FIFO (named pipe), not a file"),
+    (["monitor", "--replay", "{fifo}"], "kv monitor: --replay {fifo} is a FIFO (named pipe), not a file"),
+    (["monitor", "--replay", "/dev/null"], "kv monitor: --replay /dev/null is a character device, not a file"),
+    (["emulate", "--model", "{tmp}"], "kv emulate: model {tmp} is a folder, not a file"),
+])
+def test_a_fifo_folder_or_device_given_as_an_input_file_is_one_line_not_a_hang(tmp_path, args, says):
+    # each of the FIFO cases blocked in open() or read() until killed
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    fill = {"fifo": str(fifo), "tmp": str(tmp_path)}
+    r = kv(*[a.format(**fill) for a in args], timeout=60)
+    assert one_line_error(r) and r.returncode == 2 and r.stderr.strip() == says.format(**fill), r.stderr
+    assert fifo.exists() and not fifo.is_file()
+
+
+def test_convert_does_not_replace_a_fifo_given_as_its_output(tmp_path):
+    fifo = tmp_path / "out.bin"
+    os.mkfifo(fifo)
+    model = os.path.join(os.path.dirname(__file__), "..", "models", "kvrtos-tiny", "model.bin")
+    r = kv("convert", "--model", model, "--out", str(fifo), timeout=60)
+    assert one_line_error(r) and r.returncode == 2 and "is a FIFO (named pipe); give a file to write" in r.stderr, r.stderr
+    assert not fifo.is_file()
