@@ -189,14 +189,25 @@ def convert(c, model="", out="", format="q8row", group=None):
             "rope": "absolute (keys at their own position) or cache (StreamingLLM: rank in the cache)",
             "port": "--runtime board: serial port (default: ESP32-S3 by USB VID, else the virtual board)"})
 @one_line_errors
-def generate(c, model="", prompt="", tokens="64", tokenizer="", temperature="0", top_p="1", seed="0", kv_dtype="auto",
+def generate(c, model=None, prompt="", tokens="64", tokenizer=None, temperature="0", top_p="1", seed="0", kv_dtype="auto",
              policy="full", window="0", backend="auto", runtime="cpython", rope="absolute", port=None):
     """Generate text with a llama2.c model as a kernel task: the text token by token, then one summary line."""
     from host import generate as gen
 
+    not_empty(model=model, tokenizer=tokenizer, port=port)
+    model, tokenizer = model or "", tokenizer or ""
+
     gen.main(model=model, prompt=prompt, tokens=tokens, tokenizer_path=tokenizer, temperature=temperature, top_p=top_p,
              seed=seed, kv_dtype=kv_dtype, policy=policy, window=window, backend=backend, runtime=runtime, rope=rope,
              port=port and paths_user(port))
+
+
+def not_empty(**given):
+    # a flag typed with an empty value is refused, not taken as "not given" (which ran the
+    # default: another model, another port); None means not given
+    for name, v in given.items():
+        if v == "":
+            raise UserError("--%s needs a value (leave it out for its default)" % name.replace("_", "-"), 2)
 
 
 def paths_user(p):
@@ -213,6 +224,7 @@ def repl(c, port=None, board="esp32s3_n8r8"):
     """Open the board's MicroPython REPL (mpremote's) on the port the other commands find; Ctrl-] leaves it."""
     from host import link
 
+    not_empty(port=port)
     p = link.check_port(link.port_of(port and paths_user(port), board))
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise UserError("./kv repl is interactive: run it in a terminal (to run code on the board without one: "
@@ -241,7 +253,7 @@ def vboard(c, board="esp32s3_n8r8", fs=None, stop=False):
             "weights": "int8 (default: an fp32 checkpoint goes on as int8 q8row, converted on the fly, the integer path's format, with int8 KV) or fp32 (the file as it is: the float path, bytecode on the board)",
             "config": "an application config (JSON, docs/user-guide.md) put on the board as kvrtos.json, with the modules of its module tasks (m.py beside it); checked first: a bad one is one line, nothing flashed"})
 @one_line_errors
-def flash(c, port=None, board="esp32s3_n8r8", src=None, timeout="10", model=None, tokenizer="", config=None, weights=None):
+def flash(c, port=None, board="esp32s3_n8r8", src=None, timeout="10", model=None, tokenizer=None, config=None, weights=None):
     """Compile firmware_py/ with mpy-cross and copy what changed to the board (mpremote), verify, soft-reset; --model puts a model there too, --config an application config."""
     from host import flash as fl
     from host import paths
@@ -250,9 +262,8 @@ def flash(c, port=None, board="esp32s3_n8r8", src=None, timeout="10", model=None
         raise UserError("--tokenizer needs --model (the tokenizer is flashed with its model)", 2)
     if config == "":
         raise UserError("--config needs a file (./kv flash --help)", 2)
-    for flag, v in (("--model", model), ("--src", src), ("--port", port)):
-        if v == "":  # typed empty: it flashed without a model (or from firmware_py/, to the port found)
-            raise UserError("%s needs a value (leave it out for its default; ./kv flash --help)" % flag, 2)
+    not_empty(model=model, src=src, port=port, tokenizer=tokenizer)  # it flashed without a model, or to the port found
+    tokenizer = tokenizer or ""
     if weights is not None and not model:
         raise UserError("--weights needs --model (it says how the model goes on the board)", 2)
     weights = weights or "int8"
@@ -293,6 +304,7 @@ def monitor(c, port=None, board=None, log=None, until=None, timeout=None, jsonl=
     """Print what the board sends (text timestamped, telemetry frames decoded: a dashboard on a terminal), log, reconnect."""
     from host import monitor as mon
 
+    not_empty(port=port, log=log, jsonl=jsonl, capture=capture, replay=replay)
     mon.main(port=port and paths_user(port), board=board, log=log and paths_user(log), until=until,
              timeout=options.seconds(timeout, "--timeout") if timeout is not None else None, jsonl=jsonl and paths_user(jsonl),
              capture=capture and paths_user(capture), replay=replay and paths_user(replay), as_json=json, plain=plain,

@@ -65,8 +65,7 @@ def predict(path, call="main", board="esp32s3_n8r8", mhz=None, emitter=None, run
     if not any(k in b.cpu_cost for k in ("viper", "bytecode")):
         raise UserError("%s does not run MicroPython in kvrtos's profiles (no viper or bytecode cost figures): pick a "
                         "microcontroller such as esp32s3_n8r8" % board, 2)
-    clock = b.cpu_mhz if mhz is None else mhz
-    clock = options.number(clock, "--freq", 1.0, 10000.0)  # MHz
+    clock = b.cpu_mhz if mhz is None else options.number(mhz, "--freq", 1.0, 10000.0)  # MHz
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()

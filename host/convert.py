@@ -85,7 +85,7 @@ def header(cfg, fmt, groups):
 def convert(inp, out, fmt, group=0):
     import numpy as np
 
-    if os.path.exists(inp):
+    if os.path.exists(inp) and not os.path.isdir(inp):  # a folder: the loader's own line
         paths.regular_file(inp, "--model")  # a FIFO blocked the read forever
     try:
         w = llama2c.load(inp)

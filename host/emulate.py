@@ -87,6 +87,9 @@ DECODE_SPEC_KEYS = ("model", "tokenizer", "policy", "window", "sinks", "kv_dtype
 EMULATE_SPEC_KEYS = ("board", "cost", "weights_tier", "kv_tier", "reserve", "link_bps", "rate_hz", "ambient_c", "max_ms")  # its "emulate" section
 
 
+SINK_POLICIES = ("sinks", "h2o")  # the policies that keep sinks
+
+
 def _bad(msg):
     raise UserError(msg, 2)
 
@@ -217,8 +220,8 @@ def normalize(spec):
         _bad("%s must be one of %s, got %r" % (name("weights"), ", ".join(WEIGHTS), out["weights"]))
     if out["speed"] not in SPEEDS:
         _bad("%s must be one of %s, got %r" % (name("speed"), ", ".join(SPEEDS), out["speed"]))
-    if given.get("sinks", DEFAULTS["sinks"]) != DEFAULTS["sinks"] and out["policy"] not in ("sinks", "h2o"):
-        _bad("--sinks applies to the sinks and h2o policies, not %s" % out["policy"])
+    if given.get("sinks", DEFAULTS["sinks"]) != DEFAULTS["sinks"] and out["policy"] not in SINK_POLICIES:
+        _bad("%s applies to the sinks and h2o policies, not %s" % (name("sinks"), out["policy"]))
     if out["policy"] == "full":
         if out["window"]:
             _bad("%s applies to the window, sinks and h2o policies, not full" % name("window"))

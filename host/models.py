@@ -57,7 +57,8 @@ def load(name_or_path):
         if name.lower() == name_or_path.lower():
             return _from_catalog(name, row)
     if os.path.exists(name_or_path):
-        paths.regular_file(name_or_path, "--model")  # a FIFO blocked the read forever
+        if not os.path.isdir(name_or_path):  # a folder: the loader's own line
+            paths.regular_file(name_or_path, "--model")  # a FIFO blocked the read forever
         try:
             cfg, lay = llama2c.plan(name_or_path)
         except llama2c.CheckpointError as e:

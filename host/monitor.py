@@ -28,6 +28,7 @@ from host.errors import UserError
 RETRY_S = 0.2  # how often a lost port is looked for again
 DONE_GRACE_S = 0.5  # --until-done: read this long after the last done event (its last periodic frames)
 SERVE_ANSWER_S = 5.0  # commands wait for serve's first telemetry frame this long (it sends one a period)
+SERVE_BOOT_S = 60.0  # ... and after --start, this long: serve's boot (model, pool, the config's tasks) comes first
 # serve has ended on the board (its requests never will): the raw REPL's end of a run
 # ("\x04" then its error text then "\x04>"), a soft reboot (sys.exit: serve's one-line error
 # exits 2; a board's raw REPL then soft-resets), the raw REPL's banner
@@ -380,12 +381,14 @@ class Monitor:
 
     # read until `until` (a regex, text or compiled) matches a line, `until_done`
     # requests have ended (done events), or `timeout` s pass; returns the matching line
-    # (or "done") or None. on_open(monitor) runs once the port is open (commands).
+    # (or "done") or None. on_open(monitor) runs at serve's first good telemetry frame
+    # (commands), waited for answer_s; started: serve was just started (the wait's message).
     # stop_on_end: serve was started for these requests, so serve ending on the board
     # (its error line, the raw REPL or a soft reboot back, the port lost: the board's
     # process ended) stops the run at once (after DONE_GRACE_S for the rest of its error
     # text): self.serve_ended says so, serve_error() the board's line
-    def run(self, until=None, timeout=None, ser=None, until_done=0, on_open=None, stop_on_end=False):
+    def run(self, until=None, timeout=None, ser=None, until_done=0, on_open=None, stop_on_end=False,
+            answer_s=SERVE_ANSWER_S, started=False):
         pattern = pattern_of(until) if isinstance(until, str) else until
         deadline = time.monotonic() + timeout if timeout else None
         self.quiet = False
@@ -395,7 +398,7 @@ class Monitor:
         # commands go only to a serve that has answered: on_open runs at the first good frame
         # (a board at its REPL would take the frame's bytes as typed input)
         pending = on_open
-        answer_s = SERVE_ANSWER_S if deadline is None else max(0.0, min(SERVE_ANSWER_S, deadline - time.monotonic()))
+        answer_s = answer_s if deadline is None else max(0.0, min(answer_s, deadline - time.monotonic()))
         answer_by = time.monotonic() + answer_s
         grace = None  # once until_done requests have ended: read until this time, then return
         try:
@@ -424,6 +427,9 @@ class Monitor:
                     if self.decoder.counts()["good"]:
                         pending(self)
                         pending = None
+                    elif time.monotonic() >= answer_by and started:
+                        raise UserError("serve, started on %s, sent no telemetry frame within %.3g s: its boot failed or "
+                                        "is still loading; nothing was sent" % (self.port, answer_s), 1)
                     elif time.monotonic() >= answer_by:
                         raise UserError("no kvrtos serve answered on %s within %.3g s (no telemetry frame): the board is "
                                         "at its REPL or runs other code, and a command would be typed into it; "
@@ -533,8 +539,8 @@ def start_serve(port, link_bps=0, out=print, opts=None):
     out("monitor: started firmware_py.serve on %s" % port)
 
 
-# ./kv monitor: a port (or --replay FILE) through the Monitor, commands sent once the
-# port is open, a summary at the end
+# ./kv monitor: a port (or --replay FILE) through the Monitor, commands sent once serve
+# has answered (its first telemetry frame), a summary at the end
 def main(port=None, board=None, log=None, until=None, timeout=None, jsonl=None, capture=None, replay=None,
          as_json=False, plain=False, start=False, prompt=None, tokens=None, policy=None, window=None, kv_dtype=None,
          stop=False, until_done=0, link_bps=0, out=None):
@@ -592,9 +598,12 @@ def main(port=None, board=None, log=None, until=None, timeout=None, jsonl=None, 
                 if stop:
                     mon.send_command("stop")
 
-            # serve started here, or a prompt sent: serve ending on the board ends the wait
-            hit = m.run(until=pattern, timeout=timeout, until_done=until_done, on_open=commands if sends else None,
-                        stop_on_end=bool(until_done) and (start or prompt is not None))
+            # serve started here, or a prompt sent: serve ending on the board ends the wait. Commands
+            # wait for serve's first frame (after --start, its boot), and only when any is left to send
+            left = bool(cfg) or prompt is not None or stop
+            hit = m.run(until=pattern, timeout=timeout, until_done=until_done, on_open=commands if left else None,
+                        stop_on_end=bool(until_done) and (start or prompt is not None),
+                        answer_s=SERVE_BOOT_S if start else SERVE_ANSWER_S, started=start)
     finally:
         m.close()
     if as_json:

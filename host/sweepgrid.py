@@ -26,7 +26,7 @@ AXIS_SPEC = {a: s for a, s, _ in AXES}
 OPTION_KEYS = ("target_ms_per_token", "target_kv_bytes", "workers", "scheduler", "cache", "out", "spec")
 GRID_KEYS = tuple(a for a, _, _ in AXES) + OPTION_KEYS
 NO_WINDOW_POLICIES = ("full",)  # a window means nothing to these: one point, not one per window
-MAX_WINDOW = 1 << 20  # emulate's bound on --window
+MAX_WINDOW = options.WINDOW_MAX  # every command's bound on --window
 
 
 def _split(value):
@@ -175,6 +175,8 @@ def expand(settings):
             spec.pop("window")
             given["window"] = None
             reason = "a window for policy %s (it runs once, without one)" % policy
+        if spec.get("policy") is not None and spec["policy"] not in emulate.SINK_POLICIES:
+            spec.pop("sinks", None)  # the grid's sinks are for its sinks and h2o points
         tags = [(a, v) for (a, _, _), v in zip(axes, combo, strict=True)]
         try:
             norm = emulate.normalize(spec)

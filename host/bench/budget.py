@@ -150,9 +150,12 @@ def boot(interp, heapsize, board, model, tok, dtype):
     # the firmware's own boot-time sizing (kvprobe size=boot): {"blocks", "free", "largest",
     # "margin", "status" (FULL: its pool decoded and filled), "limit"}; blocks 0 when it
     # did not boot or run (limit says why)
-    r = interp_mod.run(PROBE, interp, heapsize=heapsize, args=[
-        "board=" + os.path.join(paths.BOARDS, board + ".json"), "model=" + model, "tokenizer=" + tok,
-        "kv_dtype=" + dtype, "size=boot"])
+    try:
+        r = interp_mod.run(PROBE, interp, heapsize=heapsize, timeout=PROBE_S, args=[
+            "board=" + os.path.join(paths.BOARDS, board + ".json"), "model=" + model, "tokenizer=" + tok,
+            "kv_dtype=" + dtype, "size=boot"])
+    except subprocess.TimeoutExpired:  # the boot's own pool leaves the measured margin: this is a failure
+        raise UserError("kvprobe size=boot on %s (%s, %s) ran past %d s" % (interp, board, dtype, PROBE_S), 1) from None
     m = _BOOT.search(r.stdout)
     if r.returncode != 0 or not m:
         f = re.search(r"kvprobe: boot blocks=0 limit=(.*)", r.stdout)
@@ -262,7 +265,8 @@ def render(r):
         "port, which the virtual board runs). `heap` is the `-X heapsize` given: `calculator` = that word size's "
         "`heap_bytes_needed`, `board` = the board's usable heap. `fit` = the largest pool that boots, decodes and "
         "fills; `limited by` = what refused one block more (`GCThrash`: "
-        "it booted, but the bytecode decode, left too little heap, collected on every float it boxed and ran past %d s); `MemoryError at` = tokens when decode keeps asking for "
+        "the probe ran past %d s, its 8-token decode crawling: a pool that leaves the bytecode decode a few KB collects the "
+        "whole heap for every float it boxes; a time limit, so on a busier machine a row may end a block sooner); `MemoryError at` = tokens when decode keeps asking for "
         "blocks after the fill until a real `MemoryError`." % (r["model"], PROBE_S),
         "",
     ]
