@@ -1017,8 +1017,9 @@ def _invariants(rep, bwr, q, k, w_tier, kv_tier, loads, counted):
     d_charged = sum(bwr[t][nm]["bytes"] for t in bwr for nm in direct if nm in bwr[t])
     out["cpu_reads_charged"] = {"ok": d_moved == d_charged, "moved": d_moved, "charged": d_charged}
     made = rep["tokens"]
-    per = rep.get("chats") or {"decode": rep}
     by_run = counted["by_run"]
+    # one run (the decode, or a scenario's only chat, under its own name): the report is its
+    per = rep.get("chats") or {(list(by_run) or ["decode"])[0]: rep}
     out["tokens"] = {"ok": made == counted["tokens_seen"] == sum(by_run.values()) and
                      all(p["tokens"] == by_run.get(nm, -1) and (p["tokens"] == p["tokens_requested"] or bool(p["stop"]))
                          for nm, p in per.items()),

@@ -572,6 +572,10 @@ def main(port=None, board=None, log=None, until=None, timeout=None, jsonl=None, 
         if port is not None or start or sends:
             raise UserError("--replay decodes a file: --port, --start and commands need a board", 2)
         paths.regular_file(replay, "--replay")  # a folder, a FIFO or /dev/null: not "no such file"
+        for path, opt in ((log, "--log"), (jsonl, "--jsonl"), (capture, "--capture")):
+            if path is not None and os.path.exists(path) and os.path.samefile(path, replay):
+                # --capture appended the bytes it read to the file it read: it never ended
+                raise UserError("%s %s is the --replay file; write to another file" % (opt, path), 2)
     elif port is None:
         port = link.port_of(None, board)
     if replay is None:

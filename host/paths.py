@@ -85,27 +85,27 @@ def sha256_file(path):
     return h.hexdigest()
 
 
-def out_folder(out_dir):
+def out_folder(out_dir, flag="--out"):
     # the folder a command writes its files to (--out): made when missing, with any missing
     # parent folders (as mkdir -p); a path through a file, a file, or a place that cannot
     # be written is a UserError of one line (exit 2). Returns out_dir
     from host.errors import UserError
 
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
-        raise UserError("--out %s is not a folder" % out_dir, 2)
+        raise UserError("%s %s is not a folder" % (flag, out_dir), 2)
     if not os.path.isdir(out_dir):
         # the deepest part of the path that exists must be a folder (not a file on the way)
         up = os.path.dirname(os.path.abspath(out_dir))
         while not os.path.exists(up):
             up = os.path.dirname(up)
         if not os.path.isdir(up):
-            raise UserError("--out %s: %s is a file, not a folder" % (out_dir, up), 2)
+            raise UserError("%s %s: %s is a file, not a folder" % (flag, out_dir, up), 2)
         try:
             os.makedirs(out_dir, exist_ok=True)
         except OSError as e:
-            raise UserError("--out %s cannot be made: %s" % (out_dir, e.strerror or e), 2) from None
+            raise UserError("%s %s cannot be made: %s" % (flag, out_dir, e.strerror or e), 2) from None
     if not os.access(out_dir, os.W_OK):
-        raise UserError("--out %s is not writable" % out_dir, 2)
+        raise UserError("%s %s is not writable" % (flag, out_dir), 2)
     return out_dir
 
 

@@ -81,7 +81,7 @@ def load_grid_file(path):
     try:
         with open(p, "rb") as f:
             data = json.loads(f.read().decode("utf-8"))
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # NotADirectory: a path through a file
         raise UserError("no grid file %s" % path, 2)
     except IsADirectoryError:
         raise UserError("grid file %s is a folder" % path, 2)

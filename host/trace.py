@@ -436,9 +436,16 @@ def _save(fig, out_dir, name):
     return p
 
 
+OUT_FILES = ("trace.json", "kv_bytes.png", "pool.png", "bandwidth.png")  # what main writes into out_dir
+
+
 def main(log, out_dir=None, as_json=False, err=None):
-    frames, skipped = read(log)
     out_dir = out_dir or (os.path.dirname(os.path.abspath(log)))
+    for name in OUT_FILES:  # a log named trace.json (or pool.png) was overwritten by its own trace
+        p = os.path.join(out_dir, name)
+        if os.path.exists(log) and os.path.exists(p) and os.path.samefile(p, log):
+            raise UserError("the log %s would be overwritten by the %s written beside it: rename it or give --out DIR" % (log, name), 2)
+    frames, skipped = read(log)
     paths.out_folder(out_dir)
     note = skipped_note(log, skipped)
     if note:

@@ -881,3 +881,28 @@ def test_convert_does_not_replace_a_fifo_given_as_its_output(tmp_path):
     r = kv("convert", "--model", model, "--out", str(fifo), timeout=60)
     assert one_line_error(r) and r.returncode == 2 and "is a FIFO (named pipe); give a file to write" in r.stderr, r.stderr
     assert not fifo.is_file()
+
+
+def test_an_output_that_is_the_input_is_refused_before_it_is_written(tmp_path):
+    cap = tmp_path / "cap.txt"
+    cap.write_bytes(b"hi\n")
+    for opt in ("--capture", "--log", "--jsonl"):
+        # --capture appended what it read to the file it read: it grew to 51 MB, never ending
+        r = kv("monitor", "--replay", str(cap), opt, str(cap), timeout=60)
+        assert one_line_error(r) and r.returncode == 2 and "is the --replay file" in r.stderr, (opt, r.stderr)
+    assert cap.read_bytes() == b"hi\n"
+    log = tmp_path / "trace.json"  # a JSONL log under the name of the trace written beside it
+    log.write_text('{"type": "status"}\n')
+    r = kv("trace", str(log), timeout=60)
+    assert one_line_error(r) and r.returncode == 2 and "would be overwritten by the trace.json" in r.stderr, r.stderr
+    assert log.read_text() == '{"type": "status"}\n'
+
+
+@pytest.mark.parametrize("opt", ["--out", "--cache"])
+def test_sweep_refuses_an_output_folder_that_is_a_file_before_any_point_runs(tmp_path, opt):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    for where, says in ((f, "is not a folder"), (f / "x", "is a file, not a folder")):
+        r = kv("sweep", "--tokens", "2", "--workers", "1", opt, str(where), timeout=120)
+        assert one_line_error(r) and r.returncode == 2 and says in r.stderr, r.stderr  # was a traceback after the run
+    assert f.read_text() == "x"

@@ -657,3 +657,14 @@ def test_out_does_not_overwrite_a_users_files_but_rewrites_its_own(tmp_path):
         r = _kv("--tokens", "2", "--cost", "c", "--out", str(ours))
         assert r.returncode == 0, r.stderr
     assert json.loads((ours / "report.json").read_text())["tokens"] == 2
+
+
+def test_a_scenario_with_one_chat_keeps_its_invariants(tmp_path):
+    # the config takes 1..8 chats; one chat ran and then failed the tokens invariant (its
+    # tokens were looked for under "decode"), exit 1 with every token made
+    sc = tmp_path / "one.json"
+    sc.write_text(json.dumps({"name": "one", "tasks": [], "decode": {
+        "prefix": "Once upon", "chats": [{"name": "a", "prompt": "hi", "tokens": 4}]}}))
+    r = emulate.run({"scenario": str(sc), "model": os.path.join(ROOT, "models", "kvrtos-tiny", "model.bin")})
+    assert r["invariants"]["tokens"]["ok"], r["invariants"]["tokens"]
+    assert r["tokens"] == 4
