@@ -202,12 +202,14 @@ def generate(c, model=None, prompt="", tokens="64", tokenizer=None, temperature=
              port=port and paths_user(port))
 
 
-def not_empty(**given):
+def not_empty(required=(), **given):
     # a flag typed with an empty value is refused, not taken as "not given" (which ran the
-    # default: another model, another port); None means not given
+    # default: another model, another port); None means not given. required: the task's
+    # positionals (no default to leave them out for)
     for name, v in given.items():
         if v == "":
-            raise UserError("--%s needs a value (leave it out for its default)" % name.replace("_", "-"), 2)
+            raise UserError("--%s needs a value%s" % (name.replace("_", "-"), "" if name in required else
+                                                        " (leave it out for its default)"), 2)
 
 
 def paths_user(p):
@@ -318,6 +320,8 @@ def monitor(c, port=None, board=None, log=None, until=None, timeout=None, jsonl=
 def trace(c, log, out=None, json=False):
     """Chrome trace JSON (Perfetto) and PNG plots from a telemetry JSONL log: KV bytes vs tokens with the fitted slope, pool, bandwidth."""
     from host import trace as trace_mod
+
+    not_empty(("log",), log=log, out=out)
 
     trace_mod.main(paths_user(log), paths_user(out) if out else None, as_json=json)
 
@@ -448,6 +452,8 @@ def sweep(c, grid=None, boards=None, models=None, policies=None, windows=None, k
 def boardtime(c, file, call="main", board="esp32s3_n8r8", freq=None, emitter=None, runs="7", json=False):
     """Time a MicroPython function on the 32-bit host build and predict its time on the board, with the band (docs/calibration.md)."""
     from host import boardtime as bt
+
+    not_empty(("file",), file=file, call=call, board=board, freq=freq, emitter=emitter)
 
     mhz = None if freq is None else options.number(freq, "--freq", 1.0, 10000.0)  # MHz
     bt.main(paths_user(file), call=call, board=board, mhz=mhz, emitter=emitter, runs=options.whole(runs, "--runs", 1, bt.RUNS_MAX), as_json=json)

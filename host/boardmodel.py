@@ -63,6 +63,8 @@ def resolve(model_arg, tok_arg=""):
         raise UserError("no model file %s" % mp, 2)
     if not tp:
         raise UserError("no tokenizer.bin or tok512.bin beside %s: give --tokenizer PATH" % mp, 2)
+    if os.path.exists(tp):
+        paths.regular_file(tp, "tokenizer")  # a folder, a FIFO or /dev/null was "no tokenizer file"
     if not os.path.isfile(tp):
         raise UserError("no tokenizer file %s" % tp, 2)
     return mp, tp

@@ -18,6 +18,8 @@ def path_of(name_or_path):
         p = paths.user_path(name_or_path)
         if os.path.isdir(p):
             raise UserError("board profile %s is a folder, not a JSON file" % name_or_path, 2)
+        if os.path.exists(p):
+            paths.regular_file(p, "board profile")  # a FIFO or /dev/null was "no board profile file"
         if not os.path.isfile(p):
             raise UserError("no board profile file %s (known boards: %s)" % (name_or_path, ", ".join(names())), 2)
         return p

@@ -12,7 +12,7 @@ import statistics
 import subprocess
 import tempfile
 
-from host import boards, boardspeed, mp32, options
+from host import boards, boardspeed, mp32, options, paths
 from host.errors import UserError
 
 RUNS = 7
@@ -52,6 +52,8 @@ def emitter_of(text):
 
 def predict(path, call="main", board="esp32s3_n8r8", mhz=None, emitter=None, runs=RUNS, record=None):
     # {"host_us", "board_us", "band_us", "factor", ...} for one function of a file
+    if os.path.exists(path):
+        paths.regular_file(path, "source file")  # a folder, a FIFO or /dev/null was "no file"
     if not os.path.isfile(path):
         raise UserError("no file %s" % path, 2)
     if not path.endswith(".py"):

@@ -116,6 +116,8 @@ def scenario_path(name):
     # scenarios/NAME.json for a name; a path (has a "/" or ends in .json) as the user typed it
     if "/" in name or os.sep in name or name.endswith(".json"):
         p = paths.user_path(name)
+        if os.path.exists(p):
+            paths.regular_file(p, "scenario")  # a folder, a FIFO or /dev/null was "no scenario file"
         if not os.path.isfile(p):
             _bad("no scenario file %s (known scenarios: %s)" % (name, ", ".join(scenario_names())))
         return p

@@ -862,6 +862,12 @@ def test_repeatable_prompt_still_repeats():
     (["emulate", "--model", "{fifo}"], "kv emulate: model {fifo} is a FIFO (named pipe), not a file"),
     (["monitor", "--replay", "{fifo}"], "kv monitor: --replay {fifo} is a FIFO (named pipe), not a file"),
     (["monitor", "--replay", "/dev/null"], "kv monitor: --replay /dev/null is a character device, not a file"),
+    (["emulate", "--board", "{fifo}"], "kv emulate: board profile {fifo} is a FIFO (named pipe), not a file"),
+    (["emulate", "--scenario", "{fifo}"], "kv emulate: scenario {fifo} is a FIFO (named pipe), not a file"),
+    (["emulate", "--tokenizer", "{fifo}"], "kv emulate: tokenizer {fifo} is a FIFO (named pipe), not a file"),
+    (["boardtime", "{tmp}"], "kv boardtime: source file {tmp} is a folder, not a file"),
+    (["boardtime", ""], "kv boardtime: --file needs a value"),
+    (["trace", ""], "kv trace: --log needs a value"),
     (["emulate", "--model", "{tmp}"], "kv emulate: model {tmp} is a folder, not a file"),
 ])
 def test_a_fifo_folder_or_device_given_as_an_input_file_is_one_line_not_a_hang(tmp_path, args, says):
