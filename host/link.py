@@ -147,13 +147,19 @@ def usb_port(board):
 kind_of = paths.kind_of  # what a path is, in words
 
 
+MEM_MAJOR = 1  # Linux's memory devices: /dev/null, /dev/zero, /dev/full, /dev/random
+
+
 def check_port(port):
     # port, when it names a character device; else a one-line UserError (code 2)
     if not os.path.exists(port):
         raise UserError("no serial port at %s" % port, 2)
-    mode = os.stat(port).st_mode
+    st = os.stat(port)
+    mode = st.st_mode
     if not stat.S_ISCHR(mode):
         raise UserError("%s is not a serial port: it is %s" % (port, kind_of(mode)), 2)
+    if os.major(st.st_rdev) == MEM_MAJOR:  # not opened: opening a real port can reset the board (DTR)
+        raise UserError("%s is not a serial port: it is a memory device (/dev/null, /dev/zero, ...)" % port, 2)
     return port
 
 

@@ -912,3 +912,10 @@ def test_sweep_refuses_an_output_folder_that_is_a_file_before_any_point_runs(tmp
         r = kv("sweep", "--tokens", "2", "--workers", "1", opt, str(where), timeout=120)
         assert one_line_error(r) and r.returncode == 2 and says in r.stderr, r.stderr  # was a traceback after the run
     assert f.read_text() == "x"
+
+
+@pytest.mark.parametrize("cmd", [["monitor"], ["flash"], ["generate", "--runtime", "board", "--tokens", "2"], ["repl"]])
+def test_dev_null_as_a_port_is_refused_as_not_a_serial_port(cmd):
+    # it was exit 1 "cannot open port /dev/null: Could not configure port: (25, ...)"
+    r = kv(*cmd, "--port", "/dev/null", timeout=60)
+    assert one_line_error(r) and r.returncode == 2 and "/dev/null is not a serial port" in r.stderr, r.stderr
