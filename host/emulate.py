@@ -222,6 +222,8 @@ def normalize(spec):
         _bad("%s must be one of %s, got %r" % (name("weights"), ", ".join(WEIGHTS), out["weights"]))
     if out["speed"] not in SPEEDS:
         _bad("%s must be one of %s, got %r" % (name("speed"), ", ".join(SPEEDS), out["speed"]))
+    if cfg and cfg["decode"].get("chats") and given.get("prompt"):  # it ran with the chats' prompts, --prompt unused
+        _bad("--prompt: scenario %s's chats each have their own prompt (decode.chats[].prompt)" % _display(path))
     if given.get("sinks", DEFAULTS["sinks"]) != DEFAULTS["sinks"] and out["policy"] not in SINK_POLICIES:
         _bad("%s applies to the sinks and h2o policies, not %s" % (name("sinks"), out["policy"]))
     if out["policy"] == "full":

@@ -627,6 +627,8 @@ def test_a_refused_value_names_the_flag_or_the_scenario_key_that_gave_it(tmp_pat
     sc.write_text(json.dumps({"name": "mine", "tasks": [], "decode": {"policy": "ring"}}))
     with pytest.raises(UserError, match=r"mine\.json: config: decode: policy must be one of"):
         emulate.normalize({"scenario": str(sc)})
+    with pytest.raises(UserError, match=r"^--prompt: scenario scenarios/two-chats\.json's chats each have their own prompt"):
+        emulate.normalize({"scenario": "two-chats", "prompt": "hello"})  # it ran with the chats' prompts
     with pytest.raises(UserError, match=r"^--sinks applies to the sinks and h2o policies, not full"):
         emulate.normalize({"sinks": 3})  # it ran, the sinks ignored
     for key, value in (("policy", "ring"), ("kv_dtype", "int3"), ("weights", "int4"), ("speed", "x"), ("cost", "x")):
