@@ -306,7 +306,7 @@ def monitor(c, port=None, board=None, log=None, until=None, timeout=None, jsonl=
     """Print what the board sends (text timestamped, telemetry frames decoded: a dashboard on a terminal), log, reconnect."""
     from host import monitor as mon
 
-    not_empty(port=port, log=log, jsonl=jsonl, capture=capture, replay=replay)
+    not_empty(port=port, log=log, jsonl=jsonl, capture=capture, replay=replay, until=until)
     mon.main(port=port and paths_user(port), board=board, log=log and paths_user(log), until=until,
              timeout=options.seconds(timeout, "--timeout") if timeout is not None else None, jsonl=jsonl and paths_user(jsonl),
              capture=capture and paths_user(capture), replay=replay and paths_user(replay), as_json=json, plain=plain,

@@ -556,6 +556,11 @@ def main(board="esp32s3_n8r8", model="stories260K", kv_dtype="fp32", policy="ful
     # print the budget (one JSON object with as_json); UserError on bad input
     out = out or sys.stdout
     window = options.whole(window, "--window", 0, options.WINDOW_MAX)
+    brd = boards.load(board)
+    if brd.kind != "mcu" and (word_bytes or context != CONTEXT_DEFAULT):
+        # they size MicroPython's heap; on a SoC or a laptop they changed nothing and were taken
+        raise UserError("%s applies to MicroPython boards; %s is a %s" % (
+            "--word-bytes" if word_bytes else "--context", brd.name, brd.kind), 2)
     from firmware_py import board as fw_board
     from firmware_py import llama2c
 

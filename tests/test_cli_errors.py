@@ -837,6 +837,10 @@ def test_every_tasks_repeated_option_says_given_twice():
     (["flash", "--src", ""], "kv flash: --src needs a value"),
     (["vboard", "--fs", ""], "kv vboard: --fs needs a value"),
     (["mp32", "--src", ""], "kv mp32: --src needs a value"),
+    (["monitor", "--until", ""], "kv monitor: --until needs a value"),
+    # MicroPython's options on a board without it changed nothing and were taken
+    (["budget", "--board", "jetson_orin_nano_8gb", "--context", "decode"], "kv budget: --context applies to MicroPython boards"),
+    (["budget", "--board", "rk3588_4gb", "--word-bytes", "8"], "kv budget: --word-bytes applies to MicroPython boards"),
     (["convert", "--model", "m.bin", "--out", "o.bin", "--group", ""], "kv convert: --group needs a value"),
 ])
 def test_empty_repeated_and_contradictory_options_are_one_line_exit_2(args, says):
