@@ -85,10 +85,11 @@ def sha256_file(path):
     return h.hexdigest()
 
 
-def out_folder(out_dir, flag="--out"):
+def out_folder(out_dir, flag="--out", make=True):
     # the folder a command writes its files to (--out): made when missing, with any missing
     # parent folders (as mkdir -p); a path through a file, a file, or a place that cannot
-    # be written is a UserError of one line (exit 2). Returns out_dir
+    # be written is a UserError of one line (exit 2). make=False: only checked (a command
+    # that may still refuse its other input makes it later). Returns out_dir
     from host.errors import UserError
 
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
@@ -100,6 +101,8 @@ def out_folder(out_dir, flag="--out"):
             up = os.path.dirname(up)
         if not os.path.isdir(up):
             raise UserError("%s %s: %s is a file, not a folder" % (flag, out_dir, up), 2)
+        if not make:
+            return out_dir
         try:
             os.makedirs(out_dir, exist_ok=True)
         except OSError as e:

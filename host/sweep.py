@@ -251,7 +251,7 @@ def run(settings, progress=None, on_result=None):
         raise UserError("--workers wants a whole number, got %r" % (workers,), 2)
     if workers < 1:
         raise UserError("--workers must be 1 or more, got %d" % workers, 2)
-    cache = Cache(paths.out_folder(paths.user_path(settings.get("cache") or default_cache()), "--cache"))
+    cache = Cache(paths.out_folder(paths.user_path(settings.get("cache") or default_cache()), "--cache", make=False))
     code = code_sha256()
     hashes = [input_hashes(p["norm"]) for p in points]
     keys = [point_key(p["norm"], code, h) for p, h in zip(points, hashes, strict=True)]
@@ -349,7 +349,7 @@ def main(settings, as_json=False, command=None):
     # `./kv sweep`: run, write, print where (and the summary with --json); exit 1 after
     # writing when some point raised a bug (not a UserError)
     out = paths.user_path(settings["out"]) if settings.get("out") else default_out()
-    paths.out_folder(out)  # a file, a path through one or /dev/null: one line before any point runs
+    paths.out_folder(out, make=False)  # a file, a path through one or /dev/null: one line before any point runs
     with _terminated_one_line():
         result = run(settings)
         files = write(result, out, command)
