@@ -55,6 +55,7 @@ def boot_report(out=print):
     out("  firmware     kvrtos %s" % VERSION)
     if b is not None:
         out("  board        %s (%s)" % (b.name, b.title))
+    out("  cpu          %s" % _clock(b))
     out("  micropython  %s on %s" % (".".join(str(v) for v in impl.version[:3]), sys.platform))
     if free is None:
         out("  heap         not measurable on %s" % impl.name)
@@ -110,6 +111,21 @@ def _config_report(out):
     dec = ", ".join("%s %s" % (k, d[k]) for k in keys if k in d) or "the firmware's defaults"
     tasks = ", ".join("%s (%s, priority %d)" % (t["name"], t["kind"], t["priority"]) for t in cfg["tasks"]) or "none"
     out("  config       %s %r: decode %s; tasks beside decode: %s" % (CONFIG_FILE, cfg["name"], dec, tasks))
+
+
+def _clock(b):
+    # the boot report's cpu line: the clock, set to the profile's where the port can
+    want = b.cpu_mhz if b is not None else 0
+    hz, how = compat.cpu_clock(want)
+    if hz is None:
+        return "clock n/a on this port" + (" (profile: %d MHz)" % want if want else "")
+    mhz = hz // 1000000
+    if how == "set":
+        return "%d MHz (set at boot: the profile's clock)" % mhz
+    if how == "refused":
+        return "%d MHz (the profile's %d MHz was refused: the cost figures, counted at %d MHz, overstate this board)" % (
+            mhz, want, want)
+    return "%d MHz" % mhz
 
 
 def _seen(n):

@@ -2,8 +2,28 @@
 # plain object. Loading validates every field and names the first bad one, so a
 # malformed profile is one clear line, never a KeyError deep in the firmware.
 import json
+import sys
 
 from firmware_py import cpucost
+
+# On the board a profile's citations are text nobody reads there: tens of KB of heap for
+# as long as the firmware runs (61 KB on the 64-bit port for esp32s3_n8r8, the raw dict
+# included). LEAN (MicroPython) keeps of each source only its kind ("fit:", "estimate:"
+# ...: what the firmware and the cost model test), one shared string per kind, and drops
+# the dict the profile was parsed into (the host writes board.json from its own copy)
+LEAN = sys.implementation.name == "micropython"
+_KIND_TEXTS = ("measured:", "published:", "estimate:", "fit:")
+_CITED = "cited"  # a lean source that starts with none of the kinds (a tier's citation)
+
+
+# a source as the board keeps it: the text itself, or lean, the shared text of its kind
+def _source(s, lean):
+    if not lean:
+        return s
+    for k in _KIND_TEXTS:
+        if s.startswith(k):
+            return k
+    return _CITED
 
 # Memory tier kinds a profile may name; budget and bandwidth code key on these.
 TIER_KINDS = ("sram", "psram", "dram", "flash")
@@ -34,17 +54,17 @@ class BoardError(ValueError):
 
 class Tier:
     # one memory tier of a board: where bytes live and what moving them costs
-    def __init__(self, d, where, path):
+    def __init__(self, d, where, path, lean=False):
         self.name = _str(d, "name", where, path)  # unique within the board, e.g. "psram"
         self.kind = _choice(d, "kind", TIER_KINDS, where, path)  # one of TIER_KINDS
         self.bytes = _int(d, "bytes", where, path, 1, MAX_BYTES)  # capacity in bytes
         self.bandwidth = _int(d, "bandwidth_bytes_per_s", where, path, 1, MAX_BYTES)  # sustained bytes/s
         self.latency_ns = _int(d, "latency_ns", where, path, 0, MAX_NS)  # first-access latency, ns
         self.dma = _bool(d, "dma", where, path)  # True when a DMA engine can move it
-        self.source = _str(d, "source", where, path)  # citation; "estimate: ..." when estimated
+        self.source = _source(_str(d, "source", where, path), lean)  # citation; "estimate: ..." when estimated
         self.cost = None  # TierCost: what moving bytes here costs (docs/tiers.md); None: derived from bandwidth
         if "cost" in d:
-            self.cost = TierCost(d["cost"], self, where, path + "cost")
+            self.cost = TierCost(d["cost"], self, where, path + "cost", lean)
 
     def to_dict(self):
         # the JSON form this tier was loaded from
@@ -79,7 +99,7 @@ COST_MAX = {"line_ns": MAX_NS}
 
 class TierCost:
     # the cost block of one memory tier, validated: every figure an integer with a source
-    def __init__(self, d, tier, where, path):
+    def __init__(self, d, tier, where, path, lean=False):
         if not isinstance(d, dict):
             raise BoardError(where, path, "expected an object of cost figures")
         self.value = {}  # field -> int
@@ -87,7 +107,7 @@ class TierCost:
         for name, lo in COST_FIELDS:
             f = _obj(d, name, where, path + ".")
             self.value[name] = _int(f, "value", where, path + "." + name + ".", lo, COST_MAX.get(name, MAX_BYTES))
-            self.source[name] = _str(f, "source", where, path + "." + name + ".")
+            self.source[name] = _source(_str(f, "source", where, path + "." + name + "."), lean)
         for k in d:
             if k not in self.value:
                 raise BoardError(where, path + "." + k, "unknown cost field (known: %s)" % ", ".join(n for n, _ in COST_FIELDS))
@@ -113,8 +133,11 @@ class TierCost:
 
 
 class Board:
-    # a validated board profile; see docs/boards.md for every field
-    def __init__(self, d, where="<dict>"):
+    # a validated board profile; see docs/boards.md for every field. lean (None: LEAN, i.e.
+    # on MicroPython): sources kept as their kind only, and no raw dict
+    def __init__(self, d, where="<dict>", lean=None):
+        if lean is None:
+            lean = LEAN
         if not isinstance(d, dict):
             raise BoardError(where, "<top>", "expected a JSON object")
         self.where = where  # where the profile came from (for messages)
@@ -127,7 +150,7 @@ class Board:
         self.cpu_mhz = _int(cpu, "mhz", where, "cpu.", 1, MAX_MHZ)  # max clock, MHz
         # the CPU cost model's figures (firmware_py/cpucost.py): {kind: {param: int}} and
         # {kind: {param: source}}; {} when the profile has no cpu.cost block
-        self.cpu_cost, self.cpu_cost_source = _cpu_cost(cpu, self.cores, where)
+        self.cpu_cost, self.cpu_cost_source = _cpu_cost(cpu, self.cores, where, lean)
         tiers = _list(d, "memory", where, "")
         if not tiers:
             raise BoardError(where, "memory", "needs at least one tier")
@@ -137,7 +160,7 @@ class Board:
             path = "memory[%d]." % i
             if not isinstance(t, dict):
                 raise BoardError(where, path[:-1], "expected a JSON object")
-            tier = Tier(t, where, path)
+            tier = Tier(t, where, path, lean)
             if tier.name in seen:
                 raise BoardError(where, path + "name", "duplicate tier name %r" % tier.name)
             seen[tier.name] = tier
@@ -155,7 +178,7 @@ class Board:
                 raise BoardError(where, "usb", "expected an object with vid and pid (or null for a soc)")
             self.usb_vid = _hex16(usb, "vid", where, "usb.")
             self.usb_pid = _hex16(usb, "pid", where, "usb.")
-        self.source = _str(d, "source", where, "")  # citation for cpu/thermal/usb figures
+        self.source = _source(_str(d, "source", where, ""), lean)  # citation for cpu/thermal/usb figures
         est = d.get("estimates", [])
         if not isinstance(est, list) or not all(isinstance(e, str) for e in est):
             raise BoardError(where, "estimates", "expected a list of field names")
@@ -168,7 +191,7 @@ class Board:
             self.mpy_heap = None
             self.mpy_arch = None
             self.firmware_bytes = _int(d, "os_reserved_bytes", where, "", 0, MAX_BYTES)  # RAM the OS keeps
-        self.raw = d  # the dict as loaded, for writing to the device
+        self.raw = None if lean else d  # the dict as loaded, for writing to the device (host only)
 
     def tier(self, name):
         # the tier called name; KeyError names the board when absent
@@ -186,7 +209,7 @@ class Board:
         return n
 
 
-def _cpu_cost(cpu, cores, where):
+def _cpu_cost(cpu, cores, where, lean=False):
     # validate cpu.cost: {kind: {param: {"value": int, "source": "<kind>: ..."}}}
     if "cost" not in cpu:
         return {}, {}
@@ -217,20 +240,21 @@ def _cpu_cost(cpu, cores, where):
             if not cpucost.source_kind(s[p]):
                 raise BoardError(where, path + "." + p + ".source", "must start with one of %s"
                                  % ", ".join(k + ":" for k in cpucost.SOURCE_KINDS))
+            s[p] = _source(s[p], lean)
         vals[kind] = v
         srcs[kind] = s
     return vals, srcs
 
 
-def loads(text, where="<string>"):
-    # parse and validate a profile from JSON text
+def loads(text, where="<string>", lean=None):
+    # parse and validate a profile from JSON text (lean: Board's)
     try:
         d = json.loads(text)
     except ValueError as e:
         raise BoardError(where, "<json>", "not valid JSON (%s)" % e)
     except RuntimeError:  # RecursionError on CPython, RuntimeError on MicroPython
         raise BoardError(where, "<json>", "nested too deeply to be a board profile")
-    return Board(d, where)
+    return Board(d, where, lean)
 
 
 def load(path):

@@ -329,3 +329,33 @@ def idf_heap():
         if r[2] > largest:
             largest = r[2]
     return total, free, largest
+
+
+# The CPU clock: (Hz the port reports now, what setting want_mhz did) with machine.freq
+# where the port has it. want_mhz (0: only read) is the board profile's cpu.mhz, which
+# the cost model's cycle figures are counted at: ESP32_GENERIC_S3 boots at 160 MHz unless
+# told otherwise, so the firmware sets the profile's clock at boot. The outcome is
+# "set" (changed to want_mhz), "kept" (already there), "refused" (the port said no: the
+# clock stays), "n/a" (no machine.freq: the unix port, CPython; Hz is None)
+def cpu_clock(want_mhz=0):
+    try:
+        import machine  # noqa: PLC0415 - probing the port
+
+        freq = machine.freq
+    except (ImportError, AttributeError):
+        return None, "n/a"
+    try:
+        hz = freq()
+    except (OSError, ValueError, TypeError):
+        return None, "n/a"
+    if isinstance(hz, tuple):  # some ports give (cpu, bus, ...)
+        hz = hz[0]
+    if not want_mhz or hz == want_mhz * 1000000:
+        return hz, "kept"
+    try:
+        freq(want_mhz * 1000000)
+        hz = freq()
+        hz = hz[0] if isinstance(hz, tuple) else hz
+    except (OSError, ValueError, TypeError):
+        return hz, "refused"
+    return hz, ("set" if hz == want_mhz * 1000000 else "refused")

@@ -98,7 +98,7 @@ class Server:
         self.max_requests = max_requests  # stop the kernel after this many requests (0: never)
         self.stopping = False  # a stop command is ending the running request
         self.tm = tm.Telemetry(write, kernel=self.k, link_bps=link_bps, rate_hz=rate_hz, thermal=self.guard,
-                               meta={"model": model, "board": _board_name()})
+                               meta={"model": model, "board": _board_name(), "cpu.mhz": _cpu_mhz()})
         self.bw = None  # the bandwidth tracker the config's tasks and the decode's traffic share, or None
         self.dma = None  # their DMA queue, or None
         self.loads = []  # the config's workloads (appcfg.spawn), in its order
@@ -410,6 +410,12 @@ def _profile():
 
 
 _PROFILE = []  # _profile()'s one reading
+
+
+def _cpu_mhz():
+    # the clock the board runs at (main.py's boot set the profile's), for the layout frame
+    hz = compat.cpu_clock()[0]
+    return "n/a" if hz is None else hz // 1000000
 
 
 def _board_name():

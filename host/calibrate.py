@@ -155,6 +155,9 @@ def parse(line):
                     raise bad("copy.%s is not a whole number" % k)
             if not isinstance(c["case"], str):
                 raise bad("copy.case is not text")
+        hz = r.get("cpu_hz")
+        if hz is not None and not (_is_int(hz) and 0 < hz <= 10 ** 11):
+            raise bad("cpu_hz is not a clock in Hz")
         sw = r["switch"]
         if not (_is_int(sw["switches"]) and _is_int(sw["us"]) and sw["switches"] > 0 and sw["us"] >= 0):
             raise bad("switch is not whole numbers")
@@ -293,7 +296,7 @@ KERNEL = {"viper": "kernels_q.matvec_v (@viper, int8 weights, int32 activations)
           "bytecode": "kernels.Plain.matvec (fp32, plain bytecode)"}
 
 
-def cpu_figures(r, mhz, by, where, refused):
+def cpu_figures(r, mhz, by, where, refused, clock="the profile's clock"):
     # [(kind, parameter, millicycles, source)] from the matvec fits; a refused fit adds
     # "KIND matvec figures not written: why" to refused and writes nothing of that kind.
     # Figures of one measurement go together: Plain.matvec's MAC is bytecode.mac_f32_mcyc,
@@ -307,7 +310,7 @@ def cpu_figures(r, mhz, by, where, refused):
         shown = ", ".join("%dx%d" % s[:2] + (" g%d" % s[2] if kind == "viper" else "") for s in shapes)
         model = ("call + rows x row + groups x group + MACs x MAC" if kind == "viper" else "call + rows x row + MACs x MAC")
         fit_src = ("%s: %s at %s on %s, medians of %d; ns per call = %s by least squares (largest residual %.1f%%), "
-                   "x %d MHz (the profile's clock)" % (by, KERNEL[kind], shown, where, r["reps"], model, 100 * res, mhz))
+                   "x %d MHz (%s)" % (by, KERNEL[kind], shown, where, r["reps"], model, 100 * res, mhz, clock))
 
         def mc(ns):
             return int(round(ns * mhz))  # ns x MHz = millicycles
@@ -325,6 +328,18 @@ def cpu_figures(r, mhz, by, where, refused):
         out.append((kind, "row_mcyc", mc(got["row"]), "%s: %.2f ns" % (fit_src, got["row"])))
         out.append((kind, "matvec_mcyc", mc(got["call"]), "%s: %.2f ns" % (fit_src, got["call"])))
     return out
+
+
+def clock_mhz(r, profile_mhz):
+    # (MHz, how it is known) the probe's ns are turned into cycles at: the clock the board
+    # reported (machine.freq()) while it ran them, else the profile's
+    hz = r.get("cpu_hz")
+    if not hz:
+        return profile_mhz, "the profile's clock: this port has no machine.freq"
+    mhz = hz // 1000000
+    if mhz == profile_mhz:
+        return mhz, "the board's clock, machine.freq(), as the profile's"
+    return mhz, "the board's clock, machine.freq(); the profile says %d MHz" % profile_mhz
 
 
 def apply(prof, r, port, date=None):
@@ -368,10 +383,10 @@ def apply(prof, r, port, date=None):
                 unestimate("memory[%d].bandwidth_bytes_per_s" % i)
                 changed.append(("memory[%d].bandwidth_bytes_per_s" % i, rate, src))
     # the CPU cost figures of the viper and bytecode kinds
-    mhz = p["cpu"]["mhz"]
+    mhz, clock = clock_mhz(r, p["cpu"]["mhz"])
     cost = p["cpu"].get("cost", {})
     refused = []
-    for kind, name, v, src in cpu_figures(r, mhz, by, where, refused):
+    for kind, name, v, src in cpu_figures(r, mhz, by, where, refused, clock):
         if kind in cost and name in cpucost.PARAMS:
             cost[kind][name] = {"value": v, "source": src}
             changed.append(("cpu.cost.%s.%s" % (kind, name), v, src))
@@ -380,7 +395,7 @@ def apply(prof, r, port, date=None):
     sw = r["switch"]
     p["calibration"] = {
         "tool": "./kv calibrate", "port": port, "date": date, "machine": r["machine"], "version": r["version"],
-        "virtual": virtual, "tiers": note,
+        "virtual": virtual, "tiers": note, "cpu_mhz": mhz, "clock": clock,
         "switch_ns": sw["us"] * 1000 // sw["switches"],
         "heap_largest_block_bytes": h["largest"],
         "fields": [c[0] for c in changed],
@@ -454,6 +469,7 @@ def main(port, board=paths.DEFAULT_BOARD, out=None, write=False, as_json=False, 
     report = {"board": b.name, "port": port, "date": p["calibration"]["date"], "profile": dest, "from": src,
               "virtual": p["calibration"]["virtual"], "tiers": p["calibration"]["tiers"],
               "switch_ns": p["calibration"]["switch_ns"], "heap_largest_block_bytes": r["heap"]["largest"],
+              "cpu_mhz": p["calibration"]["cpu_mhz"], "clock": p["calibration"]["clock"],
               "figures": {f: v for f, v, _ in changed}, "refused": p["calibration"]["refused"]}
     if as_json:
         echo(json.dumps(report, sort_keys=True))
@@ -463,6 +479,7 @@ def main(port, board=paths.DEFAULT_BOARD, out=None, write=False, as_json=False, 
     for why in p["calibration"]["refused"]:
         echo("calibrate: " + why)
     echo("  %-40s %d ns (not a profile field: kept under calibration)" % ("task switch", report["switch_ns"]))
+    echo("  %-40s %d MHz (%s)" % ("cpu clock the cycles are counted at", report["cpu_mhz"], report["clock"]))
     echo("calibrate: %d figures of %s measured on %s (%s), written to %s" % (len(changed), b.name, port, report["tiers"], _shown(dest)))
     return report
 

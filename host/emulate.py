@@ -604,7 +604,8 @@ class _Emulation:
                                 max_seqs=max(4, len(self.runs)),
                                 meta={"model": os.path.basename(n["model"]), "board": brd.name, "kv.policy": s.policy,
                                       "model.layers": s.cfg.n_layers, "model.seq_len": s.cfg.seq_len,
-                                      "model.dim": s.cfg.dim, "emulator": "kv emulate"})
+                                      "model.dim": s.cfg.dim, "emulator": "kv emulate",
+                                      "cpu.mhz": brd.cpu_mhz})  # the clock the cycle figures are counted at
         k.spawn("telemetry", 2, self.tel.task(k))
         k.spawn("thermal", 2, self.guard.task())
 

@@ -331,3 +331,57 @@ def test_default_output_is_calibrated_board_json_where_kv_ran(tmp_path, monkeypa
     monkeypatch.setenv(paths.CALLER_CWD, str(tmp_path))
     assert calibrate.output_path("esp32s3_n8r8") == str(tmp_path / "calibrated" / "esp32s3_n8r8.json")
     assert calibrate.output_path("esp32s3_n8r8", write=True) == boards.path_of("esp32s3_n8r8")
+
+
+def test_cycles_are_counted_at_the_clock_the_board_reported():
+    # the probe's ns become cycles at machine.freq()'s clock when the port gives one (an
+    # ESP32-S3 left at 160 MHz counts 2/3 the cycles of the profile's 240 MHz), else the profile's
+    prof = json.load(open(boards.path_of("esp32s3_n8r8")))
+    at = {}
+    for hz in (None, 160_000_000, 240_000_000):
+        r = dict(_s3_result(), cpu_hz=hz)
+        p, _ = calibrate.apply(prof, calibrate.parse(json.dumps(r)), "/dev/ttyACM0", date="2026-01-02")
+        at[hz] = p
+    mac = {hz: p["cpu"]["cost"]["viper"]["mac_i8_mcyc"]["value"] for hz, p in at.items()}
+    assert mac[None] == mac[240_000_000] == pytest.approx(mac[160_000_000] * 1.5, rel=0.01)
+    assert at[160_000_000]["calibration"]["cpu_mhz"] == 160
+    assert "x 160 MHz (the board's clock, machine.freq(); the profile says 240 MHz)" in \
+        at[160_000_000]["cpu"]["cost"]["viper"]["mac_i8_mcyc"]["source"]
+    assert "(the profile's clock: this port has no machine.freq)" in at[None]["cpu"]["cost"]["viper"]["row_mcyc"]["source"]
+    with pytest.raises(UserError, match="cpu_hz is not a clock"):
+        calibrate.parse(json.dumps(dict(_s3_result(), cpu_hz="fast")))
+
+
+@pytest.mark.parametrize("freq, want, line", [
+    (None, 240, "clock n/a on this port (profile: 240 MHz)"),
+    ([160_000_000, 240_000_000], 240, "240 MHz (set at boot: the profile's clock)"),
+    ([240_000_000], 240, "240 MHz"),
+    ([160_000_000, "refuse"], 240, "160 MHz (the profile's 240 MHz was refused"),
+])
+def test_the_boot_sets_the_profiles_clock_and_reports_it(monkeypatch, freq, want, line):
+    # firmware_py.app's cpu line over a stand-in machine.freq: set when it differs, kept, refused
+    import sys
+    import types
+
+    from firmware_py import app
+
+    if freq is None:
+        monkeypatch.setitem(sys.modules, "machine", types.ModuleType("machine"))
+    else:
+        state = {"hz": freq[0]}
+
+        def f(hz=None):
+            if hz is None:
+                return state["hz"]
+            if freq[-1] == "refuse":
+                raise ValueError("frequency must be 20MHz, 40MHz, 80Mhz, 160MHz or 240MHz")
+            state["hz"] = hz
+
+        m = types.ModuleType("machine")
+        m.freq = f
+        monkeypatch.setitem(sys.modules, "machine", m)
+
+    class B:
+        cpu_mhz = want
+
+    assert app._clock(B()).startswith(line)

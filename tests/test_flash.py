@@ -90,6 +90,8 @@ def test_flash_then_soft_reset_shows_the_boot_report(tmp_path):
     text = out.decode()
     assert "board        esp32s3_n8r8" in text
     assert "heap         free" in text and "micropython  1." in text
+    # the unix port has no machine.freq: the clock is said to be unknown, with the profile's
+    assert "cpu          clock n/a on this port (profile: 240 MHz)" in text
 
 
 def test_build_targets_the_profiles_architecture(tmp_path):

@@ -147,6 +147,7 @@ def test_telemetry_end_to_end_on_the_virtual_board(tmp_path):
     assert host.returncode == 0 and text.strip() == host.stdout.splitlines()[0].strip(), (text, host.stdout)
     lay = [fr["layout"] for fr in frames if fr["type"] == "layout"][-1]
     assert lay["task.0"] == "telemetry" and "heap" in {k for fr in frames for k in fr}, lay
+    assert lay["cpu.mhz"] == "n/a", lay  # the clock the board runs at: the unix port has no machine.freq
     rep = kv("monitor", "--replay", str(cap), "--json")
     assert rep.returncode == 0 and json.loads(rep.stdout)["frames"]["good"] == f["good"], rep.stdout + rep.stderr
     tr = kv("trace", str(jl), "--out", str(out), "--json")

@@ -286,6 +286,18 @@ def machine():
     return sys.platform, getattr(impl, "_machine", impl.name), "%s %s" % (impl.name, ver)
 
 
+def cpu_hz():
+    # the clock the probes run at (machine.freq()), or None where the port has none
+    try:
+        import machine as m  # noqa: PLC0415 - probing the port
+
+        hz = m.freq()
+    except (ImportError, AttributeError, OSError, ValueError, TypeError):
+        return None
+    hz = hz[0] if isinstance(hz, tuple) else hz
+    return hz if isinstance(hz, int) and hz > 0 else None
+
+
 def main(argv=()):
     # run every probe, print progress and the JSON line; returns the result dict
     quick = "quick" in argv
@@ -299,7 +311,7 @@ def main(argv=()):
     sw = switch(quick)
     _say("switch: %d switches in %d us" % (sw["switches"], sw["us"]))
     mv = matvecs(quick)
-    r = {"probe": VERSION, "platform": plat, "machine": mach, "version": ver,
+    r = {"probe": VERSION, "platform": plat, "machine": mach, "version": ver, "cpu_hz": cpu_hz(),
          "reps": REPS, "heap": h, "buffers": {"small_a": a_small, "small_b": b_small, "large": a_big, "large_bytes": big_bytes},
          "copy": cp, "switch": sw, "matvec": mv}
     print(json.dumps(r))

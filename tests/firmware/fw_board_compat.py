@@ -31,6 +31,41 @@ e = raises(board.BoardError, board.loads, '{"a":' + "[" * 20000 + "]" * 20000 + 
 # (the object then lacks "name"): a BoardError on both, never a crash
 check("deep.json: <json>: nested too deeply" in str(e) or "deep.json: name: missing" in str(e), "deep nesting is a BoardError: " + str(e))
 
+# lean profiles: a board keeps each source's kind only (one shared string per kind) and no
+# raw dict; the host keeps the whole text. Both validate alike and keep every figure
+import gc
+import json
+
+full = board.Board(json.loads(open("boards/esp32s3_n8r8.json").read()), "f.json", lean=False)
+lean = board.loads(json.dumps(full.raw), "l.json", lean=True)
+check(lean.raw is None and full.raw is not None, "lean: no raw dict; full: the dict as loaded")
+eq(lean.cpu_cost, full.cpu_cost, "lean keeps every cost figure")
+for kind in full.cpu_cost_source:
+    for p in full.cpu_cost_source[kind]:
+        f, ln = full.cpu_cost_source[kind][p], lean.cpu_cost_source[kind][p]
+        check(f.startswith(ln) and ln[-1] == ":", "lean source is the kind of %s.%s: %r" % (kind, p, ln))
+for t, u in zip(full.tiers, lean.tiers):
+    if t.cost is not None:
+        for n in t.cost.source:
+            eq(u.cost.estimated(n), t.cost.estimated(n), "estimate flag kept for %s.%s" % (t.name, n))
+eq(board.LEAN, compat.IS_MICROPYTHON, "lean by default on MicroPython only")
+if compat.IS_MICROPYTHON:
+    gc.collect()
+    f0 = gc.mem_free()
+    kept = board.load("boards/esp32s3_n8r8.json")
+    gc.collect()
+    used = f0 - gc.mem_free()
+    print("a loaded esp32s3_n8r8 profile keeps %d B of heap" % used)
+    check(used < 12000, "the board keeps its profile in under 12 KB (it kept 44 KB on the 32-bit port): %d" % used)
+    kept = None
+
+# the clock: (Hz, how) with machine.freq where the port has it; never raises
+hz, how = compat.cpu_clock()
+check(how in ("kept", "n/a"), "reading the clock changes nothing: " + how)
+check((hz is None) == (how == "n/a"), "no Hz exactly when the port cannot say")
+hz2, how2 = compat.cpu_clock(240)
+check(how2 in ("set", "kept", "refused", "n/a"), "setting the profile's clock: " + how2)
+
 # ticks arithmetic wraps at compat.TICKS_PERIOD (2**30 on the ESP32)
 P = compat.TICKS_PERIOD
 print('ticks period 2**%d' % (len(bin(P)) - 3))
