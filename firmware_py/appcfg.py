@@ -66,7 +66,11 @@ PARAMS = {
     # listed before it, whose newest frame each period reads from PSRAM (its period then)
     "wakeword": {"period_us": (int, 100, 100000000), "cpu_us": (int, 0, 10000000), "deadline_us": (int, 0, 100000000),
                  "offset_us": (int, 0, 100000000), "audio": (str, None, None)},
-    "module": {"module": (str, None, None), "factory": (str, None, None), "args": (dict, None, None)},
+    # step_us: what one step of the task (its code between two yields) costs on the board,
+    # e.g. ./kv boardtime's prediction for the function a step runs: the emulator charges it
+    # to its virtual clock before each step; on a board the clock is real and it is not charged
+    "module": {"module": (str, None, None), "factory": (str, None, None), "args": (dict, None, None),
+               "step_us": (int, 0, 10000000)},
 }
 PRIORITY = {"audio": 7, "wakeword": 5, "sensor": 5, "wifi": 4, "module": 3}  # default priorities
 DECODE_PRIORITY = 1  # the decode always has work: lowest, so it never starves the others
@@ -353,6 +357,8 @@ def spawn(kernel, cfg, env):
         gen = _user(nm, "task()", obj.task) if kind == "module" else obj.task()
         if not hasattr(gen, "send"):
             _err("task %r: task() must return a generator" % nm)
+        if kind == "module" and t.get("step_us", 0) > 0 and getattr(kernel.clock, "virtual", False):
+            gen = _priced(kernel, gen, t["step_us"])
         try:
             obj.task_obj = kernel.spawn(nm, t["priority"], gen)
         except ValueError as e:
@@ -360,6 +366,23 @@ def spawn(kernel, cfg, env):
         out.append(obj)
         by_name[nm] = obj
     return out
+
+
+# a module task's generator with `us` charged to the (virtual) clock before each of its
+# steps: what its step_us says the board spends there, where the emulator's clock would
+# otherwise see a step of Python on the host as free. Closing it closes the task's own
+def _priced(kernel, gen, us):
+    rv = None
+    try:
+        while True:
+            kernel.charge(us)
+            try:
+                y = gen.send(rv)
+            except StopIteration as e:
+                return getattr(e, "value", None)
+            rv = yield y
+    finally:
+        gen.close()
 
 
 def _user(nm, what, fn, *args, **kw):

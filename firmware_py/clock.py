@@ -18,6 +18,8 @@ class ClockError(ValueError):
 
 class RealClock:
     # wall time from ticks_us; `start` shifts the tick origin (e.g. just below the wrap)
+    virtual = False  # work takes its own time here (charge busy-waits: a stand-in only)
+
     def __init__(self, start=None):
         self.offset = 0  # ticks added to ticks_us(): 0 = the runtime's own ticks
         # now(): the runtime's ticks_us itself when unshifted (one C call per read, the
@@ -58,6 +60,8 @@ class RealClock:
 
 class VirtualClock:
     # emulated time: starts at `start` ticks and moves only through charge() and idle()
+    virtual = True  # the host's own run time is not the board's: what work costs is charged
+
     def __init__(self, start=0):
         self.t = ticks_add(start, 0)  # current time in ticks, on the wrapped circle
         self.virtual = True  # time jumps: nothing here ever waits for real

@@ -106,7 +106,10 @@ def predict(path, call="main", board="esp32s3_n8r8", mhz=None, emitter=None, run
             "host_us": host, "host_runs_us": ts, "interpreter": "./kv mp32 (32-bit unix port)", "board": board,
             "mhz": clock, "factor": fx["factor"], "band": fx["band"], "points": fx["points"], "family": fx["family"],
             "assumed": fx["assumed"], "board_us": round(on_board(fx["factor"]), 1),
-            "band_us": [round(on_board(fx["band"][0]), 1), round(on_board(fx["band"][1]), 1)]}
+            "band_us": [round(on_board(fx["band"][0]), 1), round(on_board(fx["band"][1]), 1)],
+            # what an application config's module task that runs this once per step carries
+            # for the emulator to charge (appcfg "step_us"): the prediction, whole µs, at least 1
+            "step_us": max(1, int(on_board(fx["factor"]) + 0.5))}
 
 
 def main(path, call="main", board="esp32s3_n8r8", mhz=None, emitter=None, runs=RUNS, as_json=False):
@@ -123,4 +126,6 @@ def main(path, call="main", board="esp32s3_n8r8", mhz=None, emitter=None, runs=R
               r["board"], r["mhz"], "{:,}".format(int(r["board_us"])), "{:,}".format(int(r["band_us"][0])),
               "{:,}".format(int(r["band_us"][1])), r["emitter"], r["factor"], r["band"][0], r["band"][1], r["points"],
               r["family"], ", assumed for this core" if r["assumed"] else ""))
+    print("for the emulator: \"step_us\": %d in an application config's module task whose step runs it once "
+          "(the band's slow end: %d)" % (r["step_us"], max(1, int(r["band_us"][1] + 0.5))))
     return r

@@ -273,3 +273,58 @@ def test_a_worktree_or_a_plain_folder(tmp_path):
     assert mp32.git_dir(str(tmp_path / "wt")) == str(tmp_path / "real" / ".git" / "worktrees" / "wt")
     with pytest.raises(UserError, match="is not a git repository"):
         mp32.tree_at(str(tmp_path), "v1.20.0")
+
+
+_USER_TASK = '''from array import array
+
+_buf = array("i", range(64))
+
+
+def work():
+    s = 0
+    for v in _buf:
+        s += (v * 3) >> 1
+    return s
+
+
+class Filter:
+    def __init__(self, kernel, env, period_us=20000):
+        self.k = kernel
+        self.period_us = period_us
+        self.n = 0
+
+    def task(self):
+        while True:
+            work()
+            self.n += 1
+            yield self.k.sleep_us(self.period_us)
+
+    def stats(self):
+        return {"released": self.n}
+
+
+def make(kernel, env, **args):
+    return Filter(kernel, env, **args)
+'''
+
+
+def test_a_config_task_carries_boardtimes_cost_into_the_emulator(tmp_path):
+    # ./kv boardtime prices a user's step; the module task that runs it carries "step_us";
+    # the emulator charges it per step, so the task's CPU time is steps x step_us
+    from host import boardtime
+    from host import emulate as emu
+
+    mp32.available()[0] or pytest.skip("no 32-bit MicroPython build")
+    (tmp_path / "mytask.py").write_text(_USER_TASK)
+    step = boardtime.predict(str(tmp_path / "mytask.py"), call="work", runs=3)["step_us"]
+    assert step >= 1
+    cfg = {"name": "filt", "title": "a user's filter", "decode": {"tokens": 4},
+           "tasks": [{"kind": "module", "name": "filter", "module": "mytask", "factory": "make", "step_us": step}]}
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
+    rep = emu.run({"scenario": str(tmp_path / "cfg.json"), "tokens": 4})
+    t = rep["tasks"]["filter"]
+    steps = rep["workloads"]["filter"]["released"]
+    assert steps >= 2 and t["run_us"] == steps * step and t["max_slice_us"] == step, (t, steps)
+    del cfg["tasks"][0]["step_us"]  # without it the host's own run time of the step is not the board's: free
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
+    assert emu.run({"scenario": str(tmp_path / "cfg.json"), "tokens": 4})["tasks"]["filter"]["run_us"] == 0

@@ -7,6 +7,7 @@ from fwtest import check, eq, raises, no_alloc, done
 from firmware_py import appcfg, board, bandwidth as bwm
 from firmware_py.clock import VirtualClock
 from firmware_py.sched import Kernel, T_FAULTS
+from firmware_py.sched.stats import S_RUN_S, S_RUN_US, S_RUNS
 
 brd = board.load("boards/esp32s3_n8r8.json")
 
@@ -115,6 +116,28 @@ eq(k.totals[T_FAULTS], 0, "no task faulted")
 def go():
     k.run(200000)
 
+
+# a module task's step_us: what one step costs on the board (./kv boardtime), charged to
+# the virtual clock before each step; 0 (or none) charges nothing beyond the task's own
+def blink_run_us(step_us):
+    text = ('{"tasks": [{"kind": "module", "name": "blink", "module": "appcfg_user", "factory": "blinker", '
+            '"args": {"period_us": 10000, "cpu_us": 0, "nbytes": 64}%s}]}' % (', "step_us": %d' % step_us if step_us else ""))
+    c = appcfg.load(text)
+    kk, bb, ee = boot(c)
+    ws = appcfg.spawn(kk, c, ee)
+    kk.run(100000)
+    row = ws[0].task_obj.st
+    return row[S_RUN_S] * 1000000 + row[S_RUN_US], row[S_RUNS], appcfg.stats(ws)["blink"]["released"]
+
+
+free_us, free_runs, free_rel = blink_run_us(0)
+paid_us, paid_runs, paid_rel = blink_run_us(700)
+check(free_us < 50 * free_runs, "a module task without step_us costs what it charges itself: %d us in %d slices" % (free_us, free_runs))
+check(paid_us >= 700 * paid_runs and paid_rel >= 9, "step_us is charged per step: %d us in %d slices, %d periods"
+      % (paid_us, paid_runs, paid_rel))
+e = raises(appcfg.AppConfigError, appcfg.load, '{"tasks": [{"kind": "module", "name": "m", "module": "x", "factory": "f", '
+           '"step_us": -1}]}')
+check("step_us" in str(e), "a negative step_us is refused: %s" % e)
 
 r0 = st["mic"]["released"]
 no_alloc("every spawned task's periods (audio, paced Wi-Fi, wake word, sensors by CPU and DMA, a module task), the DMA engine, a CPU load", go)
