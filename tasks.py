@@ -77,9 +77,11 @@ def lint(c):
 @task(help={"name": "what to measure: sched, kv, ...", "json": "print one JSON object",
             "model": "bench quality: a llama2.c checkpoint (default stories260K, else models/kvrtos-tiny)",
             "tokenizer": "bench quality: the tokenizer (default: beside the model)",
-            "prompt": "bench quality: a prompt (repeat for several)"}, iterable=["prompt"])
+            "prompt": "bench quality: a prompt (repeat for several)",
+            "c_ref": "bench model: a C decoder to time side by side (llama2.c's run.c built with -O3; default $KVRTOS_C_REF)"},
+      iterable=["prompt"])
 @one_line_errors
-def bench(c, name, json=False, model=None, tokenizer=None, prompt=None):
+def bench(c, name, json=False, model=None, tokenizer=None, prompt=None, c_ref=None):
     """Run a benchmark (host/bench/<name>.py) and print its figures; --json prints one object."""
     import importlib
 
@@ -100,6 +102,10 @@ def bench(c, name, json=False, model=None, tokenizer=None, prompt=None):
     extra = {k: v for k, v in (("model", model), ("tokenizer_path", tokenizer), ("prompts", prompt)) if v}
     if extra and name != "quality":
         raise UserError("--model, --tokenizer and --prompt belong to bench quality", 2)
+    if c_ref is not None:
+        if name != "model":
+            raise UserError("--c-ref belongs to bench model", 2)
+        extra["c_ref"] = c_ref
     mod.run(as_json=json, **extra)
 
 

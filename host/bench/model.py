@@ -7,19 +7,30 @@
 # before and after), the same decode heap-locked, the bytes one forward() generator
 # object costs, and the peak heap (live bytes after loading and decoding). CPython's
 # figures come from the numpy backend (firmware_py/model.py) when it is there.
+# --c-ref PATH (or $KVRTOS_C_REF): a C decoder of the user's, llama2.c's run.c built with
+# -O3, timed in the same run on the same model, prompt and tokens (greedy): its own
+# "achieved tok/s" line, the median of C_REF_RUNS runs; the MicroPython decode's share of
+# it is then a measured ratio. Without one the page says the share of C was not measured.
 import contextlib
 import io
 import json
 import os
+import re
+import statistics
+import subprocess
 import tempfile
 import time
 
 from host import boards, convert, interp, paths
 from host.errors import UserError
 
+PROMPT = "Once upon a time"
 PROMPT_IDS = (1, 403, 407, 261, 378)  # BOS + "Once upon a time" in tok512.bin
 DECODE = 200  # tokens decoded after the prompt
-C_RUNC_TOK_S = (5000, 9000)  # llama2.c run.c on these machines (docs/anchors.md)
+C_REF_ENV = "KVRTOS_C_REF"  # the default --c-ref: a C decoder (llama2.c's run.c built with -O3)
+C_REF_RUNS = 5
+C_REF_S = 120  # s one run of the C decoder may take
+_ACHIEVED = re.compile(r"achieved tok/s:\s*([0-9]+(?:\.[0-9]*)?)")
 
 
 def _model():
@@ -73,8 +84,49 @@ def cpython_figures(fp32):
     return {"decode_tok_s": round(DECODE / dt, 1), "ttft_ms": round(ttft * 1000, 2)}
 
 
-def run(as_json=False):
+def c_ref_path(given=None):
+    # the C decoder to time (--c-ref, else $KVRTOS_C_REF), checked; None when neither is set
+    path = given if given is not None else os.environ.get(C_REF_ENV)
+    if path is None:
+        return None
+    if path == "":
+        raise UserError("--c-ref needs a value: the path of a C decoder (llama2.c's run.c built with -O3)", 2)
+    path = paths.user_path(path)
+    if not os.path.exists(path):
+        raise UserError("--c-ref: no file %s (build llama2.c's run.c: gcc -O3 -o run run.c -lm)" % path, 2)
+    paths.regular_file(path, "C decoder")
+    if not os.access(path, os.X_OK):
+        raise UserError("--c-ref: %s is not executable (build llama2.c's run.c: gcc -O3 -o run run.c -lm)" % path, 2)
+    return path
+
+
+def c_ref_figures(path, model, tok):
+    # {"decode_tok_s", "runs_tok_s", "command"}: llama2.c's run.c on the model, the prompt
+    # and the tokens of the MicroPython run (greedy: -t 0), its "achieved tok/s" line
+    steps = len(PROMPT_IDS) + DECODE
+    cmd = [path, model, "-z", tok, "-t", "0", "-n", str(steps), "-i", PROMPT]
+    runs = []
+    for _ in range(C_REF_RUNS):
+        try:
+            r = subprocess.run(cmd, capture_output=True, timeout=C_REF_S)
+        except subprocess.TimeoutExpired:
+            raise UserError("--c-ref: %s ran past %d s on stories260K" % (path, C_REF_S), 1)
+        except OSError as e:
+            raise UserError("--c-ref: %s does not run: %s" % (path, e.strerror or e), 2)
+        out = (r.stdout + r.stderr).decode("utf-8", "replace")
+        m = _ACHIEVED.search(out)
+        if r.returncode != 0 or not m:
+            last = [x for x in out.strip().splitlines() if x.strip()][-1:] or ["exit %d" % r.returncode]
+            raise UserError("--c-ref: %s printed no 'achieved tok/s' line (is it llama2.c's run.c?): %s" % (
+                path, last[0][:200]), 1)
+        runs.append(float(m.group(1)))
+    return {"decode_tok_s": round(statistics.median(runs), 1), "runs_tok_s": runs,
+            "command": "%s stories260K.bin -z tok512.bin -t 0 -n %d -i %r" % (os.path.basename(path), steps, PROMPT)}
+
+
+def run(as_json=False, c_ref=None):
     # every figure in one run; prints one JSON object with as_json
+    cref = c_ref_path(c_ref)
     fp32 = _model()
     with tempfile.TemporaryDirectory() as d:
         q8 = os.path.join(d, "stories260K_q8row.bin")
@@ -95,9 +147,17 @@ def run(as_json=False):
         "peak_heap_bytes_micropython": mp["peak_heap_bytes"],
         "weights_bytes_micropython": mp["weights_bytes"],
         "kv_pool_bytes_micropython": mp["kv_pool_bytes"],
-        "decode_over_c_runc_low": round(mp["decode_tok_s"] / C_RUNC_TOK_S[1], 3),
-        "decode_over_c_runc_high": round(mp["decode_tok_s"] / C_RUNC_TOK_S[0], 3),
     }
+    if cref:
+        c = c_ref_figures(cref, fp32, os.path.join(os.path.dirname(fp32), "tok512.bin"))
+        r["decode_tok_s_c_ref"] = c["decode_tok_s"]
+        r["c_ref_runs_tok_s"] = c["runs_tok_s"]
+        r["c_ref_command"] = c["command"] + " (median of %d runs, its own achieved tok/s over all %d positions)" % (
+            C_REF_RUNS, len(PROMPT_IDS) + DECODE)
+        r["decode_micropython_over_c_ref"] = round(mp["decode_tok_s"] / c["decode_tok_s"], 3)
+    else:
+        r["c_ref_note"] = ("the share of C was not measured: ./kv bench model --c-ref PATH (or $%s) times a C decoder "
+                           "of yours, llama2.c's run.c built with -O3, in the same run" % C_REF_ENV)
     if cp and "error" not in cp:
         r["decode_tok_s_cpython"] = cp["decode_tok_s"]
         r["ttft_ms_cpython"] = cp["ttft_ms"]
