@@ -248,25 +248,150 @@ def host_us(binary, text, runs=RUNS, code=None):
 PROBE = os.path.join(paths.FIRMWARE, "tools", "costprobe.py")
 
 
+# The decode steps costprobe times (its round figures): random llama2c models of
+# stories260K's shape with 1 and with 3 layers, fp32 (the float path) and q8row (the
+# integer path), written here
+PROBE_SHAPE = {"dim": 64, "hidden_dim": 172, "n_heads": 8, "n_kv_heads": 4, "vocab_size": 512, "seq_len": 256}
+PROBE_LAYERS = (1, 3)
+PROBE_HEAP = 8000000  # -X heapsize of the round figures' run: esp32s3_n8r8's micropython_heap_bytes
+
+
+def probe_models(folder):
+    # write the probe's models into folder: fp32_L1.bin, fp32_L3.bin, q8_L1.bin, q8_L3.bin
+    import struct
+
+    import numpy as np
+
+    from host import convert
+
+    s = PROBE_SHAPE
+    d, hid, h, nkv, v, seq = s["dim"], s["hidden_dim"], s["n_heads"], s["n_kv_heads"], s["vocab_size"], s["seq_len"]
+    hd = d // h
+    kvd = nkv * hd
+    for n in PROBE_LAYERS:
+        rng = np.random.default_rng(n)
+
+        def r(*shape, lo=-0.5, hi=0.5):
+            return rng.uniform(lo, hi, shape).astype("<f4").tobytes()
+
+        fp = os.path.join(folder, "fp32_L%d.bin" % n)
+        with open(fp, "wb") as f:
+            f.write(struct.pack("<7i", d, hid, n, h, nkv, v, seq))
+            for part in (r(v, d), r(n, d, lo=0.5, hi=1.5), r(n, d, d), r(n, kvd, d), r(n, kvd, d), r(n, d, d),
+                         r(n, d, lo=0.5, hi=1.5), r(n, hid, d), r(n, d, hid), r(n, hid, d), r(d, lo=0.5, hi=1.5),
+                         r(seq * hd)):
+                f.write(part)
+        convert.convert(fp, os.path.join(folder, "q8_L%d.bin" % n), "q8row")
+
+
+def _step_ns(kind, figs, layers):
+    # ns of one decode step at one cached position of the probe's model with `layers`
+    # layers, by the cost model (firmware_py/cpucost.py) from ns figures {param: ns}
+    import types
+
+    from firmware_py import cpucost
+
+    s = PROBE_SHAPE
+    hd = s["dim"] // s["n_heads"]
+    cfg = types.SimpleNamespace(dim=s["dim"], hidden_dim=s["hidden_dim"], n_heads=s["n_heads"],
+                                n_kv_heads=s["n_kv_heads"], head_dim=hd, kv_dim=s["n_kv_heads"] * hd,
+                                vocab_size=s["vocab_size"], seq_len=s["seq_len"], n_layers=layers)
+    v = {p: 0 for p in cpucost.PARAMS}
+    v.update({p: int(round(1000 * x)) for p, x in figs.items()})  # millicycles at 1,000 MHz: ns x 1000
+    v.update(cores=1, split_permille=0)
+    brd = types.SimpleNamespace(name="probe", cpu_mhz=1000, cpu_cost={kind: v},
+                                cpu_cost_source={kind: {p: "fit:" for p in cpucost.PARAMS}})
+    m = cpucost.CostModel(brd, kind, cfg, "int8" if kind == "viper" else "fp32", "int8" if kind == "viper" else "fp32")
+    return layers * m.layer_ns(1) + m.final_ns()
+
+
+def derive(pr):
+    # the figures a decode step's timings give, beside the kernels timed one by one: per
+    # (layer, head, cached position) the attention (attn_mac and attn_pos), and what a
+    # step costs beyond every priced part, per layer and per token (layer, token: the
+    # bytecode between the kernels, the quantization of each matvec's output, the
+    # generator's resumes); ns, from the 1- and 3-layer models' steps
+    need = ["steps_%s_L%d_%s_ns" % (p, n, w) for p in ("q8", "fp32") for n in PROBE_LAYERS for w in ("pos", "base")]
+    need += ["viper_call_ns", "viper_row_ns", "bytecode_call_ns", "bytecode_row_ns"]
+    missing = [k for k in need if k not in pr]
+    if missing:
+        raise UserError("the cost probe gave no %s (the matvec fit is refused when the host is too noisy: run it again "
+                        "on a quiet machine)" % ", ".join(missing), 1)
+    s = PROBE_SHAPE
+    hd = s["dim"] // s["n_heads"]
+    out = {}
+    for kind, path in (("viper", "q8"), ("bytecode", "fp32")):
+        if kind == "viper":
+            figs = {"mac_i8_mcyc": pr["viper_mac_i8_ns"], "row_mcyc": pr["viper_row_ns"], "matvec_mcyc": pr["viper_call_ns"],
+                    "exp_mcyc": pr["viper_silu_ns"], "div_mcyc": 0.0, "norm_el_mcyc": pr["viper_norm_ns"],
+                    "rope_el_mcyc": pr["viper_rope_ns"], "elem_mcyc": pr["viper_add_ns"],
+                    "kv_wr_int8_mcyc": pr["viper_pack_i8_ns"]}
+            mac = pr["viper_mac_i8_ns"]
+        else:
+            figs = {"mac_f32_mcyc": pr["bytecode_mac_f32_ns"], "row_mcyc": pr["bytecode_row_ns"],
+                    "matvec_mcyc": pr["bytecode_call_ns"], "exp_mcyc": pr["exp_ns"], "div_mcyc": pr["div_ns"],
+                    "norm_el_mcyc": pr["bytecode_norm_ns"], "rope_el_mcyc": pr["bytecode_rope_ns"],
+                    "elem_mcyc": pr["bytecode_add_ns"]}
+            mac = pr["bytecode_mac_f32_ns"]
+        # attention per layer and cached position: least squares through 0 over the layer counts
+        n1, n3 = PROBE_LAYERS
+        per_layer = (n1 * pr["steps_%s_L%d_pos_ns" % (path, n1)] + n3 * pr["steps_%s_L%d_pos_ns" % (path, n3)]) / (n1 * n1 + n3 * n3)
+        per_head = per_layer / s["n_heads"]
+        rest = per_head - figs["exp_mcyc"] - 2 * figs["div_mcyc"]
+        attn_mac = mac
+        attn_pos = rest - 2 * hd * mac
+        if attn_pos < 0:  # attention's products cost less than a matvec's: its own MAC, no per-position extra
+            attn_mac, attn_pos = max(rest, 0.0) / (2 * hd), 0.0
+        figs.update(attn_mac_mcyc=attn_mac, attn_pos_mcyc=attn_pos)
+        res = {n: pr["steps_%s_L%d_base_ns" % (path, n)] - _step_ns(kind, figs, n) for n in PROBE_LAYERS}
+        layer = (res[n3] - res[n1]) / (n3 - n1)
+        token = res[n1] - n1 * layer
+        out.update({"%s_attn_mac_ns" % kind: round(attn_mac, 2), "%s_attn_pos_ns" % kind: round(attn_pos, 1),
+                    "%s_layer_ns" % kind: round(max(layer, 0.0), 1), "%s_token_ns" % kind: round(max(token, 0.0), 1),
+                    "%s_step_residual_ns" % kind: {str(n): round(res[n], 1) for n in PROBE_LAYERS}})
+    out["viper_div_ns"] = 0.0
+    return out
+
+
 def host_probe(runs=RUNS):
     # the firmware's viper/bytecode kernels' host cost on the 32-bit unix port: the median
-    # of `runs` runs of firmware_py/tools/costprobe.py, and each run
+    # of `runs` runs of firmware_py/tools/costprobe.py, and each run; the matvec shapes of
+    # each run fitted (call, row: ./kv calibrate's fit) and the round figures derived (derive)
+    from host import calibrate
+
     exe = mp32.build()
     env = dict(os.environ, MICROPYPATH=paths.ROOT)
     rs = []
-    for _ in range(runs):
-        try:
-            p = subprocess.run([exe, PROBE], cwd=paths.ROOT, env=env, capture_output=True, text=True, timeout=300)
-        except subprocess.TimeoutExpired:
-            raise UserError("%s ran past 300 s under the 32-bit port" % os.path.basename(PROBE), 1)
-        if p.returncode != 0:
-            raise UserError("%s failed under the 32-bit port: %s" % (
-                os.path.basename(PROBE), (p.stderr.strip().splitlines() or ["exit %d" % p.returncode])[-1]), 1)
-        try:
-            rs.append(json.loads(p.stdout.strip().splitlines()[-1]))
-        except (IndexError, ValueError):
-            raise UserError("%s printed no figures under the 32-bit port: %r" % (os.path.basename(PROBE), p.stdout[-200:]), 1)
-    out = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+    with tempfile.TemporaryDirectory(prefix="kvrtos-costprobe-") as tmp:
+        probe_models(tmp)
+        for _ in range(runs):
+            r = {}
+            # the kernels' figures as before (the port's default heap), then the round figures
+            # and the matvec shapes with the default board's heap (the models' weights in it)
+            for args in ([], ["-X", "heapsize=%d" % PROBE_HEAP, PROBE, "models=" + tmp]):
+                try:
+                    p = subprocess.run([exe] + (args or [PROBE]), cwd=paths.ROOT, env=env, capture_output=True, text=True,
+                                       timeout=600)
+                except subprocess.TimeoutExpired:
+                    raise UserError("%s ran past 600 s under the 32-bit port" % os.path.basename(PROBE), 1)
+                if p.returncode != 0:
+                    raise UserError("%s failed under the 32-bit port: %s" % (
+                        os.path.basename(PROBE), (p.stderr.strip().splitlines() or ["exit %d" % p.returncode])[-1]), 1)
+                try:
+                    r.update(json.loads(p.stdout.strip().splitlines()[-1]))
+                except (IndexError, ValueError):
+                    raise UserError("%s printed no figures under the 32-bit port: %r" % (os.path.basename(PROBE),
+                                                                                        p.stdout[-200:]), 1)
+            for kind, (got, _, _, _) in calibrate.matvec_figures({"matvec": r.pop("matvec")}).items():
+                if got is not None:  # a run whose fit was refused (noise) gives no call and row figures
+                    r["%s_call_ns" % kind] = round(got["call"], 1)
+                    r["%s_row_ns" % kind] = round(got["row"], 2)
+            rs.append(r)
+    keys = []
+    for r in rs:
+        keys += [k for k in r if k not in keys]
+    out = {k: statistics.median(r[k] for r in rs if k in r) for k in keys}
+    out.update(derive(out))
     out.update({"runs": runs, "script": "firmware_py/tools/costprobe.py", "interpreter": "./kv mp32 (32-bit unix port)",
                 "each_run": rs})
     return out
@@ -402,6 +527,56 @@ TERMS = {
                                     "attention loops (the same bytecode; not measured separately)"),
     ("bytecode", "exp_mcyc"): ([("exp_ns", 1.0, "bytecode")], "ns per math.exp in a bytecode loop (less the same loop without it)"),
 }
+# the figures that were round guesses (docs/calibration.md): host timings of the firmware's
+# own code from costprobe's second run (models=; derive() for the decode steps' figures).
+# Merged into TERMS with the record that has their probe figures
+ROUND_TERMS = {}
+_FIT = ("the %s term of ./kv calibrate's least-squares fit (call + rows x row [+ groups x group] + MACs x MAC) over "
+        "firmware_py/tools/probe.py's 7 matvec shapes")
+_STEPS = ("decode steps of random %s models of stories260K's shape with 1 and 3 layers (%s, %d positions, the least of 3 "
+          "decodes per position, medians of two windows)")
+_Q8_STEPS = _STEPS % ("q8row", "qmodel.QForward.step", 96)
+_FP_STEPS = _STEPS % ("fp32", "model.Model.forward, kernels.Plain", 48)
+_RESID_L = ("ns per layer of %s that no other figure prices (the bytecode between the kernels%s, the generator's "
+            "resumes): the 3-layer model's step at one cached position less the 1-layer one's, less what the other figures "
+            "price, over 2 layers")
+_RESID_T = "ns per token of %s that no other figure prices: the 1-layer model's step less its priced parts and one layer"
+_PER_EL = "ns per element of %s (the marginal cost of three quarters more elements)"
+for _kind, _pre, _steps, _mac, _glue in (
+        ("viper", "viper", _Q8_STEPS, "kernels_q.matvec_v's int8 MAC", ", the quantization of each matvec's output"),
+        ("bytecode", "bytecode", _FP_STEPS, "kernels.Plain.matvec's fp32 MAC", "")):
+    ROUND_TERMS[(_kind, "row_mcyc")] = ([("%s_row_ns" % _pre, 1.0, _kind)], "ns per row beyond its MACs of %s: %s" % (
+        "kernels_q.matvec_v" if _kind == "viper" else "kernels.Plain.matvec", _FIT % "row"))
+    ROUND_TERMS[(_kind, "matvec_mcyc")] = ([("%s_call_ns" % _pre, 1.0, "bytecode")], "ns per call of %s from a bytecode loop: "
+                                     "%s (the caller's bytecode: the bytecode factor)" % (
+                                         "kernels_q.matvec_v" if _kind == "viper" else "kernels.Plain.matvec", _FIT % "call"))
+    ROUND_TERMS[(_kind, "attn_mac_mcyc")] = ([("%s_attn_mac_ns" % _pre, 1.0, _kind)], "ns per attention product: %s, or, where "
+                                       "the %s give attention less per cached position, that over its 2 x head_dim products"
+                                       % (_mac, _steps))
+    ROUND_TERMS[(_kind, "attn_pos_mcyc")] = ([("%s_attn_pos_ns" % _pre, 1.0, _kind)], "ns per (layer, head, cached position) of "
+                                       "%s beyond its 2 x head_dim products, the exp and the divisions" % _steps)
+    ROUND_TERMS[(_kind, "layer_mcyc")] = ([("%s_layer_ns" % _pre, 1.0, "bytecode")], _RESID_L % (_steps, _glue))
+    ROUND_TERMS[(_kind, "token_mcyc")] = ([("%s_token_ns" % _pre, 1.0, "bytecode")], _RESID_T % _steps)
+ROUND_TERMS.update({
+    ("viper", "exp_mcyc"): ([("viper_silu_ns", 1.0, "viper")], _PER_EL % "kernels_q.silu_v (the sigmoid table and the "
+                            "product: SiLU's exp and division together, the division priced at 0)"),
+    ("viper", "div_mcyc"): ([("viper_div_ns", 1.0, "viper")], "ns: 0: the integer path divides only inside "
+                            "kernels_q.silu_v (exp_mcyc carries it) and kernels_q.attend_v (attn_pos carries it)"),
+    ("viper", "norm_el_mcyc"): ([("viper_norm_ns", 1.0, "viper")], _PER_EL % "kernels_q.rmsnorm_v"),
+    ("viper", "rope_el_mcyc"): ([("viper_rope_ns", 1.0, "viper")], _PER_EL % "kernels_q.rope_v"),
+    ("viper", "elem_mcyc"): ([("viper_add_ns", 1.0, "viper")], _PER_EL % "kernels_q.add_v (the residual add)"),
+    ("viper", "sample_el_mcyc"): ([("sample_int_ns", 1.0, "bytecode")], "ns per logit of sample.Sampler.pick at "
+                                  "temperature 0.8 on Q16 int logits (bytecode; the marginal cost of 384 more logits)"),
+    ("bytecode", "div_mcyc"): ([("div_ns", 1.0, "bytecode")], "ns per float division in a bytecode loop (less the same "
+                               "loop without it)"),
+    ("bytecode", "norm_el_mcyc"): ([("bytecode_norm_ns", 1.0, "bytecode")], _PER_EL % "kernels.Plain.rmsnorm_part's "
+                                   "two passes (the sum of squares, the scaled write)"),
+    ("bytecode", "rope_el_mcyc"): ([("bytecode_rope_ns", 1.0, "bytecode")], _PER_EL % "kernels.Plain.rope_part"),
+    ("bytecode", "elem_mcyc"): ([("bytecode_add_ns", 1.0, "bytecode")], _PER_EL % "kernels.Plain.add_part"),
+    ("bytecode", "sample_el_mcyc"): ([("sample_float_ns", 1.0, "bytecode")], "ns per logit of sample.Sampler.pick at "
+                                     "temperature 0.8 on float logits (bytecode; the marginal cost of 384 more logits)"),
+})
+del _kind, _pre, _steps, _mac, _glue
 for _k, _txt in _KV_TEXT.items():
     TERMS[("bytecode", "kv_%s_mcyc" % _k)] = (_kv_terms(_k), _txt)
     # viper's int8 KV: written by pack_v (above) and read as it is by kernels_q.attend_v (no

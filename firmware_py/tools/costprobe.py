@@ -184,7 +184,217 @@ def kv_ns(iters=20):
     return out
 
 
-def main():
+# --- the figures that were round guesses: a matvec's rows and calls, the per-element
+# kernels, the sampler, and whole decode steps (attention per position; the rest of a
+# step, per layer and per token, beyond what the other figures price). Each is a host
+# time of the firmware's own code; host/boardspeed.py derives the cost figures from them.
+
+def _marg(fn, n0, n1, iters, *args):
+    # ns per element of fn(n, iters, *args): the marginal cost of n1 - n0 more elements
+    t0 = _best(fn, 5, n0, iters, *args)
+    t1 = _best(fn, 5, n1, iters, *args)
+    return 1000.0 * (t1 - t0) / (iters * (n1 - n0))
+
+
+def _ints(n, seed, lo, hi):
+    a = compat.new_array("i", n)
+    for i in range(n):
+        a[i] = lo + (i * seed + 7) % (hi - lo)
+    return a
+
+
+def _floats(n, seed):
+    a = compat.new_array("f", n)
+    for i in range(n):
+        a[i] = ((i * seed) % 17 - 8) * 0.0625
+    return a
+
+
+def _v_norm(n, iters, f, x, xq):
+    for _ in range(iters):
+        kernels_q.rmsnorm(xq, x, n, f.gains, 0, f.nb, f.eps0, f.sn, f.eg)
+
+
+def _v_rope(n, iters, f, v):
+    for _ in range(iters):
+        kernels_q.rope(v, n, f.cfg.head_dim, f.cs_q)
+
+
+def _v_add(n, iters, x, y):
+    for _ in range(iters):
+        kernels_q.add(x, y, n, 12)
+
+
+def _v_silu(n, iters, f, a, b):
+    for _ in range(iters):
+        kernels_q.silu(a, a, b, n, 14, f.sig)
+
+
+def _p_norm(n, iters, pl, out, x):
+    for _ in range(iters):
+        pl.rmsnorm_part(out, x, 0, 0, 0, n)
+        pl.rmsnorm_part(out, x, 0, 1, 0, n)
+
+
+def _p_rope(n, iters, pl, v):
+    for _ in range(iters):
+        pl.rope_part(v, 0, n // 2)
+
+
+def _p_add(n, iters, pl, x, y):
+    for _ in range(iters):
+        pl.add_part(x, y, 0, n)
+
+
+def _p_silu(n, iters, pl, a, b):
+    for _ in range(iters):
+        pl.silu_mul_part(a, b, 0, n)
+
+
+def _pick(n, iters, sm, logits, fb):
+    for _ in range(iters):
+        sm[n].pick(logits[n], fb)
+
+
+def div_ns(n=2000):
+    # ns per float division in a bytecode loop, less the same loop without it
+    xs = [1.0 + (i % 50) * 0.1 for i in range(n)]
+
+    def with_div():
+        s = 0.0
+        for v in xs:
+            s += 1.0 / v
+
+    def without():
+        s = 0.0
+        for v in xs:
+            s += v
+    return 1000 * (_best(with_div, 5) - _best(without, 5)) / n
+
+
+def sample_ns(q8):
+    # ns per logit of a temperature-0.8 pick (sample.Sampler: bytecode on both paths),
+    # int logits in Q16 as QForward's (q8) or floats as Model's
+    from firmware_py import sample  # noqa: PLC0415
+
+    sm, lg = {}, {}
+    for v in (128, 512):
+        sm[v] = sample.Sampler(v, temperature=0.8, seed=1)
+        lg[v] = _ints(v, 37, -300000, 300000) if q8 else _floats(v, 37)
+    return _marg(_pick, 128, 512, 4, sm, lg, 16 if q8 else None)
+
+
+def _open(path, q8, positions):
+    # (forward, cache, handle, weights) of the model at path on a full KV of `positions`
+    from firmware_py import kv, llama2c, model, pool, qmodel  # noqa: PLC0415
+
+    w = llama2c.load(path)
+    c = w.cfg
+    lay = kv.Layout(c.n_layers, c.n_kv_heads, c.head_dim, "int8" if q8 else "fp32")
+    nb = (positions + lay.tokens_per_block - 1) // lay.tokens_per_block + 1
+    pl = pool.Pool(lay.block_bytes, nb)
+    cache = kv.KVCache(pl, lay, max_seqs=1)
+    h = cache.open(pl.add_region(nb), "full", 0)
+    fwd = qmodel.QForward(w, cache) if q8 else model.Model(w, cache, backend="plain")
+    return fwd, cache, h, w
+
+
+def _median(xs):
+    s = sorted(xs)
+    return s[len(s) // 2]
+
+
+def steps_ns(path, q8, positions, reps=3):
+    # decodes of `positions` tokens: (the forward, ns per cached position, ns of a step at
+    # one cached position), from the medians of two windows of steps, each step's time the
+    # least of `reps` decodes (what another process on the host took is not the step's); a
+    # collection before each step, outside its time (one step's garbage is not the next's)
+    ts = None
+    for _ in range(reps):
+        fwd, cache, h, w = _open(path, q8, positions)
+        one = []
+        for pos in range(positions):
+            compat.collect()
+            t0 = ticks_us()
+            if q8:
+                fwd.step(h, 1 + pos % 7, pos)
+            else:
+                for _ in fwd.forward(h, 1 + pos % 7, pos):
+                    pass
+            one.append(ticks_diff(ticks_us(), t0))
+            if fwd.status < 0:
+                raise ValueError("the probe's decode stopped at position %d (status %d)" % (pos, fwd.status))
+        ts = one if ts is None else [a if a < b else b for a, b in zip(ts, one)]  # noqa: B905
+        cache = h = w = None
+    win = 12
+    a0, b0 = 4, positions - win
+    ma, mb = _median(ts[a0:a0 + win]), _median(ts[b0:b0 + win])
+    pa, pb = a0 + (win - 1) / 2.0, b0 + (win - 1) / 2.0
+    slope = (mb - ma) / (pb - pa)
+    return fwd, 1000.0 * slope, 1000.0 * (ma - slope * pa)
+
+
+def round_ns(models):
+    # the figures of the round guesses; models: {"q8_L1", "q8_L3", "fp32_L1", "fp32_L3": path}
+    out = {}
+    for key in ("q8_L1", "q8_L3", "fp32_L1", "fp32_L3"):
+        q8 = key.startswith("q8")
+        fwd, pos, base = steps_ns(models[key], q8, 96 if q8 else 48)
+        out["steps_%s_pos_ns" % key] = round(pos, 1)
+        out["steps_%s_base_ns" % key] = round(base, 1)
+        if key == "q8_L1":
+            c = fwd.cfg
+            d, hid = c.dim, c.hidden_dim
+            x, xq = _ints(d, 29, -200000, 200000), _ints(d, 1, 0, 1)
+            out["viper_norm_ns"] = round(_marg(_v_norm, d // 4, d, 400, fwd, x, xq), 2)
+            v = _ints(d, 31, -8000, 8000)
+            out["viper_rope_ns"] = round(_marg(_v_rope, d // 4, d, 400, fwd, v), 2)
+            y = _ints(d, 17, -4000, 4000)
+            out["viper_add_ns"] = round(_marg(_v_add, d // 4, d, 400, x, y), 2)
+            a, b = _ints(hid, 13, -30000, 30000), _ints(hid, 11, -16000, 16000)
+            out["viper_silu_ns"] = round(_marg(_v_silu, hid // 4, hid, 400, fwd, a, b), 2)
+        if key == "fp32_L1":
+            pl = fwd.k
+            c = fwd.cfg
+            d, hid = c.dim, c.hidden_dim
+            x, o = _floats(d, 29), compat.new_array("f", d)
+            out["bytecode_norm_ns"] = round(_marg(_p_norm, d // 4, d, 20, pl, o, x), 1)
+            v = _floats(d, 31)
+            out["bytecode_rope_ns"] = round(_marg(_p_rope, d // 4, d, 20, pl, v), 1)
+            y = _floats(d, 17)
+            out["bytecode_add_ns"] = round(_marg(_p_add, d // 4, d, 20, pl, x, y), 1)
+            a, b = _floats(hid, 13), _floats(hid, 11)
+            for i in range(hid):
+                b[i] = 0.5 + 0.25 * b[i]  # |a| shrinks towards 0 call after call, never overflows
+            out["bytecode_silu_ns"] = round(_marg(_p_silu, hid // 4, hid, 20, pl, a, b), 1)
+        fwd = None
+        compat.collect()
+    out["div_ns"] = round(div_ns(), 1)
+    out["sample_int_ns"] = round(sample_ns(True), 1)
+    out["sample_float_ns"] = round(sample_ns(False), 1)
+    return out
+
+
+def matvec_shapes():
+    # firmware_py/tools/probe.py's matvec timings (the shapes ./kv calibrate fits call, row,
+    # group and MAC terms over on a board), here on the host
+    from firmware_py.tools import probe  # noqa: PLC0415
+
+    probe._imports()
+    return probe.matvecs()
+
+
+def main(argv=()):
+    # no argv: the MAC, exp and KV figures; models=DIR (q8_L1.bin, q8_L3.bin, fp32_L1.bin,
+    # fp32_L3.bin: host/boardspeed.py writes them; a run with a board's heap, -X heapsize)
+    # instead: the round figures and the matvec shapes
+    for a in argv:
+        if a.startswith("models="):
+            d = a[len("models="):]
+            r = round_ns({k: d + "/" + k + ".bin" for k in ("q8_L1", "q8_L3", "fp32_L1", "fp32_L3")})
+            r["matvec"] = matvec_shapes()
+            print(json.dumps(r))
+            return
     r = {"viper_mac_i8_ns": round(viper_ns(), 3), "bytecode_mac_f32_ns": round(bytecode_ns(), 1),
          "exp_ns": round(exp_ns(), 1)}
     r.update(kv_ns())
@@ -192,4 +402,6 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    main(sys.argv[1:])
