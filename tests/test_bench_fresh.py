@@ -15,7 +15,7 @@ NAMES = [n for n in benchdoc.names() if benchdoc.deterministic(n)]
 
 
 def test_the_deterministic_benchmarks_are_the_ones_the_docs_name():
-    assert {"costmodel", "dma", "tiers", "devicecases", "calibration"} <= set(NAMES), NAMES
+    assert {"costmodel", "dma", "tiers", "devicecases", "calibration", "scenarios"} <= set(NAMES), NAMES
 
 
 @pytest.mark.parametrize("name", NAMES)
