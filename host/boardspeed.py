@@ -271,7 +271,7 @@ def probe_models(folder):
     for n in PROBE_LAYERS:
         rng = np.random.default_rng(n)
 
-        def r(*shape, lo=-0.5, hi=0.5):
+        def r(*shape, lo=-0.5, hi=0.5, rng=rng):
             return rng.uniform(lo, hi, shape).astype("<f4").tobytes()
 
         fp = os.path.join(folder, "fp32_L%d.bin" % n)

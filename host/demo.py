@@ -79,28 +79,8 @@ def clear_outputs(d):
     # and the trace be built from the mix); other files are left alone. Refused in one line
     # (exit 2), with nothing removed: a folder holding an output's name without MARKER (a
     # user's own kvrtos.json), a folder where a file goes, a folder that cannot be written
-    present = [n for n in OUTPUTS if os.path.lexists(os.path.join(d, n))]
-    marked = os.path.isfile(os.path.join(d, MARKER))
-    if present and not marked:
-        raise UserError("--out %s holds %s (not from a demo): choose an empty or new folder" % (d, present[0]), 2)
-    for name in present:
-        p = os.path.join(d, name)
-        if os.path.isdir(p) and not os.path.islink(p):
-            raise UserError("--out %s: %s is a folder; the demo writes a file there" % (d, name), 2)
-    if not os.access(d, os.W_OK | os.X_OK):
-        raise UserError("--out %s cannot be written (permission denied)" % d, 2)
-    for name in present:
-        try:
-            os.remove(os.path.join(d, name))
-        except FileNotFoundError:
-            pass
-        except OSError as e:
-            raise UserError("--out %s: %s from an earlier run cannot be removed: %s" % (d, name, e.strerror or e), 2) from None
-    try:
-        with open(os.path.join(d, MARKER), "w") as f:
-            f.write("a kvrtos demo's output folder: ./kv demo --out clears its files (%s) before a run\n" % ", ".join(OUTPUTS))
-    except OSError as e:
-        raise UserError("--out %s cannot be written: %s" % (d, e.strerror or e), 2) from None
+    paths.claim_out(d, OUTPUTS, MARKER, "a demo", "a kvrtos demo's output folder: ./kv demo --out clears its files (%s) "
+                    "before a run\n" % ", ".join(OUTPUTS), clear=True)
 
 
 class _DemoMonitor(monitor.Monitor):

@@ -498,13 +498,7 @@ def _out_ready(out_dir):
     # a file of ours by name without the marker (a user's report.json) is refused before
     # anything runs, as the demo refuses it
     paths.out_folder(out_dir)
-    present = [f for f in OUT_FILES if os.path.lexists(os.path.join(out_dir, f))]
-    if present and not os.path.isfile(os.path.join(out_dir, OUT_MARKER)):
-        _bad("--out %s holds %s (not from emulate): choose an empty or new folder" % (out_dir, present[0]))
-    for f in present:
-        if os.path.isdir(os.path.join(out_dir, f)):
-            _bad("--out %s: %s is a folder; emulate writes a file there" % (out_dir, f))
-    _put(os.path.join(out_dir, OUT_MARKER), "files written by ./kv emulate: %s\n" % ", ".join(OUT_FILES))
+    paths.claim_out(out_dir, OUT_FILES, OUT_MARKER, "emulate", "files written by ./kv emulate: %s\n" % ", ".join(OUT_FILES))
 
 
 def _run(n, out_dir, progress):

@@ -85,6 +85,38 @@ def sha256_file(path):
     return h.hexdigest()
 
 
+def claim_out(d, files, marker, who, note, clear=False):
+    # make folder d (an existing --out) a command's own for one run: refused in one line
+    # (exit 2), with nothing touched, when it holds one of `files` by name without the
+    # command's `marker` (a user's own report.json: never overwritten), when a folder sits
+    # where one of them goes, or when it cannot be written; then `marker` is written (its
+    # text: `note`). clear: the files of an earlier run are removed first (a command that
+    # appends to them). `who` names the command in the messages ("emulate", "a demo")
+    from host.errors import UserError
+
+    present = [n for n in files if os.path.lexists(os.path.join(d, n))]
+    if present and not os.path.isfile(os.path.join(d, marker)):
+        raise UserError("--out %s holds %s (not from %s): choose an empty or new folder" % (d, present[0], who), 2)
+    for name in present:
+        p = os.path.join(d, name)
+        if os.path.isdir(p) and not os.path.islink(p):
+            raise UserError("--out %s: %s is a folder; %s writes a file there" % (d, name, who), 2)
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise UserError("--out %s cannot be written (permission denied)" % d, 2)
+    for name in present if clear else ():
+        try:
+            os.remove(os.path.join(d, name))
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise UserError("--out %s: %s from an earlier run cannot be removed: %s" % (d, name, e.strerror or e), 2) from None
+    try:
+        with open(os.path.join(d, marker), "w") as f:
+            f.write(note)
+    except OSError as e:
+        raise UserError("--out %s cannot be written: %s" % (d, e.strerror or e), 2) from None
+
+
 def out_folder(out_dir, flag="--out", make=True):
     # the folder a command writes its files to (--out): made when missing, with any missing
     # parent folders (as mkdir -p); a path through a file, a file, or a place that cannot

@@ -311,7 +311,7 @@ def steps_ns(path, q8, positions, reps=3):
     # collection before each step, outside its time (one step's garbage is not the next's)
     ts = None
     for _ in range(reps):
-        fwd, cache, h, w = _open(path, q8, positions)
+        fwd, _, h, _ = _open(path, q8, positions)
         one = []
         for pos in range(positions):
             compat.collect()
@@ -325,7 +325,6 @@ def steps_ns(path, q8, positions, reps=3):
             if fwd.status < 0:
                 raise ValueError("the probe's decode stopped at position %d (status %d)" % (pos, fwd.status))
         ts = one if ts is None else [a if a < b else b for a, b in zip(ts, one)]  # noqa: B905
-        cache = h = w = None
     win = 12
     a0, b0 = 4, positions - win
     ma, mb = _median(ts[a0:a0 + win]), _median(ts[b0:b0 + win])
