@@ -1,5 +1,8 @@
 # Board profiles load and validate on the firmware interpreter; compat's ticks obey
 # MicroPython's wrap-around rules on both interpreters.
+import gc
+import json
+
 from fwtest import check, eq, raises, no_alloc, done
 from firmware_py import board, compat
 from firmware_py.compat import micropython, ptr8
@@ -33,9 +36,6 @@ check("deep.json: <json>: nested too deeply" in str(e) or "deep.json: name: miss
 
 # lean profiles: a board keeps each source's kind only (one shared string per kind) and no
 # raw dict; the host keeps the whole text. Both validate alike and keep every figure
-import gc
-import json
-
 full = board.Board(json.loads(open("boards/esp32s3_n8r8.json").read()), "f.json", lean=False)
 lean = board.loads(json.dumps(full.raw), "l.json", lean=True)
 check(lean.raw is None and full.raw is not None, "lean: no raw dict; full: the dict as loaded")
@@ -44,7 +44,7 @@ for kind in full.cpu_cost_source:
     for p in full.cpu_cost_source[kind]:
         f, ln = full.cpu_cost_source[kind][p], lean.cpu_cost_source[kind][p]
         check(f.startswith(ln) and ln[-1] == ":", "lean source is the kind of %s.%s: %r" % (kind, p, ln))
-for t, u in zip(full.tiers, lean.tiers):
+for t, u in zip(full.tiers, lean.tiers):  # noqa: B905 - MicroPython's zip has no strict
     if t.cost is not None:
         for n in t.cost.source:
             eq(u.cost.estimated(n), t.cost.estimated(n), "estimate flag kept for %s.%s" % (t.name, n))
