@@ -24,7 +24,6 @@ from host.bench import budget as budget_bench
 from host.bench import emit
 
 DETERMINISTIC = True  # VirtualClock figures: the suite reruns it against docs/bench/calibration.json (tests/test_bench_fresh.py)
-HOST_MEASURED = ("host_probe",)  # this host's timings (noisy): recorded, not compared
 
 STEPS = 256  # esp32-llm main.c: steps = 256 from BOS (the published tok/s is over such a run)
 GOAL = 0.25  # the issue's goal: within +-25 %
@@ -55,8 +54,6 @@ S15 = ("stories15m-int4-flash", 1.4, "stories15M int4 (group 32) from memory-map
 LINE_BYTES = {"esp32-llm-fork": 64}  # eric-humane/esp32-llm sdkconfig: CONFIG_ESP32S3_DATA_CACHE_LINE_64B
 # cases whose KV sits in SRAM: the positions it is sized for (the firmware's decode runs STEPS positions)
 KV_SRAM_POSITIONS = 256  # 512 positions of stories260K's KV need 640 KiB, more than the chips' 520 KB SRAM
-PROBE = os.path.join(paths.ROOT, "firmware_py", "tools", "costprobe.py")  # host/boardspeed.py runs it
-PROBE_RUNS = 5
 OWN_BOARDS = ("esp32s3_n8r8", "esp32s3_n4r2", "esp32s3_n16r8", "esp32cam_ai_thinker", "esp32_wroom32", "rp2350_pico2",
               "rp2350_pico_plus2")
 
@@ -133,11 +130,6 @@ def stories15m():
     final = 4 * d + cls // 2 + 4 * (cls // 32) + d // 2 + 4 * (d // 32)  # norm, classifier, embedding row
     row = 2 * kv * 4  # fp32 K + V per layer and token
     return cfg, per_layer, final, row
-
-
-def host_probe(runs=PROBE_RUNS):
-    # the viper/bytecode kernels' host cost on the 32-bit unix port (host/boardspeed.py)
-    return boardspeed.host_probe(runs)
 
 
 def _profile(board_name):
@@ -241,7 +233,7 @@ def measure(steps=STEPS):
                 figures["%s/%s" % (b, kind)] = p["figures"]
     chosen = _chosen()
     return {"model": desc, "steps": steps, "goal_permille": int(GOAL * 1000), "cases": out, "own_decode": own,
-            "chosen": chosen, "sensitivity": sens, "kv_sram": kv_notes, "host_probe": host_probe(),
+            "chosen": chosen, "sensitivity": sens, "kv_sram": kv_notes,
             "boardspeed": boardspeed_summary(),
             "figures": figures}
 
@@ -398,20 +390,28 @@ def tables(r):
     for c in r["sensitivity"]:
         L.append("| %s | " % c["id"] + " | ".join("%.2f (%+.1f %%)" % (c[lbl]["tok_s"], c[lbl]["diff_permille"] / 10)
                                                   for lbl, _, _ in SENS) + " |")
-    hp = r["host_probe"]
     L += boardspeed_tables(r["boardspeed"]) if "boardspeed" in r else []
     bp = r.get("boardspeed", {}).get("probe")
     if bp:
-        L += ["", "The profiles' viper/bytecode figures are the probe's figures in the board-speed run (`%s`, in the "
-              "same run as the points, so this host's speed cancels) times each emitter's factor: %.3f ns per int8 "
-              "MAC (viper matvec_v), %.1f ns per fp32 MAC (bytecode Plain.matvec), %.1f ns per math.exp; "
-              "`./kv boardspeed --write` rewrites them from that record (a figure measured on a board by "
-              "`./kv calibrate` is kept)." % (hp["script"], bp["viper_mac_i8_ns"], bp["bytecode_mac_f32_ns"], bp["exp_ns"])]
-    L += ["", "Host figures of kvrtos's own kernels in this run (`%s` under %s, median of %d runs; recorded, not used: "
-          "this machine is noisy): %.3f ns per int8 MAC (viper matvec_v), "
-          "%.1f ns per fp32 MAC (bytecode Plain.matvec), %.1f ns per math.exp." % (
-              hp["script"], hp["interpreter"], hp["runs"], hp["viper_mac_i8_ns"], hp["bytecode_mac_f32_ns"],
-              hp["exp_ns"]), "",
+        L += ["", "The profiles' viper/bytecode figures are the probe's figures in the board-speed run (`firmware_py/tools/"
+              "costprobe.py` under the 32-bit port, in the same run as the points, so this host's speed cancels) times "
+              "each emitter's factor: %.3f ns per int8 MAC (viper matvec_v), %.1f ns per fp32 MAC (bytecode "
+              "Plain.matvec), %.1f ns per math.exp, and the rest as the table below says; `./kv boardspeed --write` "
+              "rewrites them from that record (a figure measured on a board by `./kv calibrate` is kept)." % (
+                  bp["viper_mac_i8_ns"], bp["bytecode_mac_f32_ns"], bp["exp_ns"])]
+    for key in ("esp32s3_n8r8/viper", "esp32s3_n8r8/bytecode"):
+        figs = r["figures"].get(key)
+        if not figs:
+            continue
+        L += ["", "Every %s figure of esp32s3_n8r8 (cycles at %d MHz; `fit:` a host timing of the firmware's own code "
+              "times its emitter's factor, as its source says):" % (key.split("/")[1], figs["mhz"]["value"]), "",
+              "| parameter | cycles | source |", "| --- | --- | --- |"]
+        for name in sorted(figs):
+            if name == "mhz":
+                continue
+            f = figs[name]
+            L.append("| `%s` | %s | %s |" % (name, "{:,.1f}".format(f["value"] / 1000), f["source"].replace("|", "\\|")))
+    L += ["",
           "kvrtos's own MicroPython decode (estimates: nobody has published these):", "",
           "| board | kind | weights | tok/s | memory us/token | CPU us/token |", "| --- | --- | --- | --- | --- | --- |"]
     for o in r["own_decode"]:
