@@ -28,28 +28,88 @@ DETERMINISTIC = True  # VirtualClock figures: the suite reruns it against docs/b
 STEPS = 256  # esp32-llm main.c: steps = 256 from BOS (the published tok/s is over such a run)
 GOAL = 0.25  # the issue's goal: within +-25 %
 
-# (id, published tok/s, source, board, kind, weights tier, KV tier, note)
+# The published cases, each with the source that states its figure (docs/calibration.md
+# prints every field): url and where on the page, the quoted line, the model, weights,
+# board, memory, clock, and what its code runs (read from the repository: the kind of
+# kernel the cost model prices it by, the cores it uses). steps: the positions its run
+# decodes; tick_ms: the FreeRTOS tick its token loop waits for once per token
+# (vTaskDelay(1 tick) after every token: the next token starts on a tick, so a token
+# takes a whole number of ticks); cores: a scalar C decoder that splits its rows over
+# both cores. No field is fitted to a tok/s: each is a fact of the source.
+def _case(cid, tok_s, board, kind, weights_tier, kv_tier, url, where, quote, model, weights, memory, clock, code,
+          steps=256, tick_ms=0, cores=0, note=""):
+    return {"id": cid, "tok_s": tok_s, "board": board, "kind": kind, "weights_tier": weights_tier, "kv_tier": kv_tier,
+            "url": url, "where": where, "quote": quote, "model": model, "weights": weights, "memory": memory, "clock": clock,
+            "code": code, "steps": steps, "tick_ms": tick_ms, "cores": cores, "note": note}
+
+
+_CD = "https://github.com/Circuit-Digest/ESP32-Tiny-LLM"
+_CD_WHERE = "README.md, section \"Benchmark Results\" (commit 2d909c6), the table row"
+_CD_CODE = ("karpathy's scalar run.c (a plain matmul loop, no ESP-DSP), one task pinned to core 1; vTaskDelay(1) after "
+            "every token with the Arduino core's 1 ms tick")
+_CD_RUN = "\"All benchmarks were recorded evaluating a 64-token sequence using FP32 floating-point precision\""
 CASES = (
-    ("esp32-llm", 19.13, "DaveBben/esp32-llm README: 19.13 tok/s, ESP32-S3FH4R2 (2 MB quad PSRAM at 80 MHz, sdkconfig "
-     "CONFIG_SPIRAM_MODE_QUAD), both cores, ESP-DSP dot products (on their ae32 path: the weights are not 16-byte "
-     "aligned)", "esp32s3_n4r2", "dsp", "psram", "psram"),
-    ("esp32-tiny-llm-s3", 22.0, "Circuit-Digest ESP32-Tiny-LLM README: 22 tok/s on an ESP32-S3 DevKit with octal PSRAM "
-     "at 80 MHz (taken as esp32-llm's code: ESP-DSP, both cores)", "esp32s3_n8r8", "dsp", "psram", "psram"),
-    ("esp32-llm-fork", 32.83, "eric-humane/esp32-llm README: 32.83 tok/s, PSRAM 80 MHz, ESP-DSP with 16-byte aligned "
-     "buffers, assembly float division, fast exp, one core (no task or semaphore in its source). Its README names an "
-     "ESP32-S3FH4R2 (quad), its sdkconfig CONFIG_SPIRAM_MODE_OCT and 64 B data-cache lines: modelled as the sdkconfig "
-     "says (what was built), the octal profile, with 64 B lines in the line read model", "esp32s3_n8r8", "asm", "psram",
-     "psram"),
-    ("esp32-cam", 11.0, "Circuit-Digest ESP32-Tiny-LLM README: 11 tok/s on an ESP32-CAM (quad PSRAM at 40 MHz)",
-     "esp32cam_ai_thinker", "dsp", "psram", "psram"),
-    ("esp32-flash", 2.32, "Circuit-Digest ESP32-Tiny-LLM README: 2.32 tok/s on a plain ESP32 reading weights from flash",
-     "esp32_wroom32", "dsp", "flash", "sram"),
-    ("pico-llama", 19.0, "Pico LLaMA: 19 tok/s on an RP2350 at 150 MHz with 8 MB PSRAM, KV and run state static in SRAM",
-     "rp2350_pico_plus2", "c", "psram", "sram"),
+    _case("esp32-llm", 19.13, "esp32s3_n4r2", "dsp", "psram", "psram", "https://github.com/DaveBben/esp32-llm",
+          "README.md line 17, section \"Optimizing Llama2.c for the ESP32\" (commit bf14097)",
+          "With the following changes to `llama2.c`, I am able to achieve 19.13 tok/s", "stories260K", "fp32",
+          "ESP32-S3FH4R2: 2 MB quad PSRAM at 80 MHz (sdkconfig CONFIG_SPIRAM_MODE_QUAD, SPIRAM_SPEED 80)",
+          "240 MHz (stated: \"Maxing out CPU speed to 240 MHz and PSRAM speed to 80MHZ\")",
+          "ESP-DSP dot products (dsps_dotprod_f32_aes3), each matmul's rows split over both cores; main.c steps = 256, "
+          "the timer started after the first token"),
+    _case("esp32-tiny-llm-s3", 22.0, "esp32s3_n8r8", "c", "psram", "psram", _CD, _CD_WHERE + " for the ESP32-S3 DevKit",
+          "| ESP32-S3 DevKit | 16 MB | 8 MB | Octal-SPI (OPI) @ 80MHz | 22.00 tok/s |; " + _CD_RUN, "stories260K",
+          "fp32", "8 MB octal PSRAM at 80 MHz", "not stated (the Arduino core's default, 240 MHz, assumed)", _CD_CODE,
+          steps=64, tick_ms=1),
+    _case("esp32-tiny-llm-xiao", 21.0, "esp32s3_n8r8", "c", "psram", "psram", _CD, _CD_WHERE + " for the XIAO ESP32-S3",
+          "| Seeed XIAO ESP32-S3 | 8 MB | 8 MB | Octal-SPI (OPI) @ 80MHz | 21.00 tok/s |; " + _CD_RUN, "stories260K",
+          "fp32", "8 MB octal PSRAM at 80 MHz", "not stated (the Arduino core's default, 240 MHz, assumed)", _CD_CODE,
+          steps=64, tick_ms=1),
+    _case("esp32-llm-fork", 32.83, "esp32s3_n8r8", "asm", "psram", "psram", "https://github.com/eric-humane/esp32-llm",
+          "README.md line 16, section \"Performance\" (commit 7c215e9)", "Achieves ~32.83 tokens/second through:",
+          "stories260K (the repository's only model, components/llm/assets/model.bin: dim 64, 5 layers, vocab 512; the "
+          "README's \"6 layers, 288 dimensions\" is stories15M's shape, not the model it ships)", "fp32",
+          "the README names an ESP32-S3FH4R2 (quad); its sdkconfig builds octal PSRAM at 80 MHz with 64 B data-cache "
+          "lines: modelled as built, the octal profile with 64 B lines in the line read model",
+          "240 MHz (stated: \"CPU at 240MHz, PSRAM at 80MHz\")",
+          "ESP-DSP dot products on 16-byte aligned buffers, assembly float division, fast exp, one core (no "
+          "xTaskCreate anywhere in its source, though the README says dual-core)"),
+    _case("wuhanstudio-llm-embedded", 25.30, "esp32s3_n8r8", "c", "psram", "psram",
+          "https://github.com/wuhanstudio/llm-embedded", "README.md, the results table (commit 1b7121a)",
+          "| ESP32 | 240 MHz | FreeRTOS | SPIFFS | 25.30 token/s |", "stories260K (esp32/main/main.c)", "fp32",
+          "octal PSRAM at 80 MHz (esp32/sdkconfig: target esp32s3, CONFIG_SPIRAM_MODE_OCT, 32 B data-cache lines)",
+          "240 MHz (stated)",
+          "karpathy's scalar run.c on one core; vTaskDelay(10 / portTICK_PERIOD_MS) after every token with "
+          "CONFIG_FREERTOS_HZ=100 (a 10 ms tick), timed in ticks; steps = 256, temperature 0.8",
+          tick_ms=10),
+    _case("esp32-cam", 11.0, "esp32cam_ai_thinker", "c", "psram", "psram", _CD, _CD_WHERE + " for the ESP32-CAM",
+          "| ESP32-CAM | 4 MB | 4 MB | Quad-SPI (QSPI) @ 40MHz | 11.00 tok/s |; " + _CD_RUN, "stories260K", "fp32",
+          "4 MB quad PSRAM at 40 MHz", "not stated (the Arduino core's default, 240 MHz, assumed)", _CD_CODE,
+          steps=64, tick_ms=1),
+    _case("esp32-flash", 2.32, "esp32_wroom32", "c", "flash", "sram", _CD, _CD_WHERE + " for the standard ESP32, and "
+          "\"Technical Takeaways\" item 1", "| Standard ESP32 | 4 MB | None | Direct Flash (`fread`) | 2.32 tok/s |",
+          "stories260K", "fp32", "no PSRAM: the weights read from SPI flash through the filesystem (fseek + fread of "
+          "256-float chunks per matmul row), the KV (seq_len capped at 64) in SRAM",
+          "not stated (the Arduino core's default, 240 MHz, assumed)", _CD_CODE + "; the weights through LittleFS, not "
+          "memory-mapped (the profile's flash read rate is a memory-mapped one)", steps=64, tick_ms=1),
+    _case("pico-llama", 19.0, "rp2350_pico_plus2", "c", "psram", "sram", "https://github.com/romilly/pico_llama",
+          "README.md line 9 and the \"Performance\" table (commit a41408b)",
+          "Currently running the `stories260K` model (~1 MB weights) at 19 tokens/second.", "stories260K", "fp32",
+          "8 MB APS6404L QSPI PSRAM (weights, cached XIP); KV and activations static in SRAM (MAX_SEQ_LEN 256); the "
+          "PSRAM clock is not stated (psram.c divides the system clock by 2: 75 MHz)",
+          "150 MHz (stated: \"Single core, 150 MHz\")", "karpathy's scalar run.c on one core; generate(..., 256), the "
+          "timer started after the first token"),
 )
 # stories15M (published shape; not in the shared models): int4, group 32, from flash
-S15 = ("stories15m-int4-flash", 1.4, "stories15M int4 (group 32) from memory-mapped flash on an ESP32-S3 N16R8: about 1.4 tok/s "
-       "(issue 12's figure)", "esp32s3_n16r8", "dsp", "flash", "psram")
+S15 = _case("stories15m-int4-flash", 1.4, "esp32s3_n16r8", "c", "flash", "psram",
+            "https://github.com/harmansingh4163-ai/ESP-32-s3-Story-maker-LLM",
+            "README.md, section \"vs prior art\", the table (commit 196b769)",
+            "| this, single board | 15M | flash (mmap) | ~1.4 tok/s | multi-paragraph stories |", "stories15M",
+            "int4 in groups of 32, streamed from a memory-mapped flash partition",
+            "ESP32-S3 with 16 MB flash and 8 MB octal PSRAM (KV and logits in PSRAM)",
+            "240 MHz (stated: the build settings' \"CPU 240MHz\")",
+            "scalar C: int8 activations times int4 weights in integer group dot products, each matmul's rows split "
+            "over both cores (not ESP-DSP); its tok/s counts the prefill in its time",
+            cores=2, note="published as ~1.4")
 # the data-cache line a case's build uses, where it is not the profile's 32 B (the line read model only)
 LINE_BYTES = {"esp32-llm-fork": 64}  # eric-humane/esp32-llm sdkconfig: CONFIG_ESP32S3_DATA_CACHE_LINE_64B
 # cases whose KV sits in SRAM: the positions it is sized for (the firmware's decode runs STEPS positions)
@@ -103,20 +163,26 @@ def emulate(model, tok, board_name, kind, w_tier, kv_tier, steps=STEPS):
             "command": command(spec), "pool_blocks": rep["pool_blocks"], "reserve_bytes": rep["placement"]["reserve_bytes"]}
 
 
-def predict(board_name, kind, cfg, per_layer, final, row, w_tier, kv_tier, weights_dtype="fp32", steps=STEPS):
-    # analytic: the tier cost model's memory µs plus the CPU model's ns, mean over steps tokens from BOS
+def predict(board_name, kind, cfg, per_layer, final, row, w_tier, kv_tier, weights_dtype="fp32", steps=STEPS, tick_us=0):
+    # analytic: the tier cost model's memory µs plus the CPU model's ns, mean over steps tokens
+    # from BOS; tick_us: each token then waits for the next tick of the decoder's scheduler
+    # (its time rounded up to a whole number of ticks: "ticked_us_per_token")
     brd = boards.load(board_name) if isinstance(board_name, str) else board_name
     bw = bwm.Bandwidth(brd, VirtualClock())
     wt, kt = _tiers(brd, w_tier, kv_tier)
     tr = bwm.DecodeTraffic(bw, per_layer, final, row, bw.tier_id(wt), bw.tier_id(kt))
     m = cpucost.for_config(brd, kind, cfg, weights_dtype)
-    mem = cpu = 0
+    mem = cpu = ticked = 0
     for n in range(1, steps + 1):
-        mem += tr.token_us(cfg.n_layers, n)
-        cpu += m.token_ns(n)
+        a, b = tr.token_us(cfg.n_layers, n), m.token_ns(n)
+        mem += a
+        cpu += b
+        t = a + b / 1000
+        ticked += -(-t // tick_us) * tick_us if tick_us else t
     total = mem + cpu / 1000
     return {"us_per_token": round(total / steps, 1), "memory_us_per_token": round(mem / steps, 1),
             "cpu_us_per_token": round(cpu / 1000 / steps, 1), "tok_s": round(1e6 * steps / total, 2),
+            "ticked_us_per_token": round(ticked / steps, 1), "ticked_tok_s": round(1e6 * steps / ticked, 2),
             "weights_tier": wt, "kv_tier": kt, "figures": m.figures()}
 
 
@@ -143,11 +209,16 @@ def _line_rate(c, line_bytes=None):
     return int(lb * 1e9 / (c["line_ns"]["value"] + lb * 1e9 / c["line_stream_bytes_per_s"]["value"]))
 
 
-def variant(board_name, read_model="copy", line_bytes=None, est_scale=1.0):
+def variant(board_name, read_model="copy", line_bytes=None, est_scale=1.0, cores=(None, 0)):
     # the board with its weights/KV read rate priced by read_model ("copy": the profile's
-    # CPU copy-read figure; "line": the cache-line read model) and every CPU figure whose
-    # source is an estimate scaled by est_scale
+    # CPU copy-read figure; "line": the cache-line read model), every CPU figure whose
+    # source is an estimate scaled by est_scale, and cores (kind, n): that kind's rows split
+    # evenly over n cores (a case whose code does so)
     d = _profile(board_name)
+    kind, n = cores
+    if n:
+        d["cpu"]["cost"][kind]["cores"] = {"value": n, "source": "published: the case's code splits its rows over %d cores" % n}
+        d["cpu"]["cost"][kind]["split_permille"] = {"value": 1000, "source": "published: rows split evenly"}
     if read_model == "line":
         for t in d["memory"]:
             c = t.get("cost")
@@ -165,19 +236,27 @@ SENS = (("copy read (chosen)", "copy", 1.0), ("line read", "line", 1.0), ("estim
         ("estimates x 2", "copy", 2.0))
 
 
-def sensitivity(cid, pub, board, kind, args, dtype, steps):
+def sensitivity(c, args, dtype):
     # the case's analytic prediction under each read model and with the CPU estimates halved/doubled
-    out = {"id": cid}
+    out = {"id": c["id"]}
+    pub = c["tok_s"]
     for label, rm, sc in SENS:
-        p = predict(variant(board, rm, LINE_BYTES.get(cid), sc), kind, *args, weights_dtype=dtype, steps=steps)
-        out[label] = {"tok_s": p["tok_s"], "diff_permille": int(round(1000 * (p["tok_s"] - pub) / pub))}
+        p = predict(variant(c["board"], rm, LINE_BYTES.get(c["id"]), sc, (c["kind"], c["cores"])), c["kind"], *args,
+                    weights_dtype=dtype, steps=c["steps"], tick_us=1000 * c["tick_ms"])
+        t = p["ticked_tok_s"]
+        out[label] = {"tok_s": t, "diff_permille": int(round(1000 * (t - pub) / pub))}
     return out
 
 
-def _row(cid, pub, src, board, kind, r, extra=None):
-    diff = (r["tok_s"] - pub) / pub
-    d = {"id": cid, "published_tok_s": pub, "source": src, "board": board, "kind": kind,
-         "predicted_tok_s": r["tok_s"], "diff_permille": int(round(1000 * diff)), "within_goal": abs(diff) <= GOAL}
+SOURCE_KEYS = ("url", "where", "quote", "model", "weights", "memory", "clock", "code", "steps", "tick_ms", "cores", "note")
+
+
+def _row(c, r, tok_s, extra=None):
+    pub = c["tok_s"]
+    diff = (tok_s - pub) / pub
+    d = {"id": c["id"], "published_tok_s": pub, "board": c["board"], "kind": c["kind"], "predicted_tok_s": tok_s,
+         "diff_permille": int(round(1000 * diff)), "within_goal": abs(diff) <= GOAL,
+         "source": {k: c[k] for k in SOURCE_KEYS}}
     d.update({k: r[k] for k in ("us_per_token", "memory_us_per_token", "cpu_us_per_token", "weights_tier", "kv_tier")})
     if extra:
         d.update(extra)
@@ -194,13 +273,21 @@ def measure(steps=STEPS):
         cfg, lay = llama2c.plan(model)
         per_layer, final = decode.layout_traffic(lay)
         row = 2 * cfg.kv_dim * 4
-        for cid, pub, src, board, kind, wt, kt in CASES:
+        for c in CASES:
+            cid, board, kind, wt, kt, steps = c["id"], c["board"], c["kind"], c["weights_tier"], c["kv_tier"], c["steps"]
             e = emulate(model, tok, board, kind, wt, kt, steps)
-            p = predict(board, kind, cfg, per_layer, final, row, wt, kt, steps=steps)
-            out.append(_row(cid, pub, src, board, kind, e, {"analytic_tok_s": p["tok_s"], "how": "emulated decode",
-                                                            "tokens": e["tokens"], "command": e["command"],
-                                                            "spec": e["spec"]}))
-            sens.append(sensitivity(cid, pub, board, kind, (cfg, per_layer, final, row, wt, kt), "fp32", steps))
+            p = predict(board, kind, cfg, per_layer, final, row, wt, kt, steps=steps, tick_us=1000 * c["tick_ms"])
+            how = "emulated decode"
+            tok_s = e["tok_s"]
+            if c["tick_ms"]:
+                # each token waits for the next tick: the emulated time per token times the analytic
+                # model's ticked/unticked ratio over the same positions
+                us = e["us_per_token"] * p["ticked_us_per_token"] / p["us_per_token"]
+                tok_s = round(1e6 / us, 2)
+                how = "emulated decode, each token rounded up to the %d ms tick its loop waits for" % c["tick_ms"]
+            out.append(_row(c, e, tok_s, {"analytic_tok_s": p["ticked_tok_s"], "how": how, "tokens": e["tokens"],
+                                          "command": e["command"], "spec": e["spec"], "unticked_tok_s": e["tok_s"]}))
+            sens.append(sensitivity(c, (cfg, per_layer, final, row, wt, kt), "fp32"))
             if e["kv_tier"] == "sram":
                 sram = [t.bytes for t in boards.load(board).tiers if t.name == "sram"][0]
                 pos = e["tokens"] + 1
@@ -211,12 +298,14 @@ def measure(steps=STEPS):
                                                                              "fp32").block_bytes})
             figures["%s/%s" % (board, kind)] = p["figures"]
         c15, pl, fi, rw = stories15m()
-        cid, pub, src, board, kind, wt, kt = S15
-        p = predict(board, kind, c15, pl, fi, rw, wt, kt, "int4", steps=steps)
-        out.append(_row(cid, pub, src, board, kind, p, {"analytic_tok_s": p["tok_s"], "tokens": steps,
-                                                        "how": "predicted from the config (the firmware cannot load int4)"}))
-        sens.append(sensitivity(cid, pub, board, kind, (c15, pl, fi, rw, wt, kt), "int4", steps))
-        figures["%s/%s" % (board, kind)] = p["figures"]
+        c = S15
+        brd15 = variant(c["board"], cores=(c["kind"], c["cores"]))
+        p = predict(brd15, c["kind"], c15, pl, fi, rw, c["weights_tier"], c["kv_tier"], "int4", steps=c["steps"])
+        out.append(_row(c, p, p["tok_s"], {"analytic_tok_s": p["tok_s"], "tokens": c["steps"],
+                                           "how": "predicted from the config (the firmware cannot load int4), rows "
+                                                  "split over %d cores as its code does" % c["cores"]}))
+        sens.append(sensitivity(c, (c15, pl, fi, rw, c["weights_tier"], c["kv_tier"]), "int4"))
+        figures["%s/%s" % (c["board"], c["kind"])] = p["figures"]
         own = []
         for b in OWN_BOARDS:
             brd = boards.load(b)
@@ -358,13 +447,12 @@ def render(r):
 
 def tables(r):
     # the cases with their memory and CPU split, the sources, the fitted figure, kvrtos's own decode
-    ntok = sorted({c["tokens"] for c in r["cases"] if c["how"] == "emulated decode"})
-    L = ["Model: %s. What runs: the emulated cases generate %s tokens after BOS (%d positions: esp32-llm's steps = %d; "
-         "the tok/s is over those tokens), the analytic figures average KV lengths 1..%d. Emulated: the firmware's "
-         "decode on a VirtualClock with the board's memory cost (tier cost model) and CPU cost "
-         "(firmware_py/cpucost.py) charged; memory and CPU time add. Goal: within +-%d %%. Command: "
-         "`./kv bench calibration`."
-         % (r["model"], "/".join(str(n) for n in ntok), r["steps"], r["steps"], r["steps"], r["goal_permille"] // 10), "",
+    L = ["Model: %s. What runs: each case decodes the positions its source's run does (`steps` in the sources "
+         "table: 256 from BOS unless the source says otherwise; a tok/s over those tokens), the analytic figures "
+         "average the same KV lengths. Emulated: the firmware's decode on a VirtualClock with the board's memory cost "
+         "(tier cost model) and CPU cost (firmware_py/cpucost.py) charged; memory and CPU time add; a decoder whose "
+         "loop waits for its scheduler's tick after every token takes a whole number of ticks per token. Goal: within "
+         "+-%d %%. Command: `./kv bench calibration`." % (r["model"], r["goal_permille"] // 10), "",
          "| case | board | kind | published tok/s | predicted tok/s | difference | memory us/token | CPU us/token | how |",
          "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for c in r["cases"]:
@@ -377,7 +465,16 @@ def tables(r):
     for c in r["cases"]:
         if c.get("command"):
             L.append("- %s: `%s`" % (c["id"], c["command"]))
-    L += ["", "Sources: " + "; ".join("%s: %s" % (c["id"], c["source"]) for c in r["cases"]) + ".", "",
+    L += ["", "Sources: each published figure as its source states it (every case here has one that states it; "
+          "the code each ran read from its repository):", "",
+          "| case | source | where | quoted | model | weights | memory | clock | what its code runs |",
+          "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for c in r["cases"]:
+        x = c["source"]
+        L.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s%s |" % tuple(
+            str(v).replace("|", "/") for v in (c["id"], x["url"], x["where"], x["quote"], x["model"], x["weights"],
+                                                x["memory"], x["clock"], x["code"], "; " + x["note"] if x["note"] else "")))
+    L += ["",
           "No figure is fitted to a published tok/s. Chosen figures and figures from a rule (and the cases that "
           "depend on them):", ""]
     for f in r["chosen"]:
@@ -439,35 +536,48 @@ def why_texts(r):
     fl = _tier("esp32_wroom32", "flash", "read_bytes_per_s")
     mem_pub = 1e6 / f["published_tok_s"] - f["cpu_us_per_token"]
     implied = fl * f["memory_us_per_token"] / mem_pub
-    i8 = _fig(r, "esp32s3_n16r8/dsp", "mac_i8_mcyc") / 1000
+    i8 = _fig(r, "esp32s3_n16r8/c", "mac_i8_mcyc") / 1000
     return {
         "esp32-llm": "the quad PSRAM read figure comes from the stated rule (%.1f MB/s), not a measurement; under the "
                      "line read model the case is %s; dot products on ESP-DSP's ae32 path (%.2f cycles/MAC: the "
                      "weights are not 16-byte aligned)" % (_tier("esp32s3_n4r2", "psram", "read_bytes_per_s") / 1e6,
                                                            line("esp32-llm"), _fig(r, "esp32s3_n4r2/dsp",
                                                                                    "mac_f32_mcyc") / 1000),
-        "esp32-tiny-llm-s3": "the code it ran is not published; taken as esp32-llm's (ae32 dot products, both cores). "
-                             "Memory is the measured octal copy-read rate; under the line read model it is %s"
-                             % line("esp32-tiny-llm-s3"),
+        "esp32-tiny-llm-s3": "karpathy's scalar run.c on one core (the repository's code: no ESP-DSP, one pinned "
+                             "task), the octal copy-read rate, each token rounded up to the Arduino core's 1 ms tick "
+                             "(vTaskDelay(1)); under the line read model it is %s" % line("esp32-tiny-llm-s3"),
+        "esp32-tiny-llm-xiao": "the same code, model and octal PSRAM as the DevKit's 22 tok/s, published 1 tok/s "
+                               "slower; the two boards share one profile, so the model gives them one figure and "
+                               "cannot place both within the goal (the DevKit's is %+.1f %%); under the line read model "
+                               "it is %s" % (cs["esp32-tiny-llm-s3"]["diff_permille"] / 10, line("esp32-tiny-llm-xiao")),
+        "wuhanstudio-llm-embedded": "the same scalar run.c on one core over 256 positions, each token rounded up to its "
+                                    "10 ms tick (CONFIG_FREERTOS_HZ=100, vTaskDelay after every token): the published "
+                                    "25.30 tok/s is 4 ticks a token; the model's %s us of compute a token (over the 256 "
+                                    "positions' mean) gives 5 ticks for the later tokens; under the line read model it "
+                                    "is %s" % ("{:,}".format(int(cs["wuhanstudio-llm-embedded"]["us_per_token"])),
+                                               line("wuhanstudio-llm-embedded")),
         "esp32-llm-fork": "one core (%d), so memory time (%s us of %s) sets the figure; the copy-read rate includes "
                           "store instructions a matvec does not issue, and 64 B lines read faster: under the line "
                           "read model it is %s. The two octal S3 results (22 and 32.83 tok/s) differ more than the "
                           "model's CPU difference explains" % (
                               _fig(r, "esp32s3_n8r8/asm", "cores"), "{:,}".format(int(cs["esp32-llm-fork"]["memory_us_per_token"])),
                               "{:,}".format(int(cs["esp32-llm-fork"]["us_per_token"])), line("esp32-llm-fork")),
-        "esp32-cam": "the quad-40 MHz read figure comes from the stated rule (%.1f MB/s); the ESP32's PSRAM cache "
-                     "workarounds (memw) are not modelled; under the line read model it is %s"
+        "esp32-cam": "scalar run.c on one core (as the S3 DevKit's run); the quad-40 MHz read figure comes from the "
+                     "stated rule (%.1f MB/s), not a measurement; the ESP32's PSRAM cache workarounds (memw) are not "
+                     "modelled; under the line read model it is %s"
                      % (_tier("esp32cam_ai_thinker", "psram", "read_bytes_per_s") / 1e6, line("esp32-cam")),
-        "esp32-flash": "memory-mapped DIO-40 flash reads %.1f MB/s through the cache (the profile's figure); the "
-                       "published %.2f tok/s implies about %.1f MB/s, so that firmware most likely reads weights "
-                       "through the flash driver or a file system per token, not memory-mapped: not fitted"
+        "esp32-flash": "the source says its weights are \"read chunk-by-chunk directly off SPI Flash via filesystem "
+                       "block reads (fread)\" (256 floats per read, through LittleFS), and the profile's flash figure "
+                       "is a memory-mapped read through the cache (%.1f MB/s); the published %.2f tok/s implies about "
+                       "%.1f MB/s: the file system's per-read cost, which no tier models: not fitted"
                        % (fl / 1e6, f["published_tok_s"], implied / 1e6),
         "pico-llama": "the RP2350's QSPI PSRAM read rate through the XIP cache is an estimate (%.1f MB/s, half the "
-                      "bus), and Pico LLaMA may keep part of the weights in flash or SRAM; its RoPE and exp costs are "
-                      "estimates" % (_tier("rp2350_pico_plus2", "psram", "read_bytes_per_s") / 1e6),
-        "stories15m-int4-flash": "predicted from the config: the int4 dequantizing MAC (%g cycles, estimate) dominates "
-                                 "the CPU part, the S3's flash read figure (%.0f MB/s, an estimate) the memory part"
-                                 % (i8, _tier("esp32s3_n16r8", "flash", "read_bytes_per_s") / 1e6),
+                      "bus; its psram.c runs the PSRAM at 75 MHz, half the 150 MHz system clock); the C kind's RoPE "
+                      "and exp costs are estimates" % (_tier("rp2350_pico_plus2", "psram", "read_bytes_per_s") / 1e6),
+        "stories15m-int4-flash": "predicted from the config, scalar C with its rows split over both cores as its code "
+                                 "does: the int4 dequantizing MAC (%g cycles, estimate) dominates the CPU part, the "
+                                 "S3's flash read figure (%.0f MB/s, an estimate) the memory part; published as "
+                                 "\"~1.4\"" % (i8, _tier("esp32s3_n16r8", "flash", "read_bytes_per_s") / 1e6),
     }
 
 
