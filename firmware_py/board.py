@@ -167,6 +167,8 @@ class Board:
             self.tiers.append(tier)
         thermal = _obj(d, "thermal", where, "")
         self.throttle_c = _int(thermal, "throttle_c", where, "thermal.", 1, MAX_CELSIUS)  # throttles from here, °C
+        # the KV budget shrinks from here, °C (thermal.shrink_c), or None: the guard's default
+        self.shrink_c = _int(thermal, "shrink_c", where, "thermal.", 1, MAX_CELSIUS) if "shrink_c" in thermal else None
         self.usb_vid = None  # USB vendor id (int) of the board's serial port, or None
         self.usb_pid = None  # USB product id (int), or None
         usb = d.get("usb")

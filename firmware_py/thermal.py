@@ -253,11 +253,8 @@ def for_board(kernel, brd, source=None, **opts):
             source = BoardTemp()
         except ThermalError:
             source = ModelTemp(kernel.clock)
-    th = brd.raw.get("thermal", {}) if isinstance(brd.raw, dict) else {}
-    shrink = th.get("shrink_c", SHRINK_C)
-    if shrink.__class__ is not int:
-        raise ThermalError("board %s: thermal.shrink_c must be an int, got %r" % (brd.name, shrink))
-    opts.setdefault("shrink_c", shrink)
+    shrink = getattr(brd, "shrink_c", None)  # validated by board.Board (a lean board keeps no raw dict)
+    opts.setdefault("shrink_c", SHRINK_C if shrink is None else shrink)
     return Guard(kernel, source, throttle_c=brd.throttle_c, **opts)
 
 

@@ -253,45 +253,51 @@ PROBE = os.path.join(paths.FIRMWARE, "tools", "costprobe.py")
 # integer path), written here
 PROBE_SHAPE = {"dim": 64, "hidden_dim": 172, "n_heads": 8, "n_kv_heads": 4, "vocab_size": 512, "seq_len": 256}
 PROBE_LAYERS = (1, 3)
+# a held-out model the figures are not derived from: its measured steps against the cost
+# model's prediction from the derived figures (derive's "holdout") say how far they carry
+HOLDOUT_SHAPE = {"dim": 128, "hidden_dim": 344, "n_heads": 8, "n_kv_heads": 4, "vocab_size": 512, "seq_len": 256,
+                 "n_layers": 2}
 PROBE_HEAP = 8000000  # -X heapsize of the round figures' run: esp32s3_n8r8's micropython_heap_bytes
 
 
 def probe_models(folder):
-    # write the probe's models into folder: fp32_L1.bin, fp32_L3.bin, q8_L1.bin, q8_L3.bin
+    # write the probe's models into folder: fp32_L1.bin, fp32_L3.bin, q8_L1.bin, q8_L3.bin, and
+    # the held-out fp32_X.bin, q8_X.bin
+    import contextlib
+    import io
     import struct
 
     import numpy as np
 
     from host import convert
 
-    s = PROBE_SHAPE
-    d, hid, h, nkv, v, seq = s["dim"], s["hidden_dim"], s["n_heads"], s["n_kv_heads"], s["vocab_size"], s["seq_len"]
-    hd = d // h
-    kvd = nkv * hd
-    for n in PROBE_LAYERS:
-        rng = np.random.default_rng(n)
+    for name, s, n in [("L%d" % n, PROBE_SHAPE, n) for n in PROBE_LAYERS] + [("X", HOLDOUT_SHAPE, HOLDOUT_SHAPE["n_layers"])]:
+        d, hid, h, nkv, v, seq = s["dim"], s["hidden_dim"], s["n_heads"], s["n_kv_heads"], s["vocab_size"], s["seq_len"]
+        hd = d // h
+        kvd = nkv * hd
+        rng = np.random.default_rng(n + (100 if name == "X" else 0))
 
         def r(*shape, lo=-0.5, hi=0.5, rng=rng):
             return rng.uniform(lo, hi, shape).astype("<f4").tobytes()
 
-        fp = os.path.join(folder, "fp32_L%d.bin" % n)
+        fp = os.path.join(folder, "fp32_%s.bin" % name)
         with open(fp, "wb") as f:
             f.write(struct.pack("<7i", d, hid, n, h, nkv, v, seq))
             for part in (r(v, d), r(n, d, lo=0.5, hi=1.5), r(n, d, d), r(n, kvd, d), r(n, kvd, d), r(n, d, d),
                          r(n, d, lo=0.5, hi=1.5), r(n, hid, d), r(n, d, hid), r(n, hid, d), r(d, lo=0.5, hi=1.5),
                          r(seq * hd)):
                 f.write(part)
-        convert.convert(fp, os.path.join(folder, "q8_L%d.bin" % n), "q8row")
+        with contextlib.redirect_stdout(io.StringIO()):
+            convert.convert(fp, os.path.join(folder, "q8_%s.bin" % name), "q8row")
 
 
-def _step_ns(kind, figs, layers):
-    # ns of one decode step at one cached position of the probe's model with `layers`
+def _step_ns(kind, figs, layers, s=PROBE_SHAPE, n_kv=1):
+    # ns of one decode step at n_kv cached positions of a model of shape s with `layers`
     # layers, by the cost model (firmware_py/cpucost.py) from ns figures {param: ns}
     import types
 
     from firmware_py import cpucost
 
-    s = PROBE_SHAPE
     hd = s["dim"] // s["n_heads"]
     cfg = types.SimpleNamespace(dim=s["dim"], hidden_dim=s["hidden_dim"], n_heads=s["n_heads"],
                                 n_kv_heads=s["n_kv_heads"], head_dim=hd, kv_dim=s["n_kv_heads"] * hd,
@@ -302,7 +308,7 @@ def _step_ns(kind, figs, layers):
     brd = types.SimpleNamespace(name="probe", cpu_mhz=1000, cpu_cost={kind: v},
                                 cpu_cost_source={kind: {p: "fit:" for p in cpucost.PARAMS}})
     m = cpucost.CostModel(brd, kind, cfg, "int8" if kind == "viper" else "fp32", "int8" if kind == "viper" else "fp32")
-    return layers * m.layer_ns(1) + m.final_ns()
+    return layers * m.layer_ns(n_kv) + m.final_ns()
 
 
 def derive(pr):
@@ -349,6 +355,18 @@ def derive(pr):
         out.update({"%s_attn_mac_ns" % kind: round(attn_mac, 2), "%s_attn_pos_ns" % kind: round(attn_pos, 1),
                     "%s_layer_ns" % kind: round(max(layer, 0.0), 1), "%s_token_ns" % kind: round(max(token, 0.0), 1),
                     "%s_step_residual_ns" % kind: {str(n): round(res[n], 1) for n in PROBE_LAYERS}})
+        # the held-out model: its step at one cached position and per further position, as
+        # measured and as the cost model prices it from every figure derived here
+        hx = "steps_%s_X_%%s_ns" % path
+        if hx % "base" in pr:
+            full = dict(figs, layer_mcyc=max(layer, 0.0), token_mcyc=max(token, 0.0))
+            L = HOLDOUT_SHAPE["n_layers"]
+            b1 = _step_ns(kind, full, L, HOLDOUT_SHAPE, 1)
+            slope = (_step_ns(kind, full, L, HOLDOUT_SHAPE, 101) - b1) / 100.0
+            out["%s_holdout" % kind] = {
+                "shape": HOLDOUT_SHAPE, "measured_base_ns": pr[hx % "base"], "predicted_base_ns": round(b1, 1),
+                "base_error": round(b1 / pr[hx % "base"] - 1, 4), "measured_pos_ns": pr[hx % "pos"],
+                "predicted_pos_ns": round(slope, 1), "pos_error": round(slope / pr[hx % "pos"] - 1, 4) if pr[hx % "pos"] > 0 else None}
     out["viper_div_ns"] = 0.0
     return out
 

@@ -310,7 +310,10 @@ def steps_ns(path, q8, positions, reps=3):
     # least of `reps` decodes (what another process on the host took is not the step's); a
     # collection before each step, outside its time (one step's garbage is not the next's)
     ts = None
+    fwd = None
     for _ in range(reps):
+        fwd = h = None  # the last decode's weights and cache go before the next one's are read
+        compat.collect()
         fwd, _, h, _ = _open(path, q8, positions)
         one = []
         for pos in range(positions):
@@ -334,9 +337,10 @@ def steps_ns(path, q8, positions, reps=3):
 
 
 def round_ns(models):
-    # the figures of the round guesses; models: {"q8_L1", "q8_L3", "fp32_L1", "fp32_L3": path}
+    # the figures of the round guesses; models: {"q8_L1", "q8_L3", "fp32_L1", "fp32_L3": path}, and
+    # the held-out q8_X, fp32_X (another shape: host/boardspeed.py checks the figures on it)
     out = {}
-    for key in ("q8_L1", "q8_L3", "fp32_L1", "fp32_L3"):
+    for key in ("fp32_X", "q8_X", "fp32_L3", "q8_L3", "fp32_L1", "q8_L1"):  # the largest first: least fragmented
         q8 = key.startswith("q8")
         fwd, pos, base = steps_ns(models[key], q8, 96 if q8 else 48)
         out["steps_%s_pos_ns" % key] = round(pos, 1)
@@ -384,13 +388,13 @@ def matvec_shapes():
 
 
 def main(argv=()):
-    # no argv: the MAC, exp and KV figures; models=DIR (q8_L1.bin, q8_L3.bin, fp32_L1.bin,
-    # fp32_L3.bin: host/boardspeed.py writes them; a run with a board's heap, -X heapsize)
+    # no argv: the MAC, exp and KV figures; models=DIR (q8_L1.bin, q8_L3.bin, q8_X.bin, fp32_L1.bin,
+    # fp32_L3.bin, fp32_X.bin: host/boardspeed.py writes them; a run with a board's heap, -X heapsize)
     # instead: the round figures and the matvec shapes
     for a in argv:
         if a.startswith("models="):
             d = a[len("models="):]
-            r = round_ns({k: d + "/" + k + ".bin" for k in ("q8_L1", "q8_L3", "fp32_L1", "fp32_L3")})
+            r = round_ns({k: d + "/" + k + ".bin" for k in ("q8_L1", "q8_L3", "q8_X", "fp32_L1", "fp32_L3", "fp32_X")})
             r["matvec"] = matvec_shapes()
             print(json.dumps(r))
             return

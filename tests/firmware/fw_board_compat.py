@@ -49,6 +49,20 @@ for t, u in zip(full.tiers, lean.tiers):  # noqa: B905 - MicroPython's zip has n
         for n in t.cost.source:
             eq(u.cost.estimated(n), t.cost.estimated(n), "estimate flag kept for %s.%s" % (t.name, n))
 eq(board.LEAN, compat.IS_MICROPYTHON, "lean by default on MicroPython only")
+# the thermal guard takes thermal.shrink_c from the Board (a lean board has no raw dict)
+from firmware_py import thermal  # noqa: E402
+from firmware_py.clock import VirtualClock  # noqa: E402
+from firmware_py.sched import Kernel  # noqa: E402
+
+raw = json.loads(open("boards/esp32s3_n8r8.json").read())
+raw["thermal"]["shrink_c"] = 55
+for ln in (True, False):
+    g = thermal.for_board(Kernel(VirtualClock(), verbose=False), board.Board(raw, "t.json", lean=ln),
+                          source=thermal.ModelTemp(VirtualClock()))
+    eq(g.shrink_mc, 55000, "shrink_c from the profile (lean %s)" % ln)
+raw["thermal"]["shrink_c"] = "hot"
+e = raises(board.BoardError, board.Board, raw, "t.json")
+check("thermal.shrink_c" in str(e), "a shrink_c that is not an integer is refused at load: %s" % e)
 if compat.IS_MICROPYTHON:
     gc.collect()
     f0 = gc.mem_free()
