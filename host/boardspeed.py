@@ -318,11 +318,12 @@ def derive(pr):
     # bytecode between the kernels, the quantization of each matvec's output, the
     # generator's resumes); ns, from the 1- and 3-layer models' steps
     need = ["steps_%s_L%d_%s_ns" % (p, n, w) for p in ("q8", "fp32") for n in PROBE_LAYERS for w in ("pos", "base")]
-    need += ["viper_call_ns", "viper_row_ns", "bytecode_call_ns", "bytecode_row_ns"]
+    need += ["viper_call_ns", "viper_row_ns", "bytecode_call_ns", "bytecode_row_ns", "viper_mac_i8_ns", "viper_silu_ns",
+             "viper_norm_ns", "viper_rope_ns", "viper_add_ns", "viper_pack_i8_ns", "bytecode_mac_f32_ns", "exp_ns", "div_ns",
+             "bytecode_norm_ns", "bytecode_rope_ns", "bytecode_add_ns"]
     missing = [k for k in need if k not in pr]
     if missing:
-        raise UserError("the cost probe gave no %s (the matvec fit is refused when the host is too noisy: run it again "
-                        "on a quiet machine)" % ", ".join(missing), 1)
+        raise UserError("the cost probe gave no %s: is firmware_py/tools/costprobe.py this version's?" % ", ".join(missing), 1)
     s = PROBE_SHAPE
     hd = s["dim"] // s["n_heads"]
     out = {}
@@ -350,16 +351,16 @@ def derive(pr):
             attn_mac, attn_pos = max(rest, 0.0) / (2 * hd), 0.0
         figs.update(attn_mac_mcyc=attn_mac, attn_pos_mcyc=attn_pos)
         res = {n: pr["steps_%s_L%d_base_ns" % (path, n)] - _step_ns(kind, figs, n) for n in PROBE_LAYERS}
-        layer = (res[n3] - res[n1]) / (n3 - n1)
-        token = res[n1] - n1 * layer
+        layer = max((res[n3] - res[n1]) / (n3 - n1), 0.0)  # a layer costs at least what is priced
+        token = max(res[n1] - n1 * layer, 0.0)
         out.update({"%s_attn_mac_ns" % kind: round(attn_mac, 2), "%s_attn_pos_ns" % kind: round(attn_pos, 1),
-                    "%s_layer_ns" % kind: round(max(layer, 0.0), 1), "%s_token_ns" % kind: round(max(token, 0.0), 1),
+                    "%s_layer_ns" % kind: round(layer, 1), "%s_token_ns" % kind: round(token, 1),
                     "%s_step_residual_ns" % kind: {str(n): round(res[n], 1) for n in PROBE_LAYERS}})
         # the held-out model: its step at one cached position and per further position, as
         # measured and as the cost model prices it from every figure derived here
         hx = "steps_%s_X_%%s_ns" % path
         if hx % "base" in pr:
-            full = dict(figs, layer_mcyc=max(layer, 0.0), token_mcyc=max(token, 0.0))
+            full = dict(figs, layer_mcyc=layer, token_mcyc=token)
             L = HOLDOUT_SHAPE["n_layers"]
             b1 = _step_ns(kind, full, L, HOLDOUT_SHAPE, 1)
             slope = (_step_ns(kind, full, L, HOLDOUT_SHAPE, 101) - b1) / 100.0
@@ -373,10 +374,8 @@ def derive(pr):
 
 def host_probe(runs=RUNS):
     # the firmware's viper/bytecode kernels' host cost on the 32-bit unix port: the median
-    # of `runs` runs of firmware_py/tools/costprobe.py, and each run; the matvec shapes of
-    # each run fitted (call, row: ./kv calibrate's fit) and the round figures derived (derive)
-    from host import calibrate
-
+    # of `runs` runs of firmware_py/tools/costprobe.py, and each run; the figures of the
+    # decode steps derived (derive)
     exe = mp32.build()
     env = dict(os.environ, MICROPYPATH=paths.ROOT)
     rs = []
@@ -400,10 +399,6 @@ def host_probe(runs=RUNS):
                 except (IndexError, ValueError):
                     raise UserError("%s printed no figures under the 32-bit port: %r" % (os.path.basename(PROBE),
                                                                                         p.stdout[-200:]), 1)
-            for kind, (got, _, _, _) in calibrate.matvec_figures({"matvec": r.pop("matvec")}).items():
-                if got is not None:  # a run whose fit was refused (noise) gives no call and row figures
-                    r["%s_call_ns" % kind] = round(got["call"], 1)
-                    r["%s_row_ns" % kind] = round(got["row"], 2)
             rs.append(r)
     keys = []
     for r in rs:
@@ -549,25 +544,29 @@ TERMS = {
 # own code from costprobe's second run (models=; derive() for the decode steps' figures).
 # Merged into TERMS with the record that has their probe figures
 ROUND_TERMS = {}
-_FIT = ("the %s term of ./kv calibrate's least-squares fit (call + rows x row [+ groups x group] + MACs x MAC) over "
-        "firmware_py/tools/probe.py's 7 matvec shapes")
+_FIT = ("the %s term of the MAC figure's model (call + rows x row + MACs x MAC): %s")
+_FIT_V = ("rows 64 -> 256 at 64 columns less their MACs", "calls of one row of 32 columns from a bytecode loop less its row "
+          "and MACs")
+_FIT_B = ("rows 16 -> 64 at 8 columns less their MACs", "calls of one row of 8 columns less its row and MACs")
 _STEPS = ("decode steps of random %s models of stories260K's shape with 1 and 3 layers (%s, %d positions, the least of 3 "
           "decodes per position, medians of two windows)")
 _Q8_STEPS = _STEPS % ("q8row", "qmodel.QForward.step", 96)
 _FP_STEPS = _STEPS % ("fp32", "model.Model.forward, kernels.Plain", 48)
-_RESID_L = ("ns per layer of %s that no other figure prices (the bytecode between the kernels%s, the generator's "
-            "resumes): the 3-layer model's step at one cached position less the 1-layer one's, less what the other figures "
-            "price, over 2 layers")
+_RESID_L = ("ns per layer of %s that no other figure prices (the bytecode between the kernels%s): the 3-layer model's "
+            "step at one cached position less the 1-layer one's, less what the other figures price, over 2 layers (at "
+            "least 0)")
 _RESID_T = "ns per token of %s that no other figure prices: the 1-layer model's step less its priced parts and one layer"
-_PER_EL = "ns per element of %s (the marginal cost of three quarters more elements)"
+_PER_EL = "ns per element of %s (the marginal cost from a quarter of the elements to all of them)"
 for _kind, _pre, _steps, _mac, _glue in (
         ("viper", "viper", _Q8_STEPS, "kernels_q.matvec_v's int8 MAC", ", the quantization of each matvec's output"),
-        ("bytecode", "bytecode", _FP_STEPS, "kernels.Plain.matvec's fp32 MAC", "")):
+        ("bytecode", "bytecode", _FP_STEPS, "kernels.Plain.matvec's fp32 MAC", ", the generator's resumes")):
+    _f = _FIT_V if _kind == "viper" else _FIT_B
     ROUND_TERMS[(_kind, "row_mcyc")] = ([("%s_row_ns" % _pre, 1.0, _kind)], "ns per row beyond its MACs of %s: %s" % (
-        "kernels_q.matvec_v" if _kind == "viper" else "kernels.Plain.matvec", _FIT % "row"))
+        "kernels_q.matvec_v" if _kind == "viper" else "kernels.Plain.matvec", _FIT % ("row", _f[0])))
     ROUND_TERMS[(_kind, "matvec_mcyc")] = ([("%s_call_ns" % _pre, 1.0, "bytecode")], "ns per call of %s from a bytecode loop: "
-                                     "%s (the caller's bytecode: the bytecode factor)" % (
-                                         "kernels_q.matvec_v" if _kind == "viper" else "kernels.Plain.matvec", _FIT % "call"))
+                                           "%s (the caller's bytecode: the bytecode factor)" % (
+                                               "kernels_q.matvec_v" if _kind == "viper" else "kernels.Plain.matvec",
+                                               _FIT % ("call", _f[1])))
     ROUND_TERMS[(_kind, "attn_mac_mcyc")] = ([("%s_attn_mac_ns" % _pre, 1.0, _kind)], "ns per attention product: %s, or, where "
                                        "the %s give attention less per cached position, that over its 2 x head_dim products"
                                        % (_mac, _steps))
@@ -594,7 +593,7 @@ ROUND_TERMS.update({
     ("bytecode", "sample_el_mcyc"): ([("sample_float_ns", 1.0, "bytecode")], "ns per logit of sample.Sampler.pick at "
                                      "temperature 0.8 on float logits (bytecode; the marginal cost of 384 more logits)"),
 })
-del _kind, _pre, _steps, _mac, _glue
+del _kind, _pre, _steps, _mac, _glue, _f
 for _k, _txt in _KV_TEXT.items():
     TERMS[("bytecode", "kv_%s_mcyc" % _k)] = (_kv_terms(_k), _txt)
     # viper's int8 KV: written by pack_v (above) and read as it is by kernels_q.attend_v (no

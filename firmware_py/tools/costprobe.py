@@ -86,6 +86,52 @@ def bytecode_ns(iters=2):
     return 1000 * (t[WIDE] - t[NARROW]) / (iters * rows * (WIDE - NARROW))
 
 
+def _viper_r(y, w, rows, cols, gp, x, iters):
+    for _ in range(iters):
+        kernels_q.matvec(y, w, 0, rows, cols, GROUP, gp, 0, x)
+
+
+def _mv_buffers(rows, cols):
+    w = bytearray(rows * cols)
+    for i in range(len(w)):
+        w[i] = (i * 29 + 7) & 0xFF
+    gp = compat.new_array("i", rows * cols // GROUP)
+    for i in range(len(gp)):
+        gp[i] = 16384 | (4 << 16)
+    x = compat.new_array("i", cols)
+    for i in range(cols):
+        x[i] = (i * 53) % 2001 - 1000
+    return w, gp, x, compat.new_array("i", rows)
+
+
+def viper_row_call_ns(mac, iters=40, calls=4000):
+    # (ns per row beyond its MACs, ns per call) of kernels_q.matvec_v, the same linear model
+    # as the MAC figure (call + rows x row + MACs x MAC): rows 64 -> 256 at 64 columns, then
+    # calls of one row of GROUP columns from a bytecode loop
+    w, gp, x, y = _mv_buffers(256, 64)
+    t64 = _best(_viper_r, 5, y, w, 64, 64, gp, x, iters)
+    t256 = _best(_viper_r, 5, y, w, 256, 64, gp, x, iters)
+    row = 1000.0 * (t256 - t64) / (iters * 192) - 64 * mac
+    t1 = _best(_viper_r, 5, y, w, 1, GROUP, gp, x, calls)
+    return row, 1000.0 * t1 / calls - row - GROUP * mac
+
+
+def bytecode_row_call_ns(mac, iters=4, calls=400):
+    # the same for kernels.Plain.matvec (fp32, bytecode): rows 16 -> 64 at 8 columns, then
+    # calls of one row of 8 columns
+    cols = 8
+    fs = _F(64 * cols)
+    x = compat.new_array("f", cols)
+    for i in range(cols):
+        x[i] = (i % 7) * 0.25
+    y = compat.new_array("f", 64)
+    t16 = _best(_plain, 5, fs, y, _M(16, cols), x, iters)
+    t64 = _best(_plain, 5, fs, y, _M(64, cols), x, iters)
+    row = 1000.0 * (t64 - t16) / (iters * 48) - cols * mac
+    t1 = _best(_plain, 5, fs, y, _M(1, cols), x, calls)
+    return row, 1000.0 * t1 / calls - row - cols * mac
+
+
 def exp_ns(n=2000):
     xs = [-(i % 50) * 0.1 for i in range(n)]
     e = math.exp
@@ -328,7 +374,7 @@ def steps_ns(path, q8, positions, reps=3):
             if fwd.status < 0:
                 raise ValueError("the probe's decode stopped at position %d (status %d)" % (pos, fwd.status))
         ts = one if ts is None else [a if a < b else b for a, b in zip(ts, one)]  # noqa: B905
-    win = 12
+    win = min(12, (positions - 4) // 2)  # two windows that do not overlap
     a0, b0 = 4, positions - win
     ma, mb = _median(ts[a0:a0 + win]), _median(ts[b0:b0 + win])
     pa, pb = a0 + (win - 1) / 2.0, b0 + (win - 1) / 2.0
@@ -336,13 +382,13 @@ def steps_ns(path, q8, positions, reps=3):
     return fwd, 1000.0 * slope, 1000.0 * (ma - slope * pa)
 
 
-def round_ns(models):
+def round_ns(models, quick=False):
     # the figures of the round guesses; models: {"q8_L1", "q8_L3", "fp32_L1", "fp32_L3": path}, and
     # the held-out q8_X, fp32_X (another shape: host/boardspeed.py checks the figures on it)
     out = {}
     for key in ("fp32_X", "q8_X", "fp32_L3", "q8_L3", "fp32_L1", "q8_L1"):  # the largest first: least fragmented
         q8 = key.startswith("q8")
-        fwd, pos, base = steps_ns(models[key], q8, 96 if q8 else 48)
+        fwd, pos, base = steps_ns(models[key], q8, (32 if q8 else 20) if quick else (96 if q8 else 48), 1 if quick else 3)
         out["steps_%s_pos_ns" % key] = round(pos, 1)
         out["steps_%s_base_ns" % key] = round(base, 1)
         if key == "q8_L1":
@@ -360,7 +406,7 @@ def round_ns(models):
             pl = fwd.k
             c = fwd.cfg
             d, hid = c.dim, c.hidden_dim
-            x, o = _floats(d, 29), compat.new_array("f", d)
+            x, o = _floats(2 * d, 29), compat.new_array("f", 2 * d)  # longer than n: no count takes the sqrt
             out["bytecode_norm_ns"] = round(_marg(_p_norm, d // 4, d, 20, pl, o, x), 1)
             v = _floats(d, 31)
             out["bytecode_rope_ns"] = round(_marg(_p_rope, d // 4, d, 20, pl, v), 1)
@@ -378,28 +424,23 @@ def round_ns(models):
     return out
 
 
-def matvec_shapes():
-    # firmware_py/tools/probe.py's matvec timings (the shapes ./kv calibrate fits call, row,
-    # group and MAC terms over on a board), here on the host
-    from firmware_py.tools import probe  # noqa: PLC0415
-
-    probe._imports()
-    return probe.matvecs()
-
-
 def main(argv=()):
     # no argv: the MAC, exp and KV figures; models=DIR (q8_L1.bin, q8_L3.bin, q8_X.bin, fp32_L1.bin,
     # fp32_L3.bin, fp32_X.bin: host/boardspeed.py writes them; a run with a board's heap, -X heapsize)
-    # instead: the round figures and the matvec shapes
+    # instead: the round figures ("quick" too: one decode of fewer positions per model, the tests')
     for a in argv:
         if a.startswith("models="):
             d = a[len("models="):]
-            r = round_ns({k: d + "/" + k + ".bin" for k in ("q8_L1", "q8_L3", "q8_X", "fp32_L1", "fp32_L3", "fp32_X")})
-            r["matvec"] = matvec_shapes()
+            r = round_ns({k: d + "/" + k + ".bin" for k in ("q8_L1", "q8_L3", "q8_X", "fp32_L1", "fp32_L3", "fp32_X")},
+                         "quick" in argv)
             print(json.dumps(r))
             return
     r = {"viper_mac_i8_ns": round(viper_ns(), 3), "bytecode_mac_f32_ns": round(bytecode_ns(), 1),
          "exp_ns": round(exp_ns(), 1)}
+    row, call = viper_row_call_ns(r["viper_mac_i8_ns"])
+    r["viper_row_ns"], r["viper_call_ns"] = round(row, 2), round(call, 1)
+    row, call = bytecode_row_call_ns(r["bytecode_mac_f32_ns"])
+    r["bytecode_row_ns"], r["bytecode_call_ns"] = round(row, 1), round(call, 1)
     r.update(kv_ns())
     print(json.dumps(r))
 
