@@ -76,6 +76,8 @@ def build(src=None, log=None, cflags=""):
     out_dir = os.path.join(CACHE, _key(s) + ("-" + hashlib.sha256((cflags + _CFLAGS_RECIPE).encode()).hexdigest()[:8]
                                              if cflags else ""))
     binary = os.path.join(out_dir, "micropython")
+    if os.access(binary, os.X_OK):
+        return binary  # built: no need to wait for another build's lock (a binary is moved in whole)
     os.makedirs(CACHE, exist_ok=True)
     with open(os.path.join(CACHE, ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time (tests and a user may race)

@@ -34,14 +34,46 @@ def test_c_ref_options_are_checked():
 
 def test_a_program_that_is_not_a_decoder_is_refused_in_one_line(tmp_path):
     # /bin/true runs and says nothing: no "achieved tok/s" line
-    with pytest.raises(UserError, match="printed no 'achieved tok/s' line") as e:
+    with pytest.raises(UserError, match="printed no 'achieved tok/s: N' figure") as e:
         bm.c_ref_figures("/bin/true", "m.bin", "t.bin")
     assert "\n" not in str(e.value)
     crash = tmp_path / "crash"
     crash.write_text("#!/bin/sh\necho 'Error: cannot open checkpoint' >&2\nexit 1\n")
     crash.chmod(crash.stat().st_mode | stat.S_IXUSR)
-    with pytest.raises(UserError, match="cannot open checkpoint"):
+    with pytest.raises(UserError, match="exited 1: Error: cannot open checkpoint"):
         bm.c_ref_figures(str(crash), "m.bin", "t.bin")
+
+
+def test_a_decoder_that_never_ends_is_stopped_with_its_children(tmp_path, monkeypatch):
+    import time
+
+    monkeypatch.setattr(bm, "C_REF_S", 1)
+    hang = tmp_path / "hang"
+    hang.write_text("#!/bin/sh\nsleep 300 &\necho $! > %s\nwait\n" % (tmp_path / "child"))
+    hang.chmod(hang.stat().st_mode | stat.S_IXUSR)
+    with pytest.raises(UserError, match="ran past 1 s"):
+        bm.c_ref_figures(str(hang), "m.bin", "t.bin")
+    child = (tmp_path / "child").read_text().strip()
+
+    def alive():  # running (a zombie waiting for its reaper is dead)
+        try:
+            with open("/proc/%s/stat" % child) as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+    for _ in range(20):
+        if not alive():
+            break
+        time.sleep(0.1)
+    assert not alive(), "the decoder's child sleep %s outlived the timeout" % child
+
+
+def test_the_environment_variable_is_named_when_it_is_the_source(tmp_path, monkeypatch):
+    monkeypatch.setenv(bm.C_REF_ENV, str(tmp_path / "missing"))
+    with pytest.raises(UserError, match=r"^\$KVRTOS_C_REF: no file"):
+        bm.c_ref_path()
+    monkeypatch.setenv(bm.C_REF_ENV, "")
+    assert bm.c_ref_path() is None  # set but empty: not set
 
 
 def test_without_a_c_ref_the_share_of_c_is_said_unmeasured(monkeypatch, capsys):

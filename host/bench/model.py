@@ -8,7 +8,8 @@
 # object costs, and the peak heap (live bytes after loading and decoding). CPython's
 # figures come from the numpy backend (firmware_py/model.py) when it is there.
 # --c-ref PATH (or $KVRTOS_C_REF): a C decoder of the user's, llama2.c's run.c built with
-# -O3, timed in the same run on the same model, prompt and tokens (greedy): its own
+# -O3, timed in the same run on the same checkpoint (fp32: run.c's own format; the
+# MicroPython run decodes its int8 conversion), prompt and positions (greedy): its own
 # "achieved tok/s" line, the median of C_REF_RUNS runs; the MicroPython decode's share of
 # it is then a measured ratio. Without one the page says the share of C was not measured.
 import contextlib
@@ -16,8 +17,10 @@ import io
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -28,8 +31,8 @@ PROMPT = "Once upon a time"
 PROMPT_IDS = (1, 403, 407, 261, 378)  # BOS + "Once upon a time" in tok512.bin
 DECODE = 200  # tokens decoded after the prompt
 C_REF_ENV = "KVRTOS_C_REF"  # the default --c-ref: a C decoder (llama2.c's run.c built with -O3)
-C_REF_RUNS = 5
-C_REF_S = 120  # s one run of the C decoder may take
+C_REF_RUNS = 11  # run.c times itself to the ms over a run of tens of ms: the median of many
+C_REF_S = 60  # s one run of the C decoder may take
 _ACHIEVED = re.compile(r"achieved tok/s:\s*([0-9]+(?:\.[0-9]*)?)")
 
 
@@ -85,40 +88,63 @@ def cpython_figures(fp32):
 
 
 def c_ref_path(given=None):
-    # the C decoder to time (--c-ref, else $KVRTOS_C_REF), checked; None when neither is set
-    path = given if given is not None else os.environ.get(C_REF_ENV)
+    # the C decoder to time (--c-ref, else $KVRTOS_C_REF, empty: unset), checked; None when
+    # neither is given. Messages name where the path came from
+    flag = "--c-ref"
+    path = given
+    if path is None:
+        path = os.environ.get(C_REF_ENV) or None
+        flag = "$" + C_REF_ENV
     if path is None:
         return None
     if path == "":
         raise UserError("--c-ref needs a value: the path of a C decoder (llama2.c's run.c built with -O3)", 2)
     path = paths.user_path(path)
     if not os.path.exists(path):
-        raise UserError("--c-ref: no file %s (build llama2.c's run.c: gcc -O3 -o run run.c -lm)" % path, 2)
-    paths.regular_file(path, "C decoder")
+        raise UserError("%s: no file %s (build llama2.c's run.c: gcc -O3 -o run run.c -lm)" % (flag, path), 2)
+    try:
+        paths.regular_file(path, "C decoder")
+    except UserError as e:
+        raise UserError("%s: %s" % (flag, e), 2) from None
     if not os.access(path, os.X_OK):
-        raise UserError("--c-ref: %s is not executable (build llama2.c's run.c: gcc -O3 -o run run.c -lm)" % path, 2)
+        raise UserError("%s: %s is not executable (build llama2.c's run.c: gcc -O3 -o run run.c -lm)" % (flag, path), 2)
     return path
 
 
+def _run_c(cmd, path):
+    # one run of the C decoder in its own process group (a timeout ends all of it); its output
+    try:
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    except OSError as e:
+        raise UserError("--c-ref: %s does not run: %s" % (path, e.strerror or e), 2) from None
+    try:
+        out, err = p.communicate(timeout=C_REF_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(OSError):
+            os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+        raise UserError("--c-ref: %s ran past %d s on stories260K (llama2.c's run.c takes well under a second)" % (
+            path, C_REF_S), 1) from None
+    return p.returncode, (out + err).decode("utf-8", "replace")
+
+
 def c_ref_figures(path, model, tok):
-    # {"decode_tok_s", "runs_tok_s", "command"}: llama2.c's run.c on the model, the prompt
-    # and the tokens of the MicroPython run (greedy: -t 0), its "achieved tok/s" line
+    # {"decode_tok_s", "runs_tok_s", "command"}: llama2.c's run.c on the fp32 checkpoint,
+    # the prompt and the positions of the MicroPython run (greedy: -t 0), its "achieved
+    # tok/s" line, the median of C_REF_RUNS runs
     steps = len(PROMPT_IDS) + DECODE
     cmd = [path, model, "-z", tok, "-t", "0", "-n", str(steps), "-i", PROMPT]
+    print("bench model: timing the C decoder %s (%d runs) ..." % (os.path.basename(path), C_REF_RUNS), file=sys.stderr)
     runs = []
     for _ in range(C_REF_RUNS):
-        try:
-            r = subprocess.run(cmd, capture_output=True, timeout=C_REF_S)
-        except subprocess.TimeoutExpired:
-            raise UserError("--c-ref: %s ran past %d s on stories260K" % (path, C_REF_S), 1)
-        except OSError as e:
-            raise UserError("--c-ref: %s does not run: %s" % (path, e.strerror or e), 2)
-        out = (r.stdout + r.stderr).decode("utf-8", "replace")
+        rc, out = _run_c(cmd, path)
+        last = [x for x in out.strip().splitlines() if x.strip()][-1:] or [""]
+        if rc != 0:
+            raise UserError("--c-ref: %s exited %d: %s" % (path, rc, last[0][:200] or "no output"), 1)
         m = _ACHIEVED.search(out)
-        if r.returncode != 0 or not m:
-            last = [x for x in out.strip().splitlines() if x.strip()][-1:] or ["exit %d" % r.returncode]
-            raise UserError("--c-ref: %s printed no 'achieved tok/s' line (is it llama2.c's run.c?): %s" % (
-                path, last[0][:200]), 1)
+        if not m or float(m.group(1)) <= 0:
+            raise UserError("--c-ref: %s printed no 'achieved tok/s: N' figure (is it llama2.c's run.c?): %s" % (
+                path, last[0][:200] or "no output"), 1)
         runs.append(float(m.group(1)))
     return {"decode_tok_s": round(statistics.median(runs), 1), "runs_tok_s": runs,
             "command": "%s stories260K.bin -z tok512.bin -t 0 -n %d -i %r" % (os.path.basename(path), steps, PROMPT)}
@@ -152,8 +178,9 @@ def run(as_json=False, c_ref=None):
         c = c_ref_figures(cref, fp32, os.path.join(os.path.dirname(fp32), "tok512.bin"))
         r["decode_tok_s_c_ref"] = c["decode_tok_s"]
         r["c_ref_runs_tok_s"] = c["runs_tok_s"]
-        r["c_ref_command"] = c["command"] + " (median of %d runs, its own achieved tok/s over all %d positions)" % (
-            C_REF_RUNS, len(PROMPT_IDS) + DECODE)
+        r["c_ref_command"] = c["command"] + (" (median of %d runs, its own achieved tok/s over all %d positions, timed "
+                                             "to the ms; the fp32 checkpoint, where the MicroPython figure is its int8 "
+                                             "conversion on the integer path)" % (C_REF_RUNS, len(PROMPT_IDS) + DECODE))
         r["decode_micropython_over_c_ref"] = round(mp["decode_tok_s"] / c["decode_tok_s"], 3)
     else:
         r["c_ref_note"] = ("the share of C was not measured: ./kv bench model --c-ref PATH (or $%s) times a C decoder "
