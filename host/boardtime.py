@@ -12,11 +12,13 @@ import statistics
 import subprocess
 import tempfile
 
+from firmware_py import appcfg
 from host import boards, boardspeed, mp32, options, paths
 from host.errors import UserError
 
 RUNS = 7
 RUNS_MAX = 10000  # the driver keeps each run's time in a list on the 32-bit port's heap
+STEP_US_MAX = appcfg.PARAMS["module"]["step_us"][2]  # the most a module task's step_us may say
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LINE = re.compile(r"^BOARDTIME (\S+)(?: (.*))?$", re.M)
 _DRIVER = """import sys
@@ -109,7 +111,7 @@ def predict(path, call="main", board="esp32s3_n8r8", mhz=None, emitter=None, run
             "band_us": [round(on_board(fx["band"][0]), 1), round(on_board(fx["band"][1]), 1)],
             # what an application config's module task that runs this once per step carries
             # for the emulator to charge (appcfg "step_us"): the prediction, whole µs, at least 1
-            "step_us": max(1, int(on_board(fx["factor"]) + 0.5))}
+            "step_us": max(1, round(on_board(fx["factor"])))}
 
 
 def main(path, call="main", board="esp32s3_n8r8", mhz=None, emitter=None, runs=RUNS, as_json=False):
@@ -123,9 +125,14 @@ def main(path, call="main", board="esp32s3_n8r8", mhz=None, emitter=None, runs=R
         "one run" if n == 1 else "median of %d runs" % n))
     print("on %s at %g MHz: %s us predicted, band %s-%s us (the %s factor %.1f board cycles per host ns, band "
           "%.1f-%.1f, %d published points on %s%s; docs/calibration.md)" % (
-              r["board"], r["mhz"], "{:,}".format(int(r["board_us"])), "{:,}".format(int(r["band_us"][0])),
-              "{:,}".format(int(r["band_us"][1])), r["emitter"], r["factor"], r["band"][0], r["band"][1], r["points"],
+              r["board"], r["mhz"], "{:,}".format(round(r["board_us"])), "{:,}".format(round(r["band_us"][0])),
+              "{:,}".format(round(r["band_us"][1])), r["emitter"], r["factor"], r["band"][0], r["band"][1], r["points"],
               r["family"], ", assumed for this core" if r["assumed"] else ""))
-    print("for the emulator: \"step_us\": %d in an application config's module task whose step runs it once "
-          "(the band's slow end: %d)" % (r["step_us"], max(1, int(r["band_us"][1] + 0.5))))
+    if r["step_us"] > STEP_US_MAX:
+        print("for the emulator: %s us is more than a module task's step_us may say (%s): a step that long holds the "
+              "CPU from every other task; split it over several yields" % ("{:,}".format(r["step_us"]),
+                                                                          "{:,}".format(STEP_US_MAX)))
+    else:
+        print("for the emulator: \"step_us\": %d in an application config's module task whose step runs it once "
+              "(the band's slow end: %d)" % (r["step_us"], max(1, round(r["band_us"][1]))))
     return r

@@ -156,8 +156,8 @@ def parse(line):
             if not isinstance(c["case"], str):
                 raise bad("copy.case is not text")
         hz = r.get("cpu_hz")
-        if hz is not None and not (_is_int(hz) and 0 < hz <= 10 ** 11):
-            raise bad("cpu_hz is not a clock in Hz")
+        if hz is not None and not (_is_int(hz) and 10 ** 6 <= hz <= 10 ** 11):
+            raise bad("cpu_hz is not a clock in Hz (1 MHz or more)")
         sw = r["switch"]
         if not (_is_int(sw["switches"]) and _is_int(sw["us"]) and sw["switches"] > 0 and sw["us"] >= 0):
             raise bad("switch is not whole numbers")
@@ -336,7 +336,7 @@ def clock_mhz(r, profile_mhz):
     hz = r.get("cpu_hz")
     if not hz:
         return profile_mhz, "the profile's clock: this port has no machine.freq"
-    mhz = hz // 1000000
+    mhz = (hz + 500000) // 1000000
     if mhz == profile_mhz:
         return mhz, "the board's clock, machine.freq(), as the profile's"
     return mhz, "the board's clock, machine.freq(); the profile says %d MHz" % profile_mhz
@@ -428,8 +428,23 @@ def output_path(board_name, out=None, write=False):
         parent = os.path.dirname(p)
         if not os.path.isdir(parent):
             raise UserError("--out %s: folder %s does not exist" % (out, parent), 2)
+        if os.path.lexists(p) and not _ours(p):
+            raise UserError("--out %s exists and is not a profile ./kv calibrate wrote: choose a new name (nothing "
+                            "written)" % out, 2)
         return p
     return paths.user_path(os.path.join(DEFAULT_DIR, os.path.basename(boards.path_of(board_name))))
+
+
+def _ours(path):
+    # True when path holds a profile an earlier ./kv calibrate wrote (its "calibration" block)
+    try:
+        paths.regular_file(path, "--out")
+        with open(path) as f:
+            d = json.load(f)
+        return isinstance(d, dict) and isinstance(d.get("calibration"), dict) and \
+            d["calibration"].get("tool") == "./kv calibrate"
+    except (OSError, ValueError, UserError):
+        return False
 
 
 def write_profile(p, dest):

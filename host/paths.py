@@ -99,7 +99,7 @@ def claim_out(d, files, marker, who, note, clear=False):
         raise UserError("--out %s holds %s (not from %s): choose an empty or new folder" % (d, present[0], who), 2)
     for name in present:
         p = os.path.join(d, name)
-        if os.path.isdir(p) and not os.path.islink(p):
+        if os.path.isdir(p) and not (clear and os.path.islink(p)):  # a link to a folder: removed when cleared, else refused
             raise UserError("--out %s: %s is a folder; %s writes a file there" % (d, name, who), 2)
     if not os.access(d, os.W_OK | os.X_OK):
         raise UserError("--out %s cannot be written (permission denied)" % d, 2)

@@ -385,3 +385,15 @@ def test_the_boot_sets_the_profiles_clock_and_reports_it(monkeypatch, freq, want
         cpu_mhz = want
 
     assert app._clock(B()).startswith(line)
+
+
+def test_out_refuses_a_file_calibrate_did_not_write(tmp_path):
+    mine = tmp_path / "notes.json"
+    mine.write_text("my notes\n")
+    with pytest.raises(UserError, match="not a profile ./kv calibrate wrote"):
+        calibrate.output_path("esp32s3_n8r8", out=str(mine))
+    assert mine.read_text() == "my notes\n"
+    prof = json.load(open(boards.path_of("esp32s3_n8r8")))
+    p, _ = calibrate.apply(prof, _s3_result(), "/dev/ttyACM0", date="2026-01-02")
+    calibrate.write_profile(p, str(tmp_path / "cal.json"))
+    assert calibrate.output_path("esp32s3_n8r8", out=str(tmp_path / "cal.json")) == str(tmp_path / "cal.json")  # ours: again

@@ -166,7 +166,7 @@ def emulate(model, tok, board_name, kind, w_tier, kv_tier, steps=STEPS):
 def predict(board_name, kind, cfg, per_layer, final, row, w_tier, kv_tier, weights_dtype="fp32", steps=STEPS, tick_us=0):
     # analytic: the tier cost model's memory µs plus the CPU model's ns, mean over steps tokens
     # from BOS; tick_us: each token then waits for the next tick of the decoder's scheduler
-    # (its time rounded up to a whole number of ticks: "ticked_us_per_token")
+    # (a token that starts on a tick ends on the first tick after its work: "ticked_us_per_token")
     brd = boards.load(board_name) if isinstance(board_name, str) else board_name
     bw = bwm.Bandwidth(brd, VirtualClock())
     wt, kt = _tiers(brd, w_tier, kv_tier)
@@ -178,7 +178,7 @@ def predict(board_name, kind, cfg, per_layer, final, row, w_tier, kv_tier, weigh
         mem += a
         cpu += b
         t = a + b / 1000
-        ticked += -(-t // tick_us) * tick_us if tick_us else t
+        ticked += (t // tick_us + 1) * tick_us if tick_us else t  # vTaskDelay(1 tick): to the tick after the work
     total = mem + cpu / 1000
     return {"us_per_token": round(total / steps, 1), "memory_us_per_token": round(mem / steps, 1),
             "cpu_us_per_token": round(cpu / 1000 / steps, 1), "tok_s": round(1e6 * steps / total, 2),
@@ -284,9 +284,12 @@ def measure(steps=STEPS):
                 # model's ticked/unticked ratio over the same positions
                 us = e["us_per_token"] * p["ticked_us_per_token"] / p["us_per_token"]
                 tok_s = round(1e6 / us, 2)
-                how = "emulated decode, each token rounded up to the %d ms tick its loop waits for" % c["tick_ms"]
+                how = ("emulated decode, then each token to the end of the %d ms tick its loop waits for (%s us a token "
+                       "of work)" % (c["tick_ms"], "{:,}".format(int(e["us_per_token"]))))
             out.append(_row(c, e, tok_s, {"analytic_tok_s": p["ticked_tok_s"], "how": how, "tokens": e["tokens"],
                                           "command": e["command"], "spec": e["spec"], "unticked_tok_s": e["tok_s"]}))
+            if c["tick_ms"]:
+                out[-1]["us_per_token"] = round(us, 1)  # the table's us/token: what a token takes, ticks included
             sens.append(sensitivity(c, (cfg, per_layer, final, row, wt, kt), "fp32"))
             if e["kv_tier"] == "sram":
                 sram = [t.bytes for t in boards.load(board).tiers if t.name == "sram"][0]
@@ -302,8 +305,9 @@ def measure(steps=STEPS):
         brd15 = variant(c["board"], cores=(c["kind"], c["cores"]))
         p = predict(brd15, c["kind"], c15, pl, fi, rw, c["weights_tier"], c["kv_tier"], "int4", steps=c["steps"])
         out.append(_row(c, p, p["tok_s"], {"analytic_tok_s": p["tok_s"], "tokens": c["steps"],
-                                           "how": "predicted from the config (the firmware cannot load int4), rows "
-                                                  "split over %d cores as its code does" % c["cores"]}))
+                                           "how": "predicted from the config (the firmware cannot load int4), its "
+                                                  "work split over %d cores (the code splits the matmul rows; the model "
+                                                  "splits attention too)" % c["cores"]}))
         sens.append(sensitivity(c, (c15, pl, fi, rw, c["weights_tier"], c["kv_tier"]), "int4"))
         figures["%s/%s" % (c["board"], c["kind"])] = p["figures"]
         own = []
@@ -442,7 +446,15 @@ def render(r):
     for c in r["cases"]:
         L.append("| %s | %s | %s | %.2f | %.2f | %s |" % (c["id"], c["board"], c["kind"], c["published_tok_s"],
                                                           c["predicted_tok_s"], _diff(c)))
+    L += ["", _count(r)]
     return L
+
+
+def _count(r):
+    # the goal's count over the sourced cases (every case carries a source that states its figure)
+    n = sum(1 for c in r["cases"] if c["within_goal"])
+    return ("Within +-%d %%: %d of %d cases, each sourced (the page quotes where its figure is stated); the reason for "
+            "each one outside is written beside it on docs/calibration.md." % (r["goal_permille"] // 10, n, len(r["cases"])))
 
 
 def tables(r):
@@ -608,7 +620,7 @@ def render_page(r):
                  "positions ({:,} bytes of K and V); the decode runs %d positions."
                  .format(k["kv_bytes_512"], k["sram_bytes"], k["pool_bytes"], k["kv_bytes_capped"])
                  % (k["id"], k["pool_blocks"], k["positions"], k["positions"]))
-    L += ["", "## Why each difference", ""]
+    L += ["", "## Why each difference", "", _count(r), ""]
     why = why_texts(r)
     for c in r["cases"]:
         L.append("- **%s** (%+.1f %%%s): %s." % (c["id"], c["diff_permille"] / 10,

@@ -25,12 +25,18 @@ def _emulate(opts):
     return rep
 
 
+def _kind(rep):
+    # the kind of kernel the run was priced by (fp32 weights under --cost viper run the bytecode float path)
+    c = rep.get("cost")
+    return (c.get("cpu") or {}).get("kind", rep["spec"]["cost"]) if isinstance(c, dict) else rep["spec"]["cost"]
+
+
 def _row(name, rep):
     t = rep["tasks"]
     band = rep.get("band") or {}
     dec = [x["max_slice_us"] for n, x in t.items() if n in DECODE_TASKS or n.startswith("chat_")]
     return {"scenario": name, "board": rep["board"]["name"] if isinstance(rep.get("board"), dict) else rep.get("board"),
-            "cost": rep["spec"]["cost"], "weights": rep["spec"]["weights"], "kv_dtype": rep["spec"]["kv_dtype"],
+            "cost": _kind(rep), "weights": rep["spec"]["weights"], "kv_dtype": rep["spec"]["kv_dtype"],
             "slice_us": rep["spec"]["slice_us"], "tokens": rep["tokens"], "tok_s": rep["tok_s"],
             "ttft_ms": rep["ttft_ms"], "deadline_misses": rep["deadline_misses"],
             "misses_by_task": rep["deadline_misses_by_task"],
