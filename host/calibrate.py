@@ -219,6 +219,8 @@ def copy_figures(r, prof):
 
     for c in r["copy"]:
         if virtual:
+            if c["case"] == "small_small":
+                continue  # two small buffers in a data cache: no figure of the heap's tier (it is behind one)
             field = {"large_small": "read_bytes_per_s", "small_large": "write_bytes_per_s"}.get(c["case"], "copy_bytes_per_s")
             put(ht, field, c)
             continue
