@@ -344,9 +344,11 @@ def _chosen():
     bs = boardspeed_summary()
     fx = ", ".join("%s %.1f (band %.1f-%.1f, %d points)" % (e, f["factor"], f["band"][0], f["band"][1], f["points"])
                    for e, f in sorted(bs["fit"].get("xtensa", {}).items()))
-    out.append({"figure": "viper and bytecode per-MAC, exp and KV figures of every MicroPython profile",
+    out.append({"figure": "every viper and bytecode figure of every MicroPython profile (per MAC, row, call, attention "
+                          "position, element, logit, layer and token; KV types)",
                 "depends": "kvrtos's own decode",
-                "how": "the firmware's kernels timed on the host (costprobe.py in ./kv bench boardspeed's run) times the "
+                "how": "the firmware's kernels and decode steps timed on the host (costprobe.py in ./kv bench boardspeed's "
+                       "run; the per-layer and per-token figures what a step costs beyond the priced parts) times the "
                        "board cycles per host ns of the emitter that runs them, fitted to published board timings "
                        "(xtensa: %s; see below)" % fx})
     return out
@@ -360,7 +362,8 @@ def boardspeed_summary():
     used = [dict({k: p.get(k) for k in keep}, workload=boardspeed.workload(p)) for p in rec["points"] if "host_us" in p]
     left = [{"id": p["id"], "url": p.get("url"), "why": p.get("excluded") or p.get("note") or "not obtainable"}
             for p in rec["points"] if "host_us" not in p]
-    probe = {k: rec["probe"][k] for k in ("viper_mac_i8_ns", "bytecode_mac_f32_ns", "exp_ns")}
+    probe = {k: rec["probe"][k] for k in ("viper_mac_i8_ns", "bytecode_mac_f32_ns", "exp_ns", "viper_holdout",
+                                          "bytecode_holdout") if k in rec["probe"]}
     return {"fit": rec["fit"], "points": used, "left_out": left, "runs": rec["runs"], "probe": probe}
 
 
@@ -508,6 +511,20 @@ def tables(r):
               "Plain.matvec), %.1f ns per math.exp, and the rest as the table below says; `./kv boardspeed --write` "
               "rewrites them from that record (a figure measured on a board by `./kv calibrate` is kept)." % (
                   bp["viper_mac_i8_ns"], bp["bytecode_mac_f32_ns"], bp["exp_ns"])]
+        ho = [(k, bp[k + "_holdout"]) for k in ("viper", "bytecode") if k + "_holdout" in bp]
+        if ho:
+            sh = ho[0][1]["shape"]
+            L += ["", "How far the derived figures carry: a model they were not derived from (dim %d, hidden %d, %d "
+                  "layers, %d heads, vocab %d), its host decode step priced by the cost model from the host figures "
+                  "against its measured step (the same run):" % (sh["dim"], sh["hidden_dim"], sh["n_layers"],
+                                                                  sh["n_heads"], sh["vocab_size"]), "",
+                  "| path | step at one cached position: measured, priced, error | per further position: measured, "
+                  "priced, error |", "| --- | --- | --- |"]
+            for k, h in ho:
+                L.append("| %s | %s ns, %s ns, %+.1f %% | %s ns, %s ns, %s |" % (
+                    k, "{:,}".format(int(h["measured_base_ns"])), "{:,}".format(int(h["predicted_base_ns"])),
+                    100 * h["base_error"], "{:,}".format(int(h["measured_pos_ns"])), "{:,}".format(int(h["predicted_pos_ns"])),
+                    "n/a" if h["pos_error"] is None else "%+.1f %%" % (100 * h["pos_error"])))
     for key in ("esp32s3_n8r8/viper", "esp32s3_n8r8/bytecode"):
         figs = r["figures"].get(key)
         if not figs:
@@ -521,7 +538,7 @@ def tables(r):
             f = figs[name]
             L.append("| `%s` | %s | %s |" % (name, "{:,.1f}".format(f["value"] / 1000), f["source"].replace("|", "\\|")))
     L += ["",
-          "kvrtos's own MicroPython decode (estimates: nobody has published these):", "",
+          "kvrtos's own MicroPython decode (predictions: nobody has published these):", "",
           "| board | kind | weights | tok/s | memory us/token | CPU us/token |", "| --- | --- | --- | --- | --- | --- |"]
     for o in r["own_decode"]:
         L.append("| %s | %s | %s | %.2f | {:,} | {:,} |".format(int(o["memory_us_per_token"]), int(o["cpu_us_per_token"]))
