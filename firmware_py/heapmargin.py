@@ -25,10 +25,10 @@ GC_BLOCKS = 2  # + this many GC blocks per part: the rounding of the largest liv
 GC_HEADROOM = {"q8": 4096, "plain": 32768}
 
 TABLE = {
-    (4, "q8"): {"decode": (3072, 256), "telemetry": (6912, 1536), "tasks": (1280, 768)},
-    (4, "plain"): {"decode": (3584, 0), "telemetry": (6912, 1536), "tasks": (1280, 768)},
-    (8, "q8"): {"decode": (6912, 512), "telemetry": (9984, 1792), "tasks": (2304, 1792)},
-    (8, "plain"): {"decode": (8192, 512), "telemetry": (9984, 1792), "tasks": (2304, 1792)},
+    (4, "q8"): {"decode": (3072, 256), "telemetry": (6912, 1024), "tasks": (1536, 1024)},
+    (4, "plain"): {"decode": (3072, 0), "telemetry": (6912, 1024), "tasks": (1536, 1024)},
+    (8, "q8"): {"decode": (7168, 1024), "telemetry": (9984, 1792), "tasks": (7424, 4864)},
+    (8, "plain"): {"decode": (7680, 512), "telemetry": (9984, 1792), "tasks": (7424, 4864)},
 }
 # What the boot measures, for the calculator to predict it (decode.predict_boot): per word
 # size, path and context, "residual": the firmware's own heap before the model's run state
@@ -42,10 +42,10 @@ TABLE = {
 # the board's files in one folder, .mpy modules, main.py's boot report, then serve.main),
 # "serve+tasks" the same with a config's tasks (voice-assistant's) in kvrtos.json
 FOOTPRINT = {
-    (4, "q8"): {"decode": {"residual": (290608, 480), "holes": (18091, 1388), "model_extra": (5356, 12)}, "serve": {"residual": (349008, 944), "holes": (12958, 549), "model_extra": (5344, 0)}, "serve+tasks": {"residual": (379712, 576), "holes": (12458, 28), "model_extra": (5344, 0)}},
-    (4, "plain"): {"decode": {"residual": (272432, 576), "holes": (11302, 27), "model_extra": (1072, 0)}, "serve": {"residual": (330480, 528), "holes": (36471, 18518), "model_extra": (1072, 0)}, "serve+tasks": {"residual": (361648, 560), "holes": (20062, 2644), "model_extra": (1072, 0)}},
-    (8, "q8"): {"decode": {"residual": (425920, 608), "holes": (16814, 2792), "model_extra": (10604, 4)}, "serve": {"residual": (504928, 608), "holes": (11596, 235), "model_extra": (10600, 0)}, "serve+tasks": {"residual": (543552, 480), "holes": (12537, 1025), "model_extra": (10600, 0)}},
-    (8, "plain"): {"decode": {"residual": (403136, 512), "holes": (11245, 959), "model_extra": (2240, 0)}, "serve": {"residual": (482304, 608), "holes": (10779, 741), "model_extra": (2240, 0)}, "serve+tasks": {"residual": (521088, 672), "holes": (9591, 305), "model_extra": (2240, 0)}},
+    (4, "q8"): {"decode": {"residual": (251456, 48), "holes": (16235, 2096), "model_extra": (5356, 4)}, "serve": {"residual": (310320, 128), "holes": (15048, 1610), "model_extra": (5344, 0)}, "serve+tasks": {"residual": (341408, 64), "holes": (16047, 1735), "model_extra": (5344, 0)}},
+    (4, "plain"): {"decode": {"residual": (233184, 160), "holes": (11141, 44), "model_extra": (1072, 0)}, "serve": {"residual": (292208, 112), "holes": (35451, 6256), "model_extra": (1072, 0)}, "serve+tasks": {"residual": (323264, 16), "holes": (26019, 8974), "model_extra": (1072, 0)}},
+    (8, "q8"): {"decode": {"residual": (373792, 288), "holes": (14151, 690), "model_extra": (10612, 4)}, "serve": {"residual": (454592, 224), "holes": (12543, 724), "model_extra": (10600, 0)}, "serve+tasks": {"residual": (493280, 448), "holes": (12153, 115), "model_extra": (10600, 0)}},
+    (8, "plain"): {"decode": {"residual": (351008, 224), "holes": (10553, 427), "model_extra": (2240, 0)}, "serve": {"residual": (431968, 640), "holes": (9527, 305), "model_extra": (2240, 0)}, "serve+tasks": {"residual": (470400, 160), "holes": (12010, 2736), "model_extra": (2240, 0)}},
 }
 VOCAB = 512  # vocabulary of the model the footprints were measured with
 # bytes the calculator takes off the free heap and again off its largest piece beyond the
