@@ -541,8 +541,7 @@ TERMS = {
     ("bytecode", "exp_mcyc"): ([("exp_ns", 1.0, "bytecode")], "ns per math.exp in a bytecode loop (less the same loop without it)"),
 }
 # the figures that were round guesses (docs/calibration.md): host timings of the firmware's
-# own code from costprobe's second run (models=; derive() for the decode steps' figures).
-# Merged into TERMS with the record that has their probe figures
+# own code from costprobe's second run (models=; derive() for the decode steps' figures)
 ROUND_TERMS = {}
 _FIT = ("the %s term of the MAC figure's model (call + rows x row + MACs x MAC): %s")
 _FIT_V = ("rows 64 -> 256 at 64 columns less their MACs", "calls of one row of 32 columns from a bytecode loop less its row "
@@ -594,6 +593,7 @@ ROUND_TERMS.update({
                                      "temperature 0.8 on float logits (bytecode; the marginal cost of 384 more logits)"),
 })
 del _kind, _pre, _steps, _mac, _glue, _f
+TERMS.update(ROUND_TERMS)
 for _k, _txt in _KV_TEXT.items():
     TERMS[("bytecode", "kv_%s_mcyc" % _k)] = (_kv_terms(_k), _txt)
     # viper's int8 KV: written by pack_v (above) and read as it is by kernels_q.attend_v (no
