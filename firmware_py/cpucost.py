@@ -187,8 +187,9 @@ class Meter:
     # the step reports it, then the slicer looks at the clock, so the slices the kernel
     # sees are the ones the board's clock would give. What one token's units add up to is
     # token_ns at its KV length: every figure of layer_ns and final_ns, each charged where
-    # the step does that work; the fixed costs spread over the step's matvec dispatches
-    # (layer_mcyc over its layer's seven, token_mcyc over all 7 x layers + 1). Sampling
+    # the step does that work; the fixed costs (layers x layer_mcyc + token_mcyc: what a
+    # step costs beyond its priced parts, glue spread through the code) spread evenly over
+    # the step's multiply-adds, so no unit carries a lump the board does not have. Sampling
     # (vocab x sample_el_mcyc) is charged only for a token that is sampled; the integer
     # path's rope "cache" ranks (U_RANK) on top, at the elementwise figure (token_ns has
     # no figure for them). Runs on
@@ -204,25 +205,27 @@ class Meter:
         pn, pd = cost._pnum, cost._pden
         # prices in units of 1 / (2 x pd x mhz x 1000) µs: parallel work x pn, serial x pd,
         # the x 2 so that each of attention's two passes takes half of a position's price
-        self.den = 2 * pd * cost.mhz * 1000
+        # and x macs (the step's multiply-adds), so that the fixed costs' share of one is whole
+        d, kvd, hd = cfg.dim, cfg.kv_dim, cfg.hidden_dim
+        macs = cfg.n_layers * d * (2 * d + 2 * kvd + 3 * hd) + cfg.vocab_size * d
+        self.den = 2 * pd * cost.mhz * 1000 * macs
         mac = v["mac_f32_mcyc"] if cost.weights_dtype == "fp32" else v["mac_i8_mcyc"]
         kv_wr = v["kv_wr_%s_mcyc" % cost.kv_dtype] if cost.kv_dtype != "fp32" else 0
-        calls = 7 * cfg.n_layers + 1
-        self.p_mac = 2 * pn * mac
-        self.p_row = 2 * pn * v["row_mcyc"]
-        self.p_call = (2 * pd * (v["matvec_mcyc"] + v["layer_mcyc"] // 7 + v["token_mcyc"] // calls),
-                       2 * pd * (v["matvec_mcyc"] + v["token_mcyc"] // calls))  # [in a layer, the classifier]
-        self.p_norm = 2 * pd * v["norm_el_mcyc"]
-        self.p_rope = 2 * pd * v["rope_el_mcyc"]
-        self.p_kvw = 2 * pd * kv_wr
-        self.p_elem = 2 * pd * v["elem_mcyc"]
-        self.p_silu = 2 * pd * (v["exp_mcyc"] + v["div_mcyc"])
-        self.p_sample = 2 * pd * v["sample_el_mcyc"]
+        glue = 2 * pd * (cfg.n_layers * v["layer_mcyc"] + v["token_mcyc"])  # per multiply-add, serial
+        self.p_mac = 2 * pn * mac * macs + glue
+        self.p_row = 2 * pn * v["row_mcyc"] * macs
+        self.p_call = (2 * pd * v["matvec_mcyc"] * macs,) * 2  # [in a layer, the classifier]
+        self.p_norm = 2 * pd * v["norm_el_mcyc"] * macs
+        self.p_rope = 2 * pd * v["rope_el_mcyc"] * macs
+        self.p_kvw = 2 * pd * kv_wr * macs
+        self.p_elem = 2 * pd * v["elem_mcyc"] * macs
+        self.p_silu = 2 * pd * (v["exp_mcyc"] + v["div_mcyc"]) * macs
+        self.p_sample = 2 * pd * v["sample_el_mcyc"] * macs
         # a sliced integer step attends one query head at a time (U_ATTH): every price and
         # the unit x n_heads, so that one head's share of a slot-pass is a whole number
         nh = cfg.n_heads
         self.den *= nh
-        self.p_atth = pn * cost._pos_par  # one head's pass over one slot: its share of half a position
+        self.p_atth = pn * cost._pos_par * macs  # one head's pass over one slot: its share of half a position
         for name in ("p_mac", "p_row", "p_norm", "p_rope", "p_kvw", "p_elem", "p_silu", "p_sample"):
             setattr(self, name, nh * getattr(self, name))
         self.p_call = (nh * self.p_call[0], nh * self.p_call[1])

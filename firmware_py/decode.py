@@ -584,6 +584,8 @@ class Session:
                 sampler.start(lg)
                 nxt = -1
                 while True:
+                    if sl.ahead_unit(U_SAMPLE):  # the next part would pass the slice: yield first
+                        yield
                     try:
                         nxt = sampler.run(lg, fb, SAMPLE_UNIT)
                     except SamplerError as e:  # a non-finite logit: the decode stops with one line

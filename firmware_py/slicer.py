@@ -41,7 +41,8 @@ ATTH_SLOTS = const(64)
 SOFTMAX_SLOTS = const(8)  # slots of every head per softmax unit (about one score unit's work: a head's D MACs per slot)
 Q8_UNIT_MACS = const(2048)
 RANK_CMP = const(8192)  # comparisons per unit of the integer path's rope "cache" ranks (qmodel.QForward.forward)
-SAMPLE_UNIT = const(64)  # steps of the pick per unit (decode.Session.task, sample.Sampler.run)
+SAMPLE_UNIT = const(16)  # steps of the pick per unit (decode.Session.task, sample.Sampler.run): the float path's
+# draw weighs a logit in about 45 us on an S3 (sample_el_mcyc), so 16 of them keep a unit near 0.7 ms
 
 
 class Slicer:
