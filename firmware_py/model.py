@@ -294,13 +294,13 @@ class Model:
                 yield SLICE
             r = e
 
-    # elementwise work in units of PLAIN_EL elements (the plain path; the integer path's
+    # elementwise work in units of PLAIN_EL elements, rmsnorm's of half (the plain path; the integer path's
     # are one unit each): op 0 rmsnorm(out, x, off), 1 add(out, x), 2 silu_mul(out, x),
     # 3 rope of heads pairs of out; unit kind and count as the whole op's steps
     def _el(self, op, out, x, off, sl):
         k = self.k
         n = len(out) >> 1 if op == 3 else len(out)
-        un = PLAIN_EL >> 1 if op == 3 else PLAIN_EL  # RoPE: pairs
+        un = PLAIN_EL >> 1 if op == 3 or op == 0 else PLAIN_EL  # RoPE: pairs; rmsnorm: half (its element costs most)
         kind = U_NORM if op == 0 else (U_ELEM if op == 1 else (U_SILU if op == 2 else U_ROPE))
         for p in range(2 if op == 0 else 1):
             if (p == 1 or op != 0) and sl.ahead_unit(kind):

@@ -30,9 +30,8 @@ SLICE = const(1)  # what a step yields when its slice is spent (a layer's end yi
 # PLAIN_ATT_MACS multiply-adds hold); of the integer path (qmodel.QForward, viper):
 # Q8_UNIT_MACS multiply-adds of rows
 PLAIN_MACS = const(32)  # multiply-adds of a matvec per unit (rows of cols <= 32, else 32 columns of a row)
-PLAIN_EL = const(16)  # elements per unit of elementwise work (rmsnorm's two passes, adds, SiLU, RoPE: half as many pairs);
-# an S3 takes about 47 us an element of rmsnorm in bytecode (the measured norm_el_mcyc): 0.75 ms a unit, 1.1 ms at the
-# band's slow end
+PLAIN_EL = const(32)  # elements per unit of elementwise work (adds, SiLU; RoPE: half as many pairs; rmsnorm's two
+# passes: half as many elements, about 47 us an element on an S3 in bytecode, the measured norm_el_mcyc: 0.75 ms a unit)
 PLAIN_ATT_MACS = const(32)  # multiply-adds of an attention unit (half of one slot: stories260K's 8 heads of 8, 4 heads a
 # unit: about 1.2 ms at the slow end with the measured attention figures; 288-wide models split a slot by heads)
 # the integer path's attention unit: one query head over every slot (both passes) while

@@ -315,12 +315,13 @@ def measure(steps=STEPS):
             brd = boards.load(b)
             w = "psram" if any(t.name == "psram" for t in brd.tiers) else "flash"
             for kind, dt in (("viper", "int8"), ("bytecode", "fp32")):
-                if dt == "int8":
-                    pl8, fi8 = _int8_traffic(cfg)
-                    p = predict(b, kind, cfg, pl8, fi8, row, w, "psram" if w == "psram" else "sram", dt, steps)
-                else:
-                    p = predict(b, kind, cfg, per_layer, final, row, w, "psram" if w == "psram" else "sram", dt, steps)
+                traffic = _int8_traffic(cfg) if dt == "int8" else (per_layer, final)
+                kt = "psram" if w == "psram" else "sram"
+                p = predict(b, kind, cfg, traffic[0], traffic[1], row, w, kt, dt, steps)
+                band = {end: predict(_banded(b, kind, end), kind, cfg, traffic[0], traffic[1], row, w, kt, dt, steps)["tok_s"]
+                        for end in ("slow", "fast")}
                 own.append({"board": b, "kind": kind, "weights": dt, "tok_s": p["tok_s"], "us_per_token": p["us_per_token"],
+                            "slow_tok_s": band["slow"], "fast_tok_s": band["fast"],
                             "memory_us_per_token": p["memory_us_per_token"], "cpu_us_per_token": p["cpu_us_per_token"],
                             "weights_tier": p["weights_tier"], "kv_tier": p["kv_tier"]})
                 figures["%s/%s" % (b, kind)] = p["figures"]
@@ -365,6 +366,14 @@ def boardspeed_summary():
     probe = {k: rec["probe"][k] for k in ("viper_mac_i8_ns", "bytecode_mac_f32_ns", "exp_ns", "viper_holdout",
                                           "bytecode_holdout") if k in rec["probe"]}
     return {"fit": rec["fit"], "points": used, "left_out": left, "runs": rec["runs"], "probe": probe}
+
+
+def _banded(board_name, kind, end):
+    # the board with the kind's MicroPython figures at one end of the board-speed band
+    brd = boards.load(board_name)
+    brd.cpu_cost = dict(brd.cpu_cost)
+    brd.cpu_cost[kind] = boardspeed.band_costs(brd, kind, end)
+    return brd
 
 
 def _int8_traffic(cfg):
@@ -539,10 +548,12 @@ def tables(r):
             L.append("| `%s` | %s | %s |" % (name, "{:,.1f}".format(f["value"] / 1000), f["source"].replace("|", "\\|")))
     L += ["",
           "kvrtos's own MicroPython decode (predictions: nobody has published these):", "",
-          "| board | kind | weights | tok/s | memory us/token | CPU us/token |", "| --- | --- | --- | --- | --- | --- |"]
+          "| board | kind | weights | tok/s | band: slow end, fast end | memory us/token | CPU us/token |",
+          "| --- | --- | --- | --- | --- | --- | --- |"]
     for o in r["own_decode"]:
-        L.append("| %s | %s | %s | %.2f | {:,} | {:,} |".format(int(o["memory_us_per_token"]), int(o["cpu_us_per_token"]))
-                 % (o["board"], o["kind"], o["weights"], o["tok_s"]))
+        L.append("| %s | %s | %s | %.2f | %.2f-%.2f | {:,} | {:,} |".format(int(o["memory_us_per_token"]),
+                                                                          int(o["cpu_us_per_token"]))
+                 % (o["board"], o["kind"], o["weights"], o["tok_s"], o["slow_tok_s"], o["fast_tok_s"]))
     return L
 
 
