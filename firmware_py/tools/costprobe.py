@@ -43,11 +43,6 @@ def _best(fn, reps, *args):
     return best
 
 
-def _viper(y, w, cols, gp, x, iters):
-    for _ in range(iters):
-        kernels_q.matvec(y, w, 0, ROWS, cols, GROUP, gp, 0, x)
-
-
 def _plain(fs, y, m, x, iters):
     for _ in range(iters):
         kernels.Plain.matvec_rows(fs, y, m, x, 0, m.rows)  # the plain matvec, on a stand-in self
@@ -56,18 +51,8 @@ def _plain(fs, y, m, x, iters):
 def viper_ns(iters=40):
     t = {}
     for cols in (NARROW, WIDE):
-        w = bytearray(ROWS * cols)
-        for i in range(len(w)):
-            w[i] = (i * 29 + 7) & 0xFF
-        gp = compat.new_array("i", ROWS * cols // GROUP)
-        for i in range(len(gp)):
-            gp[i] = 16384 | (4 << 16)
-        x = compat.new_array("i", cols)
-        for i in range(cols):
-            x[i] = (i * 53) % 2001 - 1000
-        y = compat.new_array("i", ROWS)
-
-        t[cols] = _best(_viper, 5, y, w, cols, gp, x, iters)
+        w, gp, x, y = _mv_buffers(ROWS, cols)
+        t[cols] = _best(_viper_r, 5, y, w, ROWS, cols, gp, x, iters)
     return 1000 * (t[WIDE] - t[NARROW]) / (iters * ROWS * (WIDE - NARROW))
 
 
