@@ -45,6 +45,21 @@ _F32_MAX = 3.4028234663852886e38  # the largest fp32 (int4 keys are clamped to i
 
 
 # inverse frequencies of RoPE's head_dim / 2 pairs: 10000^(-2i / head_dim); boot only
+# the merge passes that sort n slots (ceil(log2 n))
+def _passes(n):
+    p = 0
+    while (1 << p) < n:
+        p += 1
+    return p
+
+
+# the range of begin_part's part p for n cached slots (head_dim D): slots, merge moves, pairs
+def begin_len(n, head_dim, p):
+    if p == 2:
+        return n * _passes(n)
+    return n * (head_dim >> 1) if p == 3 else n
+
+
 def inv_freqs(head_dim):
     return [math.pow(10000.0, -2.0 * i / head_dim) for i in range(head_dim // 2)]
 
@@ -109,7 +124,11 @@ class Plain:
         self.smax = _zeros("d", cfg.n_heads)  # [head] the softmax's running max (att_softmax_part)
         self.ssum = _zeros("d", cfg.n_heads)  # [head] its running sum ('d': the float att_softmax keeps)
         self.n = 0  # cached slots of the current token
-        self.order = None  # rope "cache": [(position, slot)] of the current token, sorted (begin_part)
+        self.spos = _zeros("i", (ms if self.rope_cache else 0))  # [slot] its position (rope "cache"; begin_part)
+        self.rslot = _zeros("i", (ms if self.rope_cache else 0))  # [rank] the slot that holds it
+        self.rtmp = _zeros("i", (ms if self.rope_cache else 0))  # the merge sort's other buffer
+        self.mi = 0  # the merge's two run heads between parts (begin_part p 2)
+        self.mj = 0
         self.h = -1  # the sequence of the current token (int4: rows are read through the cache)
         self.mv_s = 0.0  # a part's running sum (matvec_cols' row, rmsnorm_part's squares)
         self.mv_a = 0.0  # matvec_cols' group sum; rmsnorm_part's scale
@@ -351,12 +370,15 @@ class Plain:
     # the arena offset of every cached slot's layer-0 row and, for rope "cache", each
     # slot's rank by position; O(n)
     def begin(self, h, n):
-        for p in range(3 if self.rope_cache else 1):
-            self.begin_part(h, n, p, 0, n)
+        for p in range(4 if self.rope_cache else 1):
+            self.begin_part(h, n, p, 0, begin_len(n, self.hd, p))
 
-    # ... in parts (a sliced step's units, in order, each p from 0 to n): p 0 slots s0 .. s1
-    # - 1's offsets (and h2o sums zeroed); rope "cache": p 1 their positions gathered (sorted
-    # at the last), p 2 the cos/sin of ranks s0 .. s1 - 1
+    # ... in parts (a sliced step's units, in order, each p over its whole range, begin_len):
+    # p 0 slots s0 .. s1 - 1's offsets (and h2o sums zeroed); rope "cache": p 1 their
+    # positions gathered, p 2 moves s0 .. s1 - 1 of a bottom-up merge sort of the slots by
+    # position (n a pass, ties by slot), p 3 the cos and sin of pairs s0 .. s1 - 1 of the
+    # n x D/2 (rank c // (D/2)). No allocation but the floats; each part's work is bounded by
+    # s1 - s0 whatever n is (the sort was one list.sort of n tuples: n log n in one call)
     def begin_part(self, h, n, p, s0, s1):
         c = self.cache
         if p == 0:
@@ -376,22 +398,59 @@ class Plain:
                 for s in range(s0, s1):
                     self.acc[s] = 0.0
         elif p == 1:
-            if s0 == 0:
-                self.order = []
-            o = self.order
+            sp = self.spos
+            rs = self.rslot
             for s in range(s0, s1):
-                o.append((c.slot_pos(h, s), s))
-            if s1 == n:
-                o.sort()
+                sp[s] = c.slot_pos(h, s)
+                rs[s] = s
+        elif p == 2:
+            sp = self.spos
+            i = self.mi
+            j = self.mj
+            x = s0
+            while x < s1:
+                ps = x // n
+                k = x - ps * n
+                w = 1 << ps
+                src = self.rtmp if ps & 1 else self.rslot
+                dst = self.rslot if ps & 1 else self.rtmp
+                lo = k - (k & ((w << 1) - 1))
+                mid = lo + w if lo + w < n else n
+                hi = lo + (w << 1) if lo + (w << 1) < n else n
+                if k == lo:
+                    i = lo
+                    j = mid
+                e = hi if hi - k < s1 - x else k + s1 - x
+                x += e - k
+                while k < e:
+                    if i < mid and (j >= hi or sp[src[i]] <= sp[src[j]]):
+                        dst[k] = src[i]
+                        i += 1
+                    else:
+                        dst[k] = src[j]
+                        j += 1
+                    k += 1
+            self.mi = i
+            self.mj = j
         else:
-            h2 = self.hd // 2
-            o = self.order
-            for r in range(s0, s1):
-                s = o[r][1]
-                for i in range(h2):
-                    a = r * self.inv_freq[i]
-                    self.kcos[s * h2 + i] = math.cos(a)
-                    self.ksin[s * h2 + i] = math.sin(a)
+            h2 = self.hd >> 1
+            rs = self.rtmp if _passes(n) & 1 else self.rslot
+            fr = self.inv_freq
+            kc = self.kcos
+            ks = self.ksin
+            r = s0 // h2
+            i = s0 - r * h2
+            x = s0
+            while x < s1:
+                e = i + s1 - x if i + s1 - x < h2 else h2
+                b = rs[r] * h2
+                for m in range(i, e):
+                    a = r * fr[m]
+                    kc[b + m] = math.cos(a)
+                    ks[b + m] = math.sin(a)
+                x += e - i
+                r += 1
+                i = 0
 
     # slot s's cached row of `layer` read into rowf (and rowb for quantized rows); O(row)
     def _row(self, s, layer):

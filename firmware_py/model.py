@@ -69,7 +69,7 @@ class CacheShape:
 def run_state_slot_bytes(cfg, q8, rope="absolute"):
     if q8:
         return 12 + (2 * cfg.head_dim if rope == "cache" else 0)
-    return 8 + 4 * cfg.n_heads + (4 * cfg.head_dim if rope == "cache" else 0)
+    return 8 + 4 * cfg.n_heads + (4 * cfg.head_dim + 12 if rope == "cache" else 0)
 
 
 # heap bytes of a Model's run state per pool block (the integer path's block offsets)
@@ -412,21 +412,22 @@ class Model:
 
     def _begin(self, h, n, sl):
         k = self.k
-        h2 = self.cfg.head_dim >> 1
-        for p in range(3 if self.rope == "cache" else 1):
-            u = (PLAIN_EL >> 1) // h2 if p == 2 and h2 < PLAIN_EL >> 1 else (1 if p == 2 else PLAIN_EL)  # p 2: pairs
-            kind = U_NONE if p == 0 else (U_RANK if p == 1 else U_ROPE)
+        for p in range(4 if self.rope == "cache" else 1):
+            # units: p 0 and 1 PLAIN_EL slots, p 2 PLAIN_EL merge moves, p 3 PLAIN_EL / 2 pairs
+            u = PLAIN_EL >> 1 if p == 3 else PLAIN_EL
+            kind = U_NONE if p == 0 else (U_RANK if p < 3 else U_ROPE)
             if sl.ahead_unit(kind):
                 yield SLICE
+            m = kernels.begin_len(n, self.cfg.head_dim, p)
             s = 0
-            while s < n or s == 0:
-                e = s + u if s + u < n else n
+            while s < m or s == 0:
+                e = s + u if s + u < m else m
                 k.begin_part(h, n, p, s, e)
-                # p 0 within the token's fixed price (it was unpriced whole); p 1 a position read
-                # each (the sort: one C call); p 2 a cos and a sin per pair
-                if sl.step(kind, 0 if p == 0 else (e - s if p == 1 else 2 * h2 * (e - s)), 0):
+                # p 0 within the token's fixed price; p 1 a position read each, p 2 a comparison
+                # each (at an elementwise op's price); p 3 a cos and a sin per pair
+                if sl.step(kind, 0 if p == 0 else (e - s if p < 3 else 2 * (e - s)), 0):
                     yield SLICE
-                if e >= n:
+                if e >= m:
                     break
                 s = e
 

@@ -687,7 +687,7 @@ def test_the_plain_sliced_step_splits_a_wide_slot_the_store_and_the_slot_table(d
     import test_llama2c as L2
     from firmware_py import kv, llama2c, pool, quant
     from firmware_py.model import Model
-    from firmware_py.slicer import PLAIN_EL, U_ATT, U_KVW, U_ROPE, Slicer
+    from firmware_py.slicer import PLAIN_EL, U_ATT, U_KVW, U_RANK, U_ROPE, Slicer
     from firmware_py.sched import Kernel
 
     hdr, w = L2.random_model(dim=128, hidden=64, layers=2, heads=4, kv_heads=2, vocab=32, seq_len=64, seed=5)
@@ -708,7 +708,7 @@ def test_the_plain_sliced_step_splits_a_wide_slot_the_store_and_the_slot_table(d
             def step(self, kind, a, b, got=got):
                 got["kinds"].add(kind)
                 assert kind != U_ATT or a <= 2, (kind, a, b)
-                assert kind not in (U_KVW, U_ROPE) or a <= PLAIN_EL, (kind, a, b)
+                assert kind not in (U_KVW, U_ROPE, U_RANK) or a <= PLAIN_EL, (kind, a, b)
                 return Slicer.step(self, kind, a, b)
 
         def task(k=k, sliced=sliced, m=m, h=h, got=got, c=c):
@@ -727,6 +727,7 @@ def test_the_plain_sliced_step_splits_a_wide_slot_the_store_and_the_slot_table(d
     assert runs[0]["logits"] == runs[1]["logits"] and len(runs[1]["logits"]) == 30
     assert runs[0]["arena"] == runs[1]["arena"] and runs[0]["scores"] == runs[1]["scores"]
     assert {U_ATT, U_KVW} <= runs[1]["kinds"]
+    assert rope != "cache" or U_RANK in runs[1]["kinds"]
     # the store in parts packs what quant.pack_layer packs
     rnd = np.random.default_rng(1)
     kx, vx = rnd.uniform(-3, 3, cfg.kv_dim).tolist(), rnd.uniform(-3, 3, cfg.kv_dim).tolist()
@@ -743,3 +744,50 @@ def test_the_plain_sliced_step_splits_a_wide_slot_the_store_and_the_slot_table(d
         from firmware_py.pool import copy32
         copy32(pk.row, 0, pk.rowf, 0, lay.layer_row >> 2)
     assert bytes(pk.row) == bytes(want), dtype
+
+
+def test_the_plain_paths_slot_ranks_come_in_bounded_parts_and_match_a_sort():
+    # rope "cache" on the plain path: each slot's rank by position was one list.sort of n
+    # tuples per token (n log n in one call, and n tuples allocated); it is now a merge
+    # sort in parts of any size (begin_part p 2), whose cos/sin rows must equal those of
+    # the rank a sort gives, ties by slot, for every n, whatever the parts
+    import math
+    import random
+
+    from firmware_py import kernels
+
+    w = weights(os.path.join(TINY, "model.bin"))
+    p, c, r = boot(w, n_blocks=3)
+    m = Model(w, c, backend="plain", rope="cache")
+    k = m.k
+    h2 = w.cfg.head_dim // 2
+    rnd = random.Random(3)
+
+    class Slots:
+        def __init__(self, pos):
+            self.pos = pos
+
+        def slot_pos(self, h, s):
+            return self.pos[s]
+
+    real = k.cache
+    try:
+        for n in list(range(1, 20)) + [31, 33, 47]:
+            pos = [rnd.randrange(1, 3 * n) for _ in range(n)]  # ties too
+            k.cache = Slots(pos)
+            part = rnd.choice([1, 3, 7, 32])
+            for ph in (1, 2, 3):
+                m_ = kernels.begin_len(n, w.cfg.head_dim, ph)
+                s = 0
+                while s < m_:
+                    e = min(s + part, m_)
+                    k.begin_part(0, n, ph, s, e)
+                    s = e
+            rank = {slot: i for i, (_, slot) in enumerate(sorted((q, s) for s, q in enumerate(pos)))}
+            for s in range(n):
+                for i in range(h2):
+                    assert abs(k.kcos[s * h2 + i] - math.cos(rank[s] * k.inv_freq[i])) < 1e-6, (n, s, i)
+                    assert abs(k.ksin[s * h2 + i] - math.sin(rank[s] * k.inv_freq[i])) < 1e-6, (n, s, i)
+            assert kernels.begin_len(n, w.cfg.head_dim, 2) <= n * max(1, math.ceil(math.log2(n)))
+    finally:
+        k.cache = real

@@ -65,6 +65,46 @@ for be in backends:
     eq(greedy(m2, h, prompt_ids, N), want, "rope cache == absolute while nothing is evicted, %s" % be)
     c.close(h)
 
+# rope "cache" ranks on the plain path: a merge sort in parts of any size (begin_part p 2),
+# each slot's cos/sin row that of its rank by position (ties by slot), on every interpreter
+import math  # noqa: E402
+
+from firmware_py import kernels  # noqa: E402
+
+
+class Slots:
+    def __init__(self, pos):
+        self.pos = pos
+
+    def slot_pos(self, h, s):
+        return self.pos[s]
+
+
+p, c, r = boot(n_blocks=3)
+m = Model(w, c, backend="plain", rope="cache")
+k = m.k
+h2 = cfg.head_dim // 2
+real = k.cache
+bad = 0
+for n in (1, 2, 3, 5, 8, 13, 17, 31, 47):
+    pos = [(7 * s * s + 3) % (2 * n + 1) + 1 for s in range(n)]  # ties too
+    k.cache = Slots(pos)
+    for ph in (1, 2, 3):
+        ln = kernels.begin_len(n, cfg.head_dim, ph)
+        s = 0
+        while s < ln:
+            e = s + 5 if s + 5 < ln else ln
+            k.begin_part(0, n, ph, s, e)
+            s = e
+    order = sorted([(pos[s], s) for s in range(n)])
+    for rk in range(n):
+        s = order[rk][1]
+        for i in range(h2):
+            if abs(k.kcos[s * h2 + i] - math.cos(rk * k.inv_freq[i])) > 1e-5 or abs(k.ksin[s * h2 + i] - math.sin(rk * k.inv_freq[i])) > 1e-5:
+                bad += 1
+k.cache = real
+eq(bad, 0, "plain rope cache: every slot turned by its rank, the sort in parts of 5")
+
 # quantized KV rows go through the same forward pass (agreement is measured in tests/test_model.py)
 for dt in ("int8", "int4"):
     p, c, r = boot(dt)
