@@ -68,10 +68,13 @@ PARAMS = {
                  "offset_us": (int, 0, 100000000), "audio": (str, None, None)},
     # step_us: what one step of the task (its code between two yields) costs on the board,
     # e.g. ./kv boardtime's prediction for the function a step runs: the emulator charges it
-    # to its virtual clock before each step; on a board the clock is real and it is not charged
+    # to its virtual clock before each step; on a board the clock is real and it is not charged.
+    # step_emitter: the code's emitter (bytecode, native, viper: boardtime's), whose factor's
+    # band the emulator's runs at the band's ends scale step_us by
     "module": {"module": (str, None, None), "factory": (str, None, None), "args": (dict, None, None),
-               "step_us": (int, 0, 10000000)},
+               "step_us": (int, 0, 10000000), "step_emitter": (str, None, None)},
 }
+EMITTERS = ("bytecode", "native", "viper")  # a module task's step_emitter
 PRIORITY = {"audio": 7, "wakeword": 5, "sensor": 5, "wifi": 4, "module": 3}  # default priorities
 DECODE_PRIORITY = 1  # the decode always has work: lowest, so it never starves the others
 DMA_PRIORITY = 6
@@ -219,6 +222,8 @@ def _task(i, t, names):
         _err("%s: budget_permille applies to tasks that move bytes in their own category (audio, wifi, sensor)" % where)
     if kind == "module" and ("module" not in t or "factory" not in t):
         _err("%s: a module task names its module and factory" % where)
+    if t.get("step_emitter", "bytecode") not in EMITTERS:
+        _err("%s: step_emitter must be one of %s, got %r" % (where, ", ".join(EMITTERS), t["step_emitter"]))
     out = dict(t)
     out.setdefault("priority", PRIORITY[kind])
     return out

@@ -3,7 +3,10 @@
 # its time on the board predicted with the factor of the emitter that runs it, fitted to
 # published board timings (host/boardspeed.py, docs/calibration.md), with the band:
 #     board us = host us x 1000 x factor (board cycles per host ns) / board MHz
-# The function is called once to warm up, then `runs` times; the median is the host time.
+# The function is called once to warm up (and timed, to size the runs), then `runs` runs,
+# each of as many calls as fill SPAN_US (one for a slow function), less an empty loop's
+# time; the median run's time per call is the host time (a call of a few us would be a few
+# ticks of the host's us timer on its own).
 import json
 import os
 import re
@@ -33,14 +36,25 @@ f = getattr(m, %(call)r, None)
 if f is None or not callable(f):
     print("BOARDTIME nofunc")
     raise SystemExit
+t0 = ticks_us()
 f()
+w = ticks_diff(ticks_us(), t0)
+reps = %(span)d // w if w > 0 else %(reps)d
+reps = 1 if reps < 1 else (%(reps)d if reps > %(reps)d else reps)
+t0 = ticks_us()
+for _ in range(reps):
+    pass
+loop = ticks_diff(ticks_us(), t0)
 ts = []
 for _ in range(%(runs)d):
     t0 = ticks_us()
-    f()
-    ts.append(ticks_diff(ticks_us(), t0))
-print("BOARDTIME ok", " ".join(str(t) for t in ts))
+    for _ in range(reps):
+        f()
+    ts.append(ticks_diff(ticks_us(), t0) - loop)
+print("BOARDTIME ok", reps, " ".join(str(t) for t in ts))
 """
+SPAN_US = 20000  # each run times the function as many times as fill this (the host timer ticks in us)
+REPS_MAX = 100000
 
 
 def emitter_of(text):
@@ -86,7 +100,7 @@ def predict(path, call="main", board="esp32s3_n8r8", mhz=None, emitter=None, run
         shutil.copyfile(path, os.path.join(tmp, mod + ".py"))
         drv = os.path.join(tmp, "drive.py")
         with open(drv, "w") as f:
-            f.write(_DRIVER % {"dir": tmp, "mod": mod, "call": call, "runs": runs})
+            f.write(_DRIVER % {"dir": tmp, "mod": mod, "call": call, "runs": runs, "span": SPAN_US, "reps": REPS_MAX})
         try:
             r = subprocess.run([exe, drv], cwd=tmp, capture_output=True, text=True, timeout=600)
         except subprocess.TimeoutExpired:
@@ -99,19 +113,25 @@ def predict(path, call="main", board="esp32s3_n8r8", mhz=None, emitter=None, run
             raise UserError("%s does not compile under MicroPython: %s" % (path, m.group(2)), 2)
         err = [x for x in (r.stdout + "\n" + r.stderr).strip().splitlines() if x.strip() and not x.startswith("BOARDTIME")]
         raise UserError("%s:%s() failed under the 32-bit MicroPython: %s" % (path, call, err[-1] if err else "exit %d" % r.returncode), 1)
-    ts = [int(x) for x in m.group(2).split()]
+    reps, *tot = [int(x) for x in m.group(2).split()]
+    ts = [round(max(0, t) / reps, 3) for t in tot]  # per call (an empty loop's time taken off)
     host = statistics.median(ts)
 
     def on_board(f):
         return host * 1000.0 * f / clock
     return {"file": path, "call": call, "emitter": em, "emitter_from": "--emitter" if emitter else "the file's decorators",
-            "host_us": host, "host_runs_us": ts, "interpreter": "./kv mp32 (32-bit unix port)", "board": board,
+            "host_us": host, "host_runs_us": ts, "calls_per_run": reps,
+            "interpreter": "./kv mp32 (32-bit unix port)", "board": board,
             "mhz": clock, "factor": fx["factor"], "band": fx["band"], "points": fx["points"], "family": fx["family"],
-            "assumed": fx["assumed"], "board_us": round(on_board(fx["factor"]), 1),
-            "band_us": [round(on_board(fx["band"][0]), 1), round(on_board(fx["band"][1]), 1)],
+            "assumed": fx["assumed"], "board_us": round(on_board(fx["factor"]), 3),
+            "band_us": [round(on_board(fx["band"][0]), 3), round(on_board(fx["band"][1]), 3)],
             # what an application config's module task that runs this once per step carries
             # for the emulator to charge (appcfg "step_us"): the prediction, whole µs, at least 1
             "step_us": max(1, round(on_board(fx["factor"])))}
+
+
+def _us(v):
+    return "{:,}".format(round(v)) if v >= 100 else "%.3g" % v
 
 
 def main(path, call="main", board="esp32s3_n8r8", mhz=None, emitter=None, runs=RUNS, as_json=False):
@@ -120,19 +140,20 @@ def main(path, call="main", board="esp32s3_n8r8", mhz=None, emitter=None, runs=R
         print(json.dumps(r, sort_keys=True))
         return r
     n = len(r["host_runs_us"])
-    print("%s:%s()  %s, host %s us (%s on the 32-bit unix port)" % (
-        os.path.basename(path), call, r["emitter"], "{:,}".format(int(r["host_us"])),
-        "one run" if n == 1 else "median of %d runs" % n))
+    print("%s:%s()  %s, host %s us (%s%s on the 32-bit unix port)" % (
+        os.path.basename(path), call, r["emitter"], _us(r["host_us"]), "one run" if n == 1 else "median of %d runs" % n,
+        "" if r["calls_per_run"] == 1 else " of %s calls each" % "{:,}".format(r["calls_per_run"])))
     print("on %s at %g MHz: %s us predicted, band %s-%s us (the %s factor %.1f board cycles per host ns, band "
           "%.1f-%.1f, %d published points on %s%s; docs/calibration.md)" % (
-              r["board"], r["mhz"], "{:,}".format(round(r["board_us"])), "{:,}".format(round(r["band_us"][0])),
-              "{:,}".format(round(r["band_us"][1])), r["emitter"], r["factor"], r["band"][0], r["band"][1], r["points"],
+              r["board"], r["mhz"], _us(r["board_us"]), _us(r["band_us"][0]), _us(r["band_us"][1]), r["emitter"], r["factor"], r["band"][0], r["band"][1], r["points"],
               r["family"], ", assumed for this core" if r["assumed"] else ""))
     if r["step_us"] > STEP_US_MAX:
         print("for the emulator: %s us is more than a module task's step_us may say (%s): a step that long holds the "
               "CPU from every other task; split it over several yields" % ("{:,}".format(r["step_us"]),
                                                                           "{:,}".format(STEP_US_MAX)))
     else:
-        print("for the emulator: \"step_us\": %d in an application config's module task whose step runs it once "
-              "(the band's slow end: %d)" % (r["step_us"], max(1, round(r["band_us"][1]))))
+        print("for the emulator: \"step_us\": %d%s in an application config's module task whose step runs it once "
+              "(the band's slow end: %d; the emulator's runs at the band's ends scale it)" % (
+                  r["step_us"], "" if r["emitter"] == "bytecode" else ", \"step_emitter\": \"%s\"" % r["emitter"],
+                  max(1, round(r["band_us"][1]))))
     return r

@@ -521,7 +521,7 @@ class _Emulation:
         self.n = n
         self.progress = progress
         self.brd = boards.load(n["board"])
-        self.cfg_app = _app_config(n)
+        self.cfg_app = _band_steps(_app_config(n), self.brd, n.get("speed", "fit"))
         self.mfile = _model_file(n)
         try:
             self.mcfg, self.mlay = llama2c.plan(self.mfile)
@@ -688,6 +688,25 @@ def _app_config(n):
     if n["scenario"]:
         return load_scenario(n["scenario"])[1]
     return appcfg.load({})
+
+
+def _band_steps(cfg, brd, speed):
+    # at one end of the board-speed band, a module task's step_us (boardtime's prediction at
+    # the fitted factor) scales by that end of its emitter's band, as the decode's figures do
+    if speed == "fit" or not any(t.get("step_us") for t in cfg["tasks"]):
+        return cfg
+    from host import boardspeed  # noqa: PLC0415
+
+    fx = boardspeed.profile_factors(boardspeed.factors()["fit"], brd.cpu_arch)
+    i = 1 if speed == "slow" else 0
+    tasks = []
+    for t in cfg["tasks"]:
+        if t.get("step_us"):
+            f = fx.get(t.get("step_emitter", "bytecode")) or fx.get("bytecode")
+            if f:
+                t = dict(t, step_us=max(1, int(round(t["step_us"] * f["band"][i] / f["factor"]))))
+        tasks.append(t)
+    return dict(cfg, tasks=tasks)
 
 
 def _run_us(t):

@@ -172,7 +172,7 @@ def test_boardtime_predicts_with_the_emitters_factor_and_band(tmp_path, rec):
     x = rec["fit"]["xtensa"]["bytecode"]
     assert r["emitter"] == "bytecode" and r["factor"] == x["factor"] and r["band"] == x["band"] and not r["assumed"]
     assert r["host_us"] == sorted(r["host_runs_us"])[1] and r["host_us"] > 0
-    assert r["board_us"] == round(r["host_us"] * 1000 * x["factor"] / 240, 1)
+    assert r["board_us"] == round(r["host_us"] * 1000 * x["factor"] / 240, 3)
     assert r["band_us"][0] <= r["board_us"] <= r["band_us"][1]
     slow = boardtime.predict(str(f), runs=3, mhz=120, record=rec)  # half the clock: twice the time per host us
     assert slow["mhz"] == 120
@@ -180,6 +180,20 @@ def test_boardtime_predicts_with_the_emitters_factor_and_band(tmp_path, rec):
     v = tmp_path / "v.py"
     v.write_text("@micropython.viper\ndef main():\n    s: int = 0\n    for i in range(1000):\n        s += i\n")
     assert boardtime.predict(str(v), runs=1)["emitter"] == "viper"
+
+
+def test_boardtime_times_a_short_function_over_many_calls(tmp_path):
+    # a function of well under a microsecond on the host was a few ticks of the us timer
+    # (0 or 1 us a run): each run now calls it as often as SPAN_US holds, less an empty loop
+    from host import boardtime
+
+    mp32.available()[0] or pytest.skip("no 32-bit MicroPython build")
+    f = tmp_path / "tiny.py"
+    f.write_text("def main():\n    return 1 + 2\n")
+    r = boardtime.predict(str(f), runs=3)
+    assert r["calls_per_run"] >= 1000, r
+    assert 0 < r["host_us"] < 20 and all(t < 20 for t in r["host_runs_us"]), r
+    assert r["step_us"] >= 1
 
 
 @pytest.mark.parametrize("body,args,match", [
@@ -325,6 +339,20 @@ def test_a_config_task_carries_boardtimes_cost_into_the_emulator(tmp_path):
     t = rep["tasks"]["filter"]
     steps = rep["workloads"]["filter"]["released"]
     assert steps >= 2 and t["run_us"] == steps * step and t["max_slice_us"] == step, (t, steps)
+    # the runs at the ends of the band scale it by its emitter's band (bytecode unless it says)
+    x = bs.profile_factors(bs.factors()["fit"], "xtensa")
+    for em in ("bytecode", "viper"):
+        cfg["tasks"][0]["step_emitter"] = em
+        (tmp_path / "cfg.json").write_text(json.dumps(cfg))
+        for end, i in (("slow", 1), ("fast", 0)):
+            want = max(1, int(round(step * x[em]["band"][i] / x[em]["factor"])))
+            t = emu.run({"scenario": str(tmp_path / "cfg.json"), "tokens": 4, "speed": end})["tasks"]["filter"]
+            assert t["max_slice_us"] == want, (em, end, t, want)
+    cfg["tasks"][0]["step_emitter"] = "fortran"
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
+    with pytest.raises(UserError, match="step_emitter must be one of bytecode, native, viper"):
+        emu.run({"scenario": str(tmp_path / "cfg.json"), "tokens": 4})
+    del cfg["tasks"][0]["step_emitter"]
     del cfg["tasks"][0]["step_us"]  # without it the host's own run time of the step is not the board's: free
     (tmp_path / "cfg.json").write_text(json.dumps(cfg))
     assert emu.run({"scenario": str(tmp_path / "cfg.json"), "tokens": 4})["tasks"]["filter"]["run_us"] == 0
