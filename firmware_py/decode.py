@@ -224,6 +224,14 @@ class Session:
         self.tokens = None  # array('i') of the ids generated (the prompt excluded), sized by task()
         self.n_new = 0  # ids generated so far
         self.n_prompt = 0  # prompt ids (BOS included)
+        # snapshots (firmware_py/snapshot.py): the token to feed next (-1: none, -2: a task runs),
+        # the last request's ids, the conversation's earlier ids (u16 bytes) and how many it dropped
+        self.pending = -1
+        self.last_ids = None
+        self.snap_tokens = None
+        self.snap_dropped = 0
+        self.model_path = model_path
+        self.tok_path = tok_path
         self.stop = ""  # why decoding ended early ("" when it made all the tokens asked)
         self.stop_why = ""  # the sampler's one line when stop is "sampler"
         self.stop_n = 0  # stop "tokens": the tokens the request asked for
@@ -421,6 +429,10 @@ class Session:
         pos0 = self.pos0
         self.n_prompt = pos0 + len(ids)
         self.n_new = 0
+        self.pending = -2  # running (snapshot.RUNNING) until the loop ends
+        self.last_ids = ids
+        if not pos0:
+            self.snap_tokens = None  # a new conversation
         self.stop = ""  # a Session serve reuses: the last request's stop is not this one's
         self.stop_why = ""
         self.t_start = kernel.now()
@@ -616,6 +628,9 @@ class Session:
                     self.thermal_pause_us = us if us < 0x3FFFFFFF else 0x3FFFFFFF
                     yield kernel.sleep_us(d)
                 t_tok = kernel.now()
+        # the token the sequence goes on with (snapshot.py): the last pick, or the one a
+        # refused step could not take; -1 when the sequence has taken it already
+        self.pending = feed if cache.length(h) == pos and not prefill and self.stop != "sampler" else -1
         self.t_end = kernel.now()
 
     # bytes of the next piece of a move with `left` bytes to go on (tier, cat): at most
