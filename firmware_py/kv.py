@@ -117,14 +117,10 @@ if (kvkivi.KC_KD, kvkivi.KC_RW, kvkivi.KC_SRW, kvkivi.KC_VW) != (_KC_KD, _KC_RW,
 if (kvh2o._F_SINKS, kvh2o._F_RECENT, kvh2o._F_CAP, kvh2o._CFG, kvh2o._NF) != (_F_SINKS, _F_RECENT, _F_CAP, _CFG, _NF):
     raise ImportError("kv: the meta layout differs from kvh2o.py's")
 
-SEQ_WORDS = const(9)  # KVCache.seq_state's words
-
-
-# the pool blocks a sequence's table holds for state st (KVCache.seq_state's): what its
-# slots have reached (full), or its whole budget (ring policies take theirs at open)
-def held_blocks(st, t):
-    n = st[1] if st[1] < st[2] else st[2]
-    return ((n if st[0] == _FULL else st[2]) + t - 1) // t
+# a sequence row's words a snapshot keeps (firmware_py/snapshot.py), by position in the row:
+# policy, positions appended, budget, sinks, recent, watermark, watermark fired, evictions,
+# int4's current block + 1
+SEQ_FIELDS = (_F_POL, _F_N, _F_CAP, _F_SINKS, _F_RECENT, _F_WM, _F_WMF, _F_EV, _F_CUR)
 
 
 # reserve()/append() success: >= 0, a sum of these flags (refusals: status.E_*)
@@ -1003,83 +999,11 @@ class KVCache:
         self.table[ti] = new
         return OK
 
-    # --- one sequence out and back in (firmware_py/snapshot.py; between tokens) ---------
-    # h's state (SEQ_WORDS ints: policy number, positions appended, budget, sinks, recent,
-    # watermark, watermark fired, evictions, int4's current block + 1), or E_STALE, or
-    # E_STATE when a block its table must hold (held_blocks) has left the pool. Allocates
-    def seq_state(self, h):
+    # the index in self.meta of open handle h's row (its words: SEQ_FIELDS), or E_STALE: for
+    # snapshot.py, which saves a sequence's words and sets them on a sequence it opens; O(1)
+    def seq_row(self, h):
         i = self._idx(h)
-        if i < 0:
-            return i
-        o = _CFG + i * _NF
-        st = [self.meta[o + f] for f in (_F_POL, _F_N, _F_CAP, _F_SINKS, _F_RECENT, _F_WM, _F_WMF, _F_EV, _F_CUR)]
-        for k in range(held_blocks(st, self.t)):
-            if self.table[i * self.max_blocks + k] < 0:
-                return E_STATE
-        return st
-
-    # a new sequence in region with state st (seq_state's) and its held blocks taken now,
-    # table index k's filled by fill(k, b) (pool block b; False: refused). h2o's position
-    # map is made again from the blocks' headers, as _take keeps it. The handle, or
-    # E_RANGE (a state this cache cannot hold), E_NO_SLOT, E_NO_BLOCK, E_STATE (fill
-    # refused), with nothing taken; KVError for a bad region. O(held blocks + M)
-    def adopt(self, region, st, fill):
-        if region.__class__ is not int or region < 0 or region >= self.pool.n_regions:
-            raise KVError("no pool region %r" % (region,))
-        if len(st) != SEQ_WORDS:
-            return E_RANGE
-        pol, n, cap, sinks, recent, wm, wmf, ev, cur = st
-        if not 0 <= pol < len(POLICIES) or not 1 <= cap <= self.max_slots or not 0 <= n < _POS_LIMIT:
-            return E_RANGE
-        try:
-            ok = policy_params(POLICIES[pol], cap, sinks, recent) == (pol, sinks, recent)
-        except KVError:
-            ok = False
-        held = held_blocks(st, self.t)
-        if (not ok or (pol == _H2O and not self.map_size) or not 1 <= wm <= cap or wmf not in (0, 1) or not 0 <= ev <= n
-                or held > self.max_blocks or not 0 <= cur <= held or (cur and not self.kivi)):
-            return E_RANGE
-        i = self._free_seq()
-        if i < 0:
-            return E_NO_SLOT
-        if self.pool.available(region) < held:
-            self.pool.count_failed()
-            return E_NO_BLOCK
-        base = i * self.max_blocks
-        k = 0
-        while k < held:
-            b = self.pool.alloc(region)
-            self.table[base + k] = b
-            k += 1
-            if b < 0 or not fill(k - 1, b):
-                for j in range(k):
-                    if self.table[base + j] >= 0:
-                        self.pool.unref(self.table[base + j])
-                    self.table[base + j] = _NONE
-                return E_STATE if b >= 0 else E_NO_BLOCK
-        m = self.meta
-        o = _CFG + i * _NF
-        for f, v in zip((_F_POL, _F_N, _F_CAP, _F_SINKS, _F_RECENT, _F_WM, _F_WMF, _F_EV, _F_CUR), st):
-            m[o + f] = v
-        m[o + _F_REGION] = region
-        m[o + _F_SLOT] = 0
-        mm = self.map_size
-        if pol == _H2O:
-            t = self.t
-            for slot in range(cap if cap < held * t else held * t):
-                p = get32(self.arena, self.table[base + slot // t] * self.block_words + (slot % t) * 2) - 1
-                j = i * mm + p % mm
-                q = self.pos_map[j]
-                if p >= sinks and (q < 0 or p > self.slot_pos_i(i, q)):
-                    self.pos_map[j] = slot
-        h = m[o + _F_GEN] + i * _TAGS
-        m[o + _F_H] = h + 1
-        return h
-
-    # position in slot of sequence slot index i (its header), -1 for an empty slot
-    def slot_pos_i(self, i, slot):
-        t = self.t
-        return get32(self.arena, self.table[i * self.max_blocks + slot // t] * self.block_words + (slot % t) * 2) - 1
+        return i if i < 0 else _CFG + i * _NF
 
     # pool block at block-table index k of h (slots k*T .. k*T + T - 1; layer l's T rows
     # are contiguous in it), for attention kernels to read: never write through it

@@ -12,7 +12,7 @@
 #   header  HDR (below): magic, version, header bytes, sha256 of the model file and of the
 #           tokenizer file, the KV layout (layers, KV heads, head dim, dtype, tokens per
 #           block, block bytes), the forward path (float/integer) and RoPE mode, h2o's map
-#           size, the sequence's kv state words (kv.KVCache.seq_state), the blocks held, the
+#           size, the sequence's kv state words (kv.SEQ_FIELDS), the blocks held, the
 #           sampler (temperature, top_p, RNG state), the pending token (picked, not yet fed),
 #           the tokens kept, the int4 residual's size; then the header's CRC32
 #   tokens  u16 each (the conversation's ids, oldest first), CRC32
@@ -40,6 +40,7 @@ except ImportError:  # pragma: no cover - every port kvrtos runs on has them
 
 from firmware_py import kv
 from firmware_py.flashkv import ERASE_US, SECTOR_BYTES
+from firmware_py.pool import get32
 
 MAGIC = b"KVSN"
 END = b"KVSE"
@@ -121,6 +122,86 @@ def identity(s):
             raise SnapshotError("cannot hash the model or the tokenizer: %s" % e)
         s.snap_ident = ident
     return ident
+
+
+# --- one sequence's state out of and into a kv.KVCache (its seq_row words, its table) ---
+
+# the pool blocks a sequence's table holds for state st: what its slots have reached (full),
+# or its whole budget (ring policies take theirs at open)
+def held_blocks(st, t):
+    n = st[1] if st[1] < st[2] else st[2]
+    return ((n if st[0] == 0 else st[2]) + t - 1) // t
+
+
+# h's state words (kv.SEQ_FIELDS), or E_STALE, or E_STATE when a block its table must hold
+# has left the pool (spilled to flash)
+def seq_state(c, h):
+    o = c.seq_row(h)
+    if o < 0:
+        return o
+    st = [c.meta[o + f] for f in kv.SEQ_FIELDS]
+    for k in range(held_blocks(st, c.t)):
+        if c.block_at(h, k) < 0:
+            return kv.E_STATE
+    return st
+
+
+# a new sequence of cache c in region with state st (seq_state's): opened with its policy,
+# budget, sinks and recent, its held blocks filled by fill(k, b) (table index k, pool block
+# b; False: refused), its words set, and h2o's position map made again from the blocks'
+# headers as kv keeps it. The handle, or E_RANGE (a state c cannot hold), E_NO_SLOT,
+# E_NO_BLOCK, E_STATE (fill refused), with nothing taken
+def adopt(c, region, st, fill):
+    if len(st) != len(kv.SEQ_FIELDS):
+        return kv.E_RANGE
+    pol, n, cap, sinks, recent, wm, wmf, ev, cur = st
+    held = held_blocks(st, c.t)
+    if (not 0 <= pol < len(kv.POLICIES) or not 1 <= wm <= cap or wmf not in (0, 1) or not 0 <= ev <= n
+            or not 0 <= n < kv.INT_MAX - 1 or held > c.max_blocks or not 0 <= cur <= held or (cur and not c.kivi)):
+        return kv.E_RANGE
+    try:
+        h = c.open(region, kv.POLICIES[pol], cap, sinks if pol >= 2 else kv.SINKS, recent if pol == 3 else 0)
+    except kv.KVError:
+        return kv.E_RANGE
+    if h < 0:
+        return h
+    o = c.seq_row(h)
+    m = c.meta
+    if [m[o + f] for f in kv.SEQ_FIELDS[2:5]] != [cap, sinks, recent]:
+        c.close(h)
+        return kv.E_RANGE
+    base = c.slot_of(h) * c.max_blocks
+    k = 0
+    while k < held:
+        b = c.table[base + k]
+        if b < 0:  # full: blocks come as slots fill; a ring's were taken at open
+            b = c.pool.alloc(region)
+            if b < 0:
+                c.close(h)
+                return kv.E_NO_BLOCK
+            c.table[base + k] = b
+        if not fill(k, b):
+            c.close(h)
+            return kv.E_STATE
+        k += 1
+    for j, f in enumerate(kv.SEQ_FIELDS):
+        m[o + f] = st[j]
+    if pol == 3:
+        mm = c.map_size
+        i = base // c.max_blocks
+        for slot in range(cap):
+            p = _pos(c, base, slot)
+            if p >= sinks:
+                j = i * mm + p % mm
+                q = c.pos_map[j]
+                if q < 0 or p > _pos(c, base, q):
+                    c.pos_map[j] = slot
+    return h
+
+
+def _pos(c, base, slot):
+    t = c.t
+    return get32(c.arena, c.table[base + slot // t] * c.block_words + (slot % t) * 2) - 1
 
 
 def _path_no(s):
@@ -216,12 +297,12 @@ def save(s, name, folder=DIR, h=None, hook=None):
                             "end, or to a full budget, leaves one)")
     c = s.cache
     h = s.h if h is None else h
-    st = c.seq_state(h)
+    st = seq_state(c, h)
     if st.__class__ is int:
         raise SnapshotError("sequence %r: %s" % (h, "not open" if st == kv.E_STALE else "a block is not in the pool (spilled)"))
     lay = c.layout
     t = c.t
-    held = kv.held_blocks(st, t)
+    held = held_blocks(st, t)
     mdl, tkn = identity(s)
     toks, dropped = _tokens_of(s)
     rw = c.n_layers * t * c.kv_dim if c.kivi else 0
@@ -383,9 +464,9 @@ def resume(s, name, folder=DIR):
                 return f.readinto(mv[b * bb:(b + 1) * bb]) == bb and len(f.read(4)) == 4
 
             old = s.h
-            st_old = c.seq_state(old)
+            st_old = seq_state(c, old)
             c.close(old)  # its blocks first: the pool may hold only one of the two (checked above)
-            h = c.adopt(s.region, d["state"], fill)
+            h = adopt(c, s.region, d["state"], fill)
             if h >= 0 and d["resid_words"]:
                 rw = d["resid_words"]
                 i = c.slot_of(h)
@@ -426,7 +507,7 @@ def _check(s, name, p, f):
         raise SnapshotError("snapshot %s does not fit this session: %s" % (name, why))
     c = s.cache
     st = d["state"]
-    if kv.held_blocks(st, c.t) != d["held"]:
+    if held_blocks(st, c.t) != d["held"]:
         raise SnapshotError("the snapshot's header is damaged (blocks held)")
     if d["resid_words"] and (d["resid_words"] != c.n_layers * c.t * c.kv_dim or d["flag_bytes"] != c.t):
         raise SnapshotError("the snapshot's header is damaged (int4 residual)")
