@@ -214,8 +214,9 @@ def _crc(buf, crc=0):
 
 class _Writer:
     # a file written in pieces with the running CRC of the current section
-    def __init__(self, f, hook):
+    def __init__(self, f, hook, total):
         self.f = f
+        self.total = total
         self.crc = 0
         self.n = 0
         self.hook = hook
@@ -235,7 +236,7 @@ class _Writer:
             raise OSError("short write (%d of %d B)" % (w, n))
         self.n += n
         if self.hook is not None:
-            self.hook(self.n)
+            self.hook(self.n, self.total)
 
 
 def _fsync(f):
@@ -285,8 +286,8 @@ def _tokens_of(s):
 # folder. Between tokens: refused while a request runs on it (s.running), and when there
 # is no pending token (nothing decoded yet). Returns {"path", "bytes", "blocks", "tokens",
 # "positions", "sectors", "erases", "flash_us"}; SnapshotError with one line, the previous
-# snapshot of that name kept. hook(n): called after each write with the bytes written so
-# far (tests cut a save short there)
+# snapshot of that name kept. hook(n, total): called after each write with the bytes
+# written so far and the file's size (tests cut a save short there)
 def save(s, name, folder=DIR, h=None, hook=None):
     p = path_of(name, folder)
     pending = getattr(s, "pending", -1)
@@ -324,7 +325,7 @@ def save(s, name, folder=DIR, h=None, hook=None):
     i = c.slot_of(h)
     try:
         with open(tmp, "wb") as f:
-            w = _Writer(f, hook)
+            w = _Writer(f, hook, total)
             w.put(hdr)
             w.end_section()
             w.put(toks)

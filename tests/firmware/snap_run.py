@@ -4,8 +4,8 @@
 #   whole:  a fresh Session decodes N tokens after the prompt; prints TOKENS ...
 #   save:   the same, then saves the sequence as NAME; prints TOKENS ... and SAVED <bytes>
 #   resume: a fresh Session resumes NAME and decodes N more; prints TOKENS ...
-#   cut:    as save, but the save prints CUT and sleeps once CUT bytes are written (the test
-#           kills the process there: a save cut short)
+#   cut:    as save, but the save prints CUT and sleeps once CUT bytes are written (-2: its
+#           last byte; the test kills the process there: a save cut short)
 # A refusal prints REFUSED <its line> and exits 0.
 import sys
 import time
@@ -29,8 +29,8 @@ def run(s, ids, k):
     return [s.tokens[i] for i in range(s.n_new)]
 
 
-def hook(nb):
-    if 0 <= cut <= nb:
+def hook(nb, total):
+    if 0 <= cut <= nb or (cut == -2 and nb == total):  # -2: the file's last byte (written, not yet renamed)
         print("CUT", nb)
         time.sleep(60)
 
