@@ -304,20 +304,44 @@ def flash_firmware(c, bin="", port=None, board="esp32s3_n8r8", erase=False, dry_
             "prompt": "send this prompt (the board generates and streams the text)", "tokens": "tokens for --prompt (a whole number >= 1, default 64)",
             "policy": "KV policy for the next request", "window": "window for window/sinks/h2o", "kv_dtype": "KV element type for the next request",
             "stop": "send a stop command", "until_done": "return once this many requests have ended (serve goes on running on the board until Ctrl-C or the next flash / monitor --start / generate --runtime board)",
-            "link_bps": "with --start: the link's bytes/s the board paces telemetry to (100..1000000; default 0: the firmware's)"})
+            "link_bps": "with --start: the link's bytes/s the board paces telemetry to (100..1000000; default 0: the firmware's)",
+            "save": "save the conversation on the board as this KV snapshot (when the --prompt's request ends)",
+            "resume": "resume this KV snapshot on the board: the --prompt goes on from it"})
 @one_line_errors
 def monitor(c, port=None, board=None, log=None, until=None, timeout=None, jsonl=None, capture=None, replay=None,
             json=False, plain=False, start=False, prompt=None, tokens=None, policy=None, window=None, kv_dtype=None, stop=False,
-            until_done="0", link_bps="0"):
+            until_done="0", link_bps="0", save=None, resume=None):
     """Print what the board sends (text timestamped, telemetry frames decoded: a dashboard on a terminal), log, reconnect."""
     from host import monitor as mon
 
-    not_empty(port=port, log=log, jsonl=jsonl, capture=capture, replay=replay, until=until)
+    not_empty(port=port, log=log, jsonl=jsonl, capture=capture, replay=replay, until=until, save=save, resume=resume)
     mon.main(port=port and paths_user(port), board=board, log=log and paths_user(log), until=until,
              timeout=options.seconds(timeout, "--timeout") if timeout is not None else None, jsonl=jsonl and paths_user(jsonl),
              capture=capture and paths_user(capture), replay=replay and paths_user(replay), as_json=json, plain=plain,
              start=start, prompt=prompt, tokens=tokens, policy=policy, window=window, kv_dtype=kv_dtype, stop=stop,
-             until_done=until_done, link_bps=link_bps)
+             until_done=until_done, link_bps=link_bps, save=save, resume=resume)
+
+
+@task(help={"action": "list, pull NAME FILE, push FILE, or rm NAME (the first word after snapshot)",
+            "what": "pull/rm: the snapshot's NAME on the board; push: the FILE to copy to it",
+            "file": "pull: the new file the snapshot is copied to", "name": "push: the name on the board (default: FILE's, less .kvs)",
+            "port": "serial port (default: ESP32-S3 by USB VID, else the virtual board)", "board": "board profile name (to find the port)"})
+@one_line_errors
+def snapshot(c, action=None, what=None, file=None, name=None, port=None, board=None):
+    """KV snapshots on a board: ./kv snapshot list | pull NAME FILE | push FILE [--name N] | rm NAME [--port P]; copies verified by sha256 and CRC."""
+    from host import snapshots
+
+    not_empty(action=action, what=what, file=file, name=name, port=port, board=board)
+    if action is None:
+        raise UserError("./kv snapshot needs an action: list, pull NAME FILE, push FILE or rm NAME (./kv snapshot --help)", 2)
+    if action == "push":
+        if file is not None:
+            raise UserError("./kv snapshot push takes one FILE (the board's name for it: --name)", 2)
+        snapshots.main("push", name=name, file=what and paths_user(what), port=port and paths_user(port), board=board)
+        return
+    if name is not None:
+        raise UserError("--name is push's (pull and rm name the snapshot first: ./kv snapshot %s NAME ...)" % action, 2)
+    snapshots.main(action, name=what, file=file and paths_user(file), port=port and paths_user(port), board=board)
 
 
 @task(help={"log": "the console's JSONL log (./kv monitor --jsonl)", "out": "folder for trace.json and the PNG plots (default: beside LOG)",

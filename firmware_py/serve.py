@@ -97,6 +97,8 @@ class Server:
         self.done = 0  # requests ended
         self.max_requests = max_requests  # stop the kernel after this many requests (0: never)
         self.stopping = False  # a stop command is ending the running request
+        self.going_on = False  # True after a resume: prompts go on from the conversation
+        self.save_as = ""  # a save asked while a request ran: made when it ends
         self.tm = tm.Telemetry(write, kernel=self.k, link_bps=link_bps, rate_hz=rate_hz, thermal=self.guard,
                                meta={"model": model, "board": _board_name(), "cpu.mhz": _cpu_mhz()})
         self.bw = None  # the bandwidth tracker the config's tasks and the decode's traffic share, or None
@@ -161,6 +163,7 @@ class Server:
         if new.get("policy", "full") == "full":
             new.pop("window", None)
         self.opts = new
+        self.going_on = False  # new settings: the next prompt starts a new conversation
 
     # --- commands (the CommandReader calls this with each good frame; may allocate) -----
 
@@ -189,10 +192,58 @@ class Server:
                 st = E_RANGE
         elif ftype == tm.T_CMD_LAYOUT:
             self.tm.request_layout()
+        elif ftype == tm.T_CMD_SAVE or ftype == tm.T_CMD_RESUME:
+            try:
+                name = body.decode()
+            except UnicodeError:
+                name = ""
+            if ftype == tm.T_CMD_RESUME:
+                st = self.resume(name)
+            elif self.task is not None:  # saved when the running request ends (between tokens)
+                self.save_as = name
+            else:
+                st = self.save(name)
         else:
             st = E_RANGE
         self.tm.event(tm.EV_ACK, ftype, st, self.req)
         return st
+
+    # --- snapshots (firmware_py/snapshot.py, imported only when used) -------------------
+
+    # save the conversation as `name`; OK, or E_RANGE / E_STATE with the reason printed
+    def save(self, name):
+        from firmware_py import snapshot  # noqa: PLC0415 - only when asked
+
+        s = self.session
+        try:
+            if s is None:
+                raise snapshot.SnapshotError("no conversation to save: run a request first")
+            i = snapshot.save(s, name)
+        except (snapshot.SnapshotError, MemoryError) as e:
+            self.out("serve: save refused: %s" % e)
+            return E_RANGE
+        self.out("serve: saved %s: %d B, %d positions, %d tokens, %d blocks, %d sectors" % (
+            name, i["bytes"], i["positions"], i["tokens"], i["blocks"], i["sectors"]))
+        return OK
+
+    # the next prompts go on from snapshot `name`; OK, or E_STATE (a request runs) / E_RANGE
+    # with the reason printed (the conversation on the board is kept)
+    def resume(self, name):
+        from firmware_py import snapshot  # noqa: PLC0415 - only when asked
+
+        if self.task is not None:
+            self.out("serve: resume refused: a request is running (stop it first)")
+            return E_STATE
+        try:
+            s = self.session if self.session is not None else self._session()
+            d = snapshot.resume(s, name)
+        except (snapshot.SnapshotError, decode.DecodeError, MemoryError) as e:
+            self.out("serve: resume refused: %s" % e)
+            return E_RANGE
+        self.going_on = True
+        self._attach(s, d["state"][2])
+        self.out("serve: resumed %s: %d positions; the next prompt goes on from it" % (name, s.pos0))
+        return OK
 
     # start a request: prompt text, n new tokens. OK, or E_STATE (one is running) /
     # E_RANGE (refused: the reason is printed as one line), with a refused event
@@ -204,8 +255,17 @@ class Server:
             self.tm.event(tm.EV_REFUSED, E_RANGE, 1, self.req)
             return E_RANGE
         try:
-            s = self._session()
-            ids = s.encode(text)
+            if self.going_on:  # a resumed conversation (and every prompt after it) goes on
+                from firmware_py import snapshot  # noqa: PLC0415 - resumed: it is in already
+
+                s = self.session
+                try:
+                    ids = snapshot.continue_ids(s, text)
+                except snapshot.SnapshotError as e:
+                    raise decode.DecodeError(str(e))
+            else:
+                s = self._session()
+                ids = s.encode(text)
             s.piece_bytes = self.opts.get("piece_bytes", 0)  # weights read in pieces of this size (with traffic)
         except (decode.DecodeError, MemoryError) as e:
             self.out("serve: request refused: %s" % e)
@@ -373,9 +433,13 @@ class Server:
             reason = tm.DONE_STOP
             self.stopping = False
         t = self.tm
+        self.task = None
+        if self.save_as:  # asked during the request: saved now, before the done event
+            name = self.save_as
+            self.save_as = ""
+            t.event(tm.EV_ACK, tm.T_CMD_SAVE, self.save(name), req)
         t.event(tm.EV_DONE, req, made, reason)
         t.text(b"\n")
-        self.task = None
         self.done += 1
         if self.max_requests and self.done >= self.max_requests:
             self.k.spawn("finish", PRIO_INPUT, self._finish(self.k))

@@ -498,11 +498,7 @@ def resume(s, name, folder=DIR):
 # the identity, the size, every section's CRC, and that the pool can hold its blocks once
 # s's own sequence has given its blocks back. Its header dict, or SnapshotError
 def _check(s, name, p, f):
-    d = header(f)
-    size = _size(p)
-    if size != total_bytes(d):
-        raise SnapshotError("snapshot %s is %s: %d B where its header says %d" % (
-            name, "truncated" if size < total_bytes(d) else "longer than it should be", size, total_bytes(d)))
+    d = scan(f, _size(p), name)
     why = mismatch(s, d)
     if why:
         raise SnapshotError("snapshot %s does not fit this session: %s" % (name, why))
@@ -512,22 +508,6 @@ def _check(s, name, p, f):
         raise SnapshotError("the snapshot's header is damaged (blocks held)")
     if d["resid_words"] and (d["resid_words"] != c.n_layers * c.t * c.kv_dim or d["flag_bytes"] != c.t):
         raise SnapshotError("the snapshot's header is damaged (int4 residual)")
-    buf = bytearray(_CHUNK)
-    secs = [("tokens", 2 * d["n_tokens"])] + [("block %d" % k, d["block_bytes"]) for k in range(d["held"])]
-    if d["resid_words"]:
-        secs.append(("int4 residual", 4 * d["resid_words"] + d["flag_bytes"]))
-    for what, n in secs:
-        crc = 0
-        while n > 0:
-            m = n if n < _CHUNK else _CHUNK
-            got = f.readinto(memoryview(buf)[:m])
-            if got != m:
-                raise SnapshotError("the snapshot is truncated (in its %s)" % what)
-            crc = _crc(memoryview(buf)[:m], crc)
-            n -= m
-        _crc_ok(f, crc, what)
-    if f.read(len(END)) != END:
-        raise SnapshotError("the snapshot is damaged (no end mark)")
     # room: the saved sequence's blocks, from the free ones and those s's sequence holds alone
     if st[2] > c.max_slots or d["held"] > c.max_blocks:
         raise SnapshotError("snapshot %s holds a budget of %d tokens in %d blocks; this cache holds %d tokens in %d blocks a "
@@ -541,6 +521,32 @@ def _check(s, name, p, f):
     if free + own < d["held"]:
         raise SnapshotError("snapshot %s needs %d blocks of the KV pool; %d are free with this session's own" % (
             name, d["held"], free + own))
+    return d
+
+
+# a snapshot file (open as f, `size` bytes) checked whole without a session: its header,
+# its size, every section's CRC and its end mark. Its header dict, or SnapshotError. The
+# host tools (./kv snapshot pull/push) check a file with it before and after a copy
+def scan(f, size, name="file"):
+    d = header(f)
+    if size != total_bytes(d):
+        raise SnapshotError("snapshot %s is %s: %d B where its header says %d" % (
+            name, "truncated" if size < total_bytes(d) else "longer than it should be", size, total_bytes(d)))
+    buf = bytearray(_CHUNK)
+    secs = [("tokens", 2 * d["n_tokens"])] + [("block %d" % k, d["block_bytes"]) for k in range(d["held"])]
+    if d["resid_words"]:
+        secs.append(("int4 residual", 4 * d["resid_words"] + d["flag_bytes"]))
+    for what, n in secs:
+        crc = 0
+        while n > 0:
+            m = n if n < _CHUNK else _CHUNK
+            if f.readinto(memoryview(buf)[:m]) != m:
+                raise SnapshotError("the snapshot is truncated (in its %s)" % what)
+            crc = _crc(memoryview(buf)[:m], crc)
+            n -= m
+        _crc_ok(f, crc, what)
+    if f.read(len(END)) != END:
+        raise SnapshotError("the snapshot is damaged (no end mark)")
     return d
 
 

@@ -51,8 +51,11 @@ T_CMD_PROMPT = const(0x10)  # host -> board: [tokens varint][prompt UTF-8]
 T_CMD_STOP = const(0x11)  # host -> board: stop the running request
 T_CMD_CONFIG = const(0x12)  # host -> board: "key=value" lines for the next request
 T_CMD_LAYOUT = const(0x13)  # host -> board: send the layout frame again
+T_CMD_SAVE = const(0x14)  # host -> board: [snapshot name UTF-8]: save the conversation (when the request ends)
+T_CMD_RESUME = const(0x15)  # host -> board: [snapshot name UTF-8]: the next prompts go on from it
 FRAME_TYPES = {T_LAYOUT: "layout", T_PERIODIC: "periodic", T_EVENT: "event", T_TEXT: "text",
-               T_CMD_PROMPT: "prompt", T_CMD_STOP: "stop", T_CMD_CONFIG: "config", T_CMD_LAYOUT: "layout_request"}
+               T_CMD_PROMPT: "prompt", T_CMD_STOP: "stop", T_CMD_CONFIG: "config", T_CMD_LAYOUT: "layout_request",
+               T_CMD_SAVE: "save", T_CMD_RESUME: "resume"}
 
 # periodic records: id -> (name, fields); every field an unsigned varint unless SIGNED
 R_CORE = const(1)

@@ -15,11 +15,33 @@ USAGE_EXIT = running.USAGE_EXIT  # bad input, as docs/getting-started.md promise
 CHECKOUT_ONLY = ("test", "lint", "bench-docs")  # tasks over the repository's tests/, sources and docs/
 
 
+# tasks whose leading bare words fill these options in order (invoke's positional
+# arguments are all required: `./kv snapshot list` takes none, `pull NAME FILE` two)
+OPTIONAL_POSITIONALS = {"snapshot": ("action", "what", "file")}
+
+
+def fill_positionals(argv):
+    # argv with the bare words right after such a task's name turned into its options
+    argv = list(argv)
+    for i in range(1, len(argv)):
+        if argv[i] in OPTIONAL_POSITIONALS and all(a.startswith("-") and "=" not in a or "=" in a for a in argv[1:i]) \
+                and (i == 1 or argv[i - 1] not in ("-f", "--config", "-r", "--search-root", "-c", "--collection")):
+            names = OPTIONAL_POSITIONALS[argv[i]]
+            k = 0
+            j = i + 1
+            while j < len(argv) and k < len(names) and not argv[j].startswith("-"):
+                argv[j] = "--%s=%s" % (names[k].replace("_", "-"), argv[j])
+                j += 1
+                k += 1
+            break
+    return argv
+
+
 class KvProgram(Program):
     # invoke's Program with one-line, exit-2 parse errors and one task per command line
     def run(self, argv=None, exit=True):
         running.PROGRAM = self
-        return super().run(argv, exit)
+        return super().run(fill_positionals(sys.argv if argv is None else argv), exit)
 
     def core_args(self):
         return super().core_args() + [

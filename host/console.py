@@ -493,7 +493,7 @@ class StreamDecoder:
 
 def command(kind, seq=0, **kw):
     # the wire bytes of a host -> board command: prompt (text, tokens), stop, config
-    # (policy, window, kv_dtype, ...), layout
+    # (policy, window, kv_dtype, ...), layout, save and resume (name: a snapshot's)
     if kind == "prompt":
         body = _varint(int(kw.get("tokens", 64))) + kw["text"].encode()
         return tm.encode_command(tm.T_CMD_PROMPT, body, seq)
@@ -504,6 +504,8 @@ def command(kind, seq=0, **kw):
         return tm.encode_command(tm.T_CMD_CONFIG, body, seq)
     if kind == "layout":
         return tm.encode_command(tm.T_CMD_LAYOUT, b"", seq)
+    if kind in ("save", "resume"):
+        return tm.encode_command(tm.T_CMD_SAVE if kind == "save" else tm.T_CMD_RESUME, kw["name"].encode(), seq)
     raise ValueError("unknown command %r" % kind)
 
 

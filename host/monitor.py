@@ -543,7 +543,7 @@ def start_serve(port, link_bps=0, out=print, opts=None):
 # has answered (its first telemetry frame), a summary at the end
 def main(port=None, board=None, log=None, until=None, timeout=None, jsonl=None, capture=None, replay=None,
          as_json=False, plain=False, start=False, prompt=None, tokens=None, policy=None, window=None, kv_dtype=None,
-         stop=False, until_done=0, link_bps=0, out=None):
+         stop=False, until_done=0, link_bps=0, out=None, save=None, resume=None):
     import json
 
     from firmware_py import kv
@@ -567,7 +567,11 @@ def main(port=None, board=None, log=None, until=None, timeout=None, jsonl=None, 
         raise UserError("--kv-dtype must be one of %s, got %r" % (", ".join(kv.DTYPES), kv_dtype), 2)
     if window is not None:
         window = options.whole(window, "--window", 1, options.WINDOW_MAX)
-    sends = policy is not None or kv_dtype is not None or window is not None or prompt is not None or stop
+    for v, opt in ((save, "--save"), (resume, "--resume")):
+        if v is not None:
+            options.snapshot_name(v, opt)
+    sends = (policy is not None or kv_dtype is not None or window is not None or prompt is not None or stop
+             or save is not None or resume is not None)
     if replay is not None:
         if port is not None or start or sends:
             raise UserError("--replay decodes a file: --port, --start and commands need a board", 2)
@@ -595,16 +599,22 @@ def main(port=None, board=None, log=None, until=None, timeout=None, jsonl=None, 
                 cfg = {}  # serve booted with them
 
             def commands(mon):
+                # a config starts a new conversation on the board: before the resume. A save sent
+                # while the prompt's request runs is made when it ends
                 if cfg:
                     mon.send_command("config", **cfg)
+                if resume is not None:
+                    mon.send_command("resume", name=resume)
                 if prompt is not None:
                     mon.send_command("prompt", text=prompt, tokens=tokens)
+                if save is not None:
+                    mon.send_command("save", name=save)
                 if stop:
                     mon.send_command("stop")
 
             # serve started here, or a prompt sent: serve ending on the board ends the wait. Commands
             # wait for serve's first frame (after --start, its boot), and only when any is left to send
-            left = bool(cfg) or prompt is not None or stop
+            left = bool(cfg) or prompt is not None or stop or save is not None or resume is not None
             hit = m.run(until=pattern, timeout=timeout, until_done=until_done, on_open=commands if left else None,
                         stop_on_end=bool(until_done) and (start or prompt is not None),
                         answer_s=SERVE_BOOT_S if start else SERVE_ANSWER_S, started=start)

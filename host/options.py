@@ -78,3 +78,15 @@ def choice(v, flag, choices):
     if v not in choices:
         raise UserError("%s must be one of %s, got %r" % (flag, ", ".join(choices), v), 2)
     return v
+
+
+def snapshot_name(v, flag):
+    # a KV snapshot's name (firmware_py/snapshot.py: the file NAME.kvs on the board)
+    from firmware_py import snapshot  # noqa: PLC0415
+
+    try:
+        snapshot.path_of(v)
+    except snapshot.SnapshotError:
+        raise UserError("%s must be a snapshot name of 1..%d letters, digits, _ and -, got %r" % (
+            flag, snapshot.NAME_MAX, v), 2) from None
+    return v

@@ -319,3 +319,62 @@ def test_the_kv_cache_refuses_a_state_it_cannot_hold(tmp_path):
     assert s.pool.available(s.region) == free
     assert snapshot.adopt(s.cache, s.region, st, lambda k, b: True) == kv.E_NO_SLOT  # the one sequence is open
     assert snapshot.seq_state(s.cache, 12345) == kv.E_STALE
+
+
+# --- on the virtual boards: serve's save/resume, ./kv monitor --save/--resume, ./kv snapshot -------
+
+def _text(jl):
+    import json
+
+    return "".join(fr["text"] for fr in (json.loads(ln) for ln in open(jl)) if fr["type"] == "text")
+
+
+def test_a_conversation_saved_on_one_virtual_board_resumes_on_another_of_the_other_word_size(tmp_path, monkeypatch):
+    # the 64-bit virtual board decodes 10 tokens and saves (monitor --save) at the request's
+    # end; the snapshot outlives the board (stopped: its RAM is gone), is pulled to a file,
+    # pushed to a 32-bit virtual board and resumed there (monitor --resume): its 10 tokens
+    # follow on as that board's own 20-token decode has them (int8 weights: the integer path)
+    import vboard_util as vb
+
+    mp32 = mp32_or_skip()
+    kw = {"timeout": 300}
+    mon = ["--plain", "--timeout", "240", "--until-done", "1"]
+    monkeypatch.delenv("KVRTOS_VBOARD_MICROPYTHON", raising=False)
+    a_dir, b_dir = tmp_path / "a", tmp_path / "b"
+    a_dir.mkdir()
+    b_dir.mkdir()
+    with vb.start(a_dir) as a:
+        r = vb.kv("flash", "--port", a.port, "--model", MODEL, **kw)
+        assert r.returncode == 0, r.stdout + r.stderr
+        r = vb.kv("monitor", "--port", a.port, "--start", "--prompt", "Once upon a time", "--tokens", "10", "--save", "s1",
+                  "--jsonl", str(tmp_path / "a.jsonl"), *mon, **kw)
+        assert r.returncode == 0 and "serve: saved s1: " in r.stdout, r.stdout + r.stderr
+    with vb.start(a_dir) as a:  # the same board started again: its filesystem kept the snapshot
+        r = vb.kv("snapshot", "list", "--port", a.port, **kw)
+        assert r.returncode == 0 and r.stdout.split()[0] == "s1" and "int8" in r.stdout, r.stdout + r.stderr
+        r = vb.kv("snapshot", "pull", "s1", str(tmp_path / "s1.kvs"), "--port", a.port, **kw)
+        assert r.returncode == 0 and "sha256" in r.stdout, r.stdout + r.stderr
+        again = vb.kv("snapshot", "pull", "s1", str(tmp_path / "s1.kvs"), "--port", a.port, **kw)
+        assert vb.one_line_error(again) and "exists" in again.stderr  # never overwritten
+    monkeypatch.setenv("KVRTOS_VBOARD_MICROPYTHON", mp32)
+    with vb.start(b_dir) as b:
+        r = vb.kv("flash", "--port", b.port, "--model", MODEL, **kw)
+        assert r.returncode == 0, r.stdout + r.stderr
+        r = vb.kv("snapshot", "push", str(tmp_path / "s1.kvs"), "--port", b.port, **kw)
+        assert r.returncode == 0 and "pushed" in r.stdout, r.stdout + r.stderr
+        r = vb.kv("monitor", "--port", b.port, "--start", "--resume", "s1", "--prompt", "", "--tokens", "10",
+                  "--jsonl", str(tmp_path / "b.jsonl"), *mon, **kw)
+        assert r.returncode == 0 and "serve: resumed s1: 14 positions" in r.stdout, r.stdout + r.stderr
+        r = vb.kv("monitor", "--port", b.port, "--start", "--resume", "nosuch", "--prompt", "x", "--tokens", "2",
+                  *mon, **kw)
+        assert "serve: resume refused: no snapshot nosuch" in r.stdout, r.stdout + r.stderr
+        r = vb.kv("monitor", "--port", b.port, "--start", "--prompt", "Once upon a time", "--tokens", "20",
+                  "--jsonl", str(tmp_path / "c.jsonl"), *mon, **kw)
+        assert r.returncode == 0, r.stdout + r.stderr
+        r = vb.kv("snapshot", "rm", "s1", "--port", b.port, **kw)
+        assert r.returncode == 0, r.stdout + r.stderr
+        r = vb.kv("snapshot", "rm", "s1", "--port", b.port, **kw)
+        assert vb.one_line_error(r) and "no snapshot s1" in r.stderr, r.stdout + r.stderr
+    first, rest, whole = _text(tmp_path / "a.jsonl"), _text(tmp_path / "b.jsonl"), _text(tmp_path / "c.jsonl")
+    assert first.endswith("\n") and len(rest) > 5
+    assert first[:-1] + rest == whole, (first, rest, whole)
