@@ -416,8 +416,9 @@ def _hex(b):
     return binascii.hexlify(b).decode()[:12]
 
 
-# what about snapshot d (header()) session s cannot take, as one line, or ""
-def mismatch(s, d):
+# what about snapshot d (header()) session s cannot take, as one line, or "" (sampler: its
+# sampler's settings compared too)
+def mismatch(s, d, sampler=True):
     mdl, tkn = identity(s)
     c = s.cache
     lay = c.layout
@@ -436,7 +437,7 @@ def mismatch(s, d):
     if d["state"][0] == 3 and d["map_size"] != c.map_size:  # h2o: its victims follow the position map's size
         return "its h2o position map has %d entries, this cache's %d (boot with the same pool)" % (d["map_size"], c.map_size)
     sm = s.sampler
-    if (d["temperature"], d["top_p"]) != (sm.temperature, sm.top_p):
+    if sampler and (d["temperature"], d["top_p"]) != (sm.temperature, sm.top_p):
         return "it was sampled at temperature %g, top_p %g; this session samples at %g, %g" % (
             d["temperature"], d["top_p"], sm.temperature, sm.top_p)
     return ""
@@ -447,14 +448,16 @@ def mismatch(s, d):
 # continue_ids()). Everything is checked first (the header, the identity, the size, every
 # section's CRC, the room in the pool), so a refusal leaves s.h as it was: SnapshotError
 # with one line, nothing loaded. Returns the header dict
-def resume(s, name, folder=DIR):
+def resume(s, name, folder=DIR, prefix=False):
+    # prefix: for resume_prefix (the chats sample with their own samplers: the session's is
+    # neither compared nor restored)
     if getattr(s, "pending", -1) == RUNNING:
         raise SnapshotError("a request is running: resume between requests")
     p = _open_path(name, folder)
     c = s.cache
     try:
         with open(p, "rb") as f:
-            d = _check(s, name, p, f)
+            d = _check(s, name, p, f, prefix)
             f.seek(HDR_BYTES + 4)
             toks = _read(f, 2 * d["n_tokens"], "tokens")
             f.read(4)
@@ -483,7 +486,8 @@ def resume(s, name, folder=DIR):
     except OSError as e:
         raise SnapshotError("snapshot %s cannot be read: %s" % (name, e))
     s.h = h
-    s.sampler.state_hi, s.sampler.state_lo = d["rng"]
+    if not prefix:
+        s.sampler.state_hi, s.sampler.state_lo = d["rng"]
     s.pending = d["pending"]
     s.pos0 = c.length(h)
     s.snap_tokens = toks
@@ -497,9 +501,9 @@ def resume(s, name, folder=DIR):
 # snapshot file p (open as f) checked for session s without loading anything: the header,
 # the identity, the size, every section's CRC, and that the pool can hold its blocks once
 # s's own sequence has given its blocks back. Its header dict, or SnapshotError
-def _check(s, name, p, f):
+def _check(s, name, p, f, prefix=False):
     d = scan(f, _size(p), name)
-    why = mismatch(s, d)
+    why = mismatch(s, d, not prefix)
     if why:
         raise SnapshotError("snapshot %s does not fit this session: %s" % (name, why))
     c = s.cache
@@ -576,6 +580,68 @@ def continue_ids(s, text=""):
         raise SnapshotError("the conversation holds %d positions; %d more pass the KV budget of %d" % (
             s.pos0, len(ids), s.cap))
     return ids
+
+
+# --- shared prefixes: one restored prefix forked by several chats ---------------------
+
+# the task (a generator for sched.Kernel) that feeds a prefix into session s's sequence,
+# all of ids (encode()'s, BOS first) but the last, which is left pending: the state a
+# prefix snapshot holds (save() it after the task ends; resume_prefix() in a Session with
+# chats). The same positions as Session.prefix_task feeds for its chats
+def prefix_task(s, kernel, ids):
+    if not ids:
+        raise SnapshotError("the prefix must hold at least BOS (use encode())")
+    if len(ids) > 1:
+        yield from s.task(kernel, ids[:-1], 1, _discard, True)
+    if not s.stop and s.cache.length(s.h) == len(ids) - 1:
+        s.pending = ids[-1]
+        s.last_ids = ids
+        s.n_new = 0
+
+
+def _discard(b):
+    pass
+
+
+# chats sharing a restored prefix: session s was booted for its chats (seqs=N) and they are
+# made (s.chat()); in place of s.prefix_task(), snapshot NAME (a prefix_task() state, saved)
+# is loaded into the first chat's sequence and every other chat forks it, sharing its blocks
+# (copy on write), as the prefix task does with a prefix it fed. Each chat then feeds the
+# prefix's pending token and its own text (spawn the chats' tasks as usual). Returns the
+# snapshot's header dict; SnapshotError with one line and nothing changed
+def resume_prefix(s, kernel, name, folder=DIR):
+    from firmware_py.sched import EventFlags  # noqa: PLC0415
+
+    if not s.chats:
+        raise SnapshotError("no chats: make them with chat() before resume_prefix()")
+    if s.ready is not None:
+        raise SnapshotError("the chats' prefix was already made (prefix_task() or resume_prefix())")
+    with open(_open_path(name, folder), "rb") as f:
+        pos = header(f)["state"][1]
+    for c in s.chats:
+        if s.policy == "full" and pos + 1 + len(c.own) > s.cap:
+            raise SnapshotError("chat %d's prompt is %d tokens (prefix %d + its own %d), more than %s" % (
+                c.index, pos + 1 + len(c.own), pos + 1, len(c.own), s.limit))
+    d = resume(s, name, folder, True)
+    for c in s.chats:
+        c.ids = [s.pending] + c.own
+        c.pos0 = s.pos0
+    s.ready = EventFlags(kernel)
+    s.t_start = s.t_end = kernel.now()
+    s.n_shared = s.cache.length(s.h)
+    s.shared_blocks = s.pool.blocks_used
+    for c in s.chats:
+        if c.index == 0:
+            c.h = s.h
+        else:
+            h = s.cache.fork(s.h)
+            if h < 0:
+                c.stop = "fork %d" % h
+            else:
+                c.h = h
+    s.prefix_done = True
+    s.ready.set(1)
+    return d
 
 
 # [(name, bytes)] of the snapshots in folder, by name

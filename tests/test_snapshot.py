@@ -378,3 +378,39 @@ def test_a_conversation_saved_on_one_virtual_board_resumes_on_another_of_the_oth
     first, rest, whole = _text(tmp_path / "a.jsonl"), _text(tmp_path / "b.jsonl"), _text(tmp_path / "c.jsonl")
     assert first.endswith("\n") and len(rest) > 5
     assert first[:-1] + rest == whole, (first, rest, whole)
+
+
+def test_chats_fork_one_restored_prefix_as_they_fork_a_fed_one(tmp_path):
+    # a system prompt fed once and saved (snapshot.prefix_task, save); a Session booted for
+    # three chats restores it (resume_prefix) and the chats fork it: each chat's tokens are
+    # those of the same chats over a prefix the prefix task fed, and the blocks are shared
+    prefix = "Once upon a time there was a little"
+    texts = [" dog", " cat named", ""]
+
+    def chats(restore):
+        s = _session(seqs=3, policy="full", temperature=0.8)
+        cs = [s.chat(t, seed=i + 1) for i, t in enumerate(texts)]
+        k = Kernel(verbose=False)
+        if restore:
+            snapshot.resume_prefix(s, k, "sys", str(tmp_path))
+        else:
+            k.spawn("prefix", 2, s.prefix_task(k, s.encode(prefix)))
+        for i, c in enumerate(cs):
+            k.spawn("chat%d" % i, 1, c.task(k, 12, lambda b: None))
+        k.run()
+        return [[c.tokens[i] for i in range(c.n_new)] for c in cs], s.chats_report()
+
+    p = _session()
+    k = Kernel(verbose=False)
+    k.spawn("p", 1, snapshot.prefix_task(p, k, p.encode(prefix)))
+    k.run()
+    info = snapshot.save(p, "sys", str(tmp_path))
+    assert info["positions"] == len(p.encode(prefix)) - 1 and info["tokens"] == len(p.encode(prefix))
+    fed, rep_fed = chats(False)
+    back, rep_back = chats(True)
+    assert back == fed and all(len(t) == 12 for t in back)
+    assert (rep_back["shared_tokens"], rep_back["shared_blocks"]) == (rep_fed["shared_tokens"], rep_fed["shared_blocks"])
+    assert rep_back["pool_high_water"] == rep_fed["pool_high_water"]
+    s = _session(seqs=3)
+    with pytest.raises(snapshot.SnapshotError, match="no chats"):
+        snapshot.resume_prefix(s, Kernel(verbose=False), "sys", str(tmp_path))
