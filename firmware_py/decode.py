@@ -227,6 +227,7 @@ class Session:
         # snapshots (firmware_py/snapshot.py): the token to feed next (-1: none, -2: a task runs),
         # the last request's ids, the conversation's earlier ids (u16 bytes) and how many it dropped
         self.pending = -1
+        self.pend_pos = 0  # the position the pending token goes to (the sequence's length then)
         self.last_ids = None
         self.snap_tokens = None
         self.snap_dropped = 0
@@ -429,10 +430,8 @@ class Session:
         pos0 = self.pos0
         self.n_prompt = pos0 + len(ids)
         self.n_new = 0
+        was = getattr(self, "pending", -1)  # (a Chat has none before its first task)
         self.pending = -2  # running (snapshot.RUNNING) until the loop ends
-        self.last_ids = ids
-        if not pos0:
-            self.snap_tokens = None  # a new conversation
         self.stop = ""  # a Session serve reuses: the last request's stop is not this one's
         self.stop_why = ""
         self.t_start = kernel.now()
@@ -440,12 +439,16 @@ class Session:
         compat.collect()  # mem_free() counts garbage as taken until a collection
         free = compat.mem_free()
         if free is not None and free - 4 * n - 64 < self.margin:
+            self.pending = was  # nothing fed: the sequence is as it was
             self.tokens = compat.new_array("i", 0)
             self.stop = "tokens"
             self.stop_n = n
             self.t_first = self.t_end = self.t_start
             return
         self.tokens = compat.new_array("i", n)  # allocated once: nothing grows per token
+        self.last_ids = ids  # what this request feeds (snapshot.py keeps the conversation's ids)
+        if not pos0:
+            self.snap_tokens = None  # a new conversation
         out(tok.decode(ids) if not pos0 else tok.decode(ids[1:], ids[0]))  # a chat: ids[0] is the prefix's, printed there
         feed = ids[0]  # the token going in at pos: the prompt's, then the last one picked
         pos = pos0
@@ -631,6 +634,7 @@ class Session:
         # the token the sequence goes on with (snapshot.py): the last pick, or the one a
         # refused step could not take; -1 when the sequence has taken it already
         self.pending = feed if cache.length(h) == pos and not prefill and self.stop != "sampler" else -1
+        self.pend_pos = pos
         self.t_end = kernel.now()
 
     # bytes of the next piece of a move with `left` bytes to go on (tier, cat): at most

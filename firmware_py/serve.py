@@ -200,6 +200,8 @@ class Server:
             if ftype == tm.T_CMD_RESUME:
                 st = self.resume(name)
             elif self.task is not None:  # saved when the running request ends (between tokens)
+                if self.save_as:
+                    self.out("serve: save %s replaces the save of %s asked during this request" % (name, self.save_as))
                 self.save_as = name
             else:
                 st = self.save(name)
@@ -264,8 +266,13 @@ class Server:
                 except snapshot.SnapshotError as e:
                     raise decode.DecodeError(str(e))
             else:
-                s = self._session()
-                ids = s.encode(text)
+                s = self.session
+                if s is not None and self._boot() == self.booted:
+                    ids = s.encode(text)  # before its sequence is reopened: a refused prompt keeps the conversation
+                    s = self._session()
+                else:
+                    s = self._session()
+                    ids = s.encode(text)
             s.piece_bytes = self.opts.get("piece_bytes", 0)  # weights read in pieces of this size (with traffic)
         except (decode.DecodeError, MemoryError) as e:
             self.out("serve: request refused: %s" % e)
@@ -319,11 +326,16 @@ class Server:
     # sequence reopened), else a new one (the old one freed first)
     def _session(self):
         s = self.session
-        boot = {k: self.opts[k] for k in BOOT_KEYS if k in self.opts}
+        boot = self._boot()
         if s is not None and boot == self.booted:
             s.cache.close(s.h)
             cap = self._budget(s.cap, s.policy)
             s.h = s.cache.open(s.region, s.policy, cap, boot.get("sinks", kv.SINKS))
+            # a new conversation: nothing of the last one goes on (snapshot.py's fields)
+            s.pos0 = s.pend_pos = 0
+            s.pending = -1
+            s.last_ids = s.snap_tokens = None
+            s.snap_dropped = 0
             self._attach(s, cap)
             return s
         self.session = None
@@ -351,6 +363,10 @@ class Server:
         self.booted = boot
         self._attach(s, cap)
         return s
+
+    # the options a Session is booted with (the next request's)
+    def _boot(self):
+        return {k: self.opts[k] for k in BOOT_KEYS if k in self.opts}
 
     # the KV budget a request opens with: cap, or the thermal guard's share of it when hot
     # (its last reading: the guard samples once at boot, then every period)
@@ -438,6 +454,11 @@ class Server:
             name = self.save_as
             self.save_as = ""
             t.event(tm.EV_ACK, tm.T_CMD_SAVE, self.save(name), req)
+        s = self.session
+        if self.going_on and s is not None and s.pending < 0:  # stopped inside a token: nothing to go on from
+            self.going_on = False
+            self.out("serve: the conversation cannot go on (its request stopped inside a token): the next prompt "
+                     "starts a new one")
         t.event(tm.EV_DONE, req, made, reason)
         t.text(b"\n")
         self.done += 1

@@ -5,7 +5,7 @@
 #   from firmware_py import snapshot
 #   info = snapshot.save(session, "chat1")        # between requests (never inside a token)
 #   snapshot.resume(session, "chat1")             # the session's sequence is now the saved one
-#   ids = session.continue_ids(" and then")       # the pending token + new text: session.task(k, ids, n, out)
+#   ids = snapshot.continue_ids(session, " and")   # the pending token + new text: session.task(k, ids, n, out)
 #   snapshot.listing(); snapshot.delete("chat1")
 #
 # File format (docs/snapshots.md), little-endian and word-size independent, version 1:
@@ -23,8 +23,9 @@
 # A save writes NAME.tmp and renames it over NAME (atomic on POSIX and LittleFS; where a
 # rename over a file fails, the old one is renamed to NAME.old first, and a load falls back
 # to it), so a save cut short leaves the previous snapshot of that name valid. A load checks
-# everything before it takes a block, each block's CRC as it reads it, and gives every block
-# back when anything fails: nothing is loaded. Every refusal is SnapshotError, one line.
+# everything (the header, the identity, every section's CRC, the room) before it takes a
+# block, and a refusal leaves the session's conversation as it was. Every refusal is
+# SnapshotError, one line.
 #
 # Not on the hot path: save and resume allocate (a few small objects, the token list) and
 # are imported only when used. Flash cost (wear): the file's sectors, each erased once per
@@ -51,7 +52,7 @@ NAME_MAX = 32
 # dtype, path, rope, tokens per block, block bytes, h2o map size; the 9 state words; blocks
 # held; temperature, top_p, RNG hi, RNG lo; pending, tokens kept, tokens dropped; residual
 # words, flag bytes
-HDR = "<4sHH32s32sHHHBBBxHII9iIddHHiIIII"
+HDR = "<4sHH32s32sHHHBBBxHII9iIffHHiIIII"
 HDR_BYTES = struct.calcsize(HDR)
 TOKENS_MAX = 8192  # conversation ids a snapshot keeps (the newest; the rest counted as dropped)
 SPACE_SLACK = 2 * SECTOR_BYTES  # what a save leaves free on the filesystem beyond its file
@@ -59,6 +60,9 @@ _CHUNK = 512  # bytes hashed per read
 PATHS = ("float", "integer")
 RUNNING = -2  # Session.pending while its task runs (or after it was stopped inside a token)
 ROPES = ("absolute", "cache")
+
+
+_NAME_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-"
 
 
 class SnapshotError(ValueError):
@@ -70,8 +74,8 @@ def _name_ok(name):
     if name.__class__ is not str or not 1 <= len(name) <= NAME_MAX:
         raise SnapshotError("a snapshot name is 1..%d characters, got %r" % (NAME_MAX, name))
     for ch in name:
-        if not (ch.isalpha() or ch.isdigit() or ch in "_-"):
-            raise SnapshotError("a snapshot name holds letters, digits, _ and - only, got %r" % name)
+        if ch not in _NAME_CHARS:
+            raise SnapshotError("a snapshot name holds ASCII letters, digits, _ and - only, got %r" % name)
 
 
 def path_of(name, folder=DIR):
@@ -114,6 +118,7 @@ def file_sha256(path):
 
 def identity(s):
     # (model sha256, tokenizer sha256) of session s, hashed once per session
+    s = getattr(s, "session", None) or s  # a Chat: its Session's files
     ident = getattr(s, "snap_ident", None)
     if ident is None:
         try:
@@ -146,19 +151,40 @@ def seq_state(c, h):
     return st
 
 
+# why cache c cannot hold a sequence of state st (seq_state's words), or "": every word in
+# its range and the policy's own rule (kvlayout.policy_params, as open() checks it)
+def state_error(c, st):
+    if len(st) != len(kv.SEQ_FIELDS):
+        return "its state has %d words, not %d" % (len(st), len(kv.SEQ_FIELDS))
+    pol, n, cap, sinks, recent, wm, wmf, ev, cur = st
+    if not 0 <= pol < len(kv.POLICIES):
+        return "its policy number %d is unknown" % pol
+    if not 1 <= cap <= c.max_slots or held_blocks(st, c.t) > c.max_blocks:
+        return "its budget of %d tokens is more than this cache's %d a sequence" % (cap, c.max_slots)
+    if (not 1 <= wm <= cap or wmf not in (0, 1) or not 0 <= ev <= n or not 0 <= n < kv.INT_MAX - 1
+            or not 0 <= cur <= held_blocks(st, c.t) or (cur and not c.kivi)):
+        return "its state words are out of range (damaged)"
+    try:
+        if kv.policy_params(kv.POLICIES[pol], cap, sinks if pol >= 2 else kv.SINKS, recent if pol == 3 else 0) != (
+                pol, sinks, recent):
+            return "its policy's sinks and recent do not fit its budget (damaged)"
+    except kv.KVError as e:
+        return str(e)
+    if pol == 3 and not c.map_size:
+        return "it is an h2o sequence and this cache keeps no h2o scores"
+    return ""
+
+
 # a new sequence of cache c in region with state st (seq_state's): opened with its policy,
 # budget, sinks and recent, its held blocks filled by fill(k, b) (table index k, pool block
-# b; False: refused), its words set, and h2o's position map made again from the blocks'
-# headers as kv keeps it. The handle, or E_RANGE (a state c cannot hold), E_NO_SLOT,
-# E_NO_BLOCK, E_STATE (fill refused), with nothing taken
+# b; False, or an exception: refused), its words set, and h2o's position map made again
+# from the blocks' headers as kv keeps it. The handle, or E_RANGE (a state c cannot hold:
+# state_error), E_NO_SLOT, E_NO_BLOCK, E_STATE (fill refused), with nothing taken
 def adopt(c, region, st, fill):
-    if len(st) != len(kv.SEQ_FIELDS):
+    if state_error(c, st):
         return kv.E_RANGE
     pol, n, cap, sinks, recent, wm, wmf, ev, cur = st
     held = held_blocks(st, c.t)
-    if (not 0 <= pol < len(kv.POLICIES) or not 1 <= wm <= cap or wmf not in (0, 1) or not 0 <= ev <= n
-            or not 0 <= n < kv.INT_MAX - 1 or held > c.max_blocks or not 0 <= cur <= held or (cur and not c.kivi)):
-        return kv.E_RANGE
     try:
         h = c.open(region, kv.POLICIES[pol], cap, sinks if pol >= 2 else kv.SINKS, recent if pol == 3 else 0)
     except kv.KVError:
@@ -167,9 +193,6 @@ def adopt(c, region, st, fill):
         return h
     o = c.seq_row(h)
     m = c.meta
-    if [m[o + f] for f in kv.SEQ_FIELDS[2:5]] != [cap, sinks, recent]:
-        c.close(h)
-        return kv.E_RANGE
     base = c.slot_of(h) * c.max_blocks
     k = 0
     while k < held:
@@ -180,7 +203,11 @@ def adopt(c, region, st, fill):
                 c.close(h)
                 return kv.E_NO_BLOCK
             c.table[base + k] = b
-        if not fill(k, b):
+        try:
+            ok = fill(k, b)
+        except Exception:  # a read that failed (OSError), no room for its buffer (MemoryError)
+            ok = False
+        if not ok:
             c.close(h)
             return kv.E_STATE
         k += 1
@@ -262,15 +289,19 @@ def _free_bytes(folder):
 
 def _tokens_of(s):
     # the conversation's ids: those kept so far (a resumed snapshot's, earlier requests'), then
-    # the last request's ids (a continuation's first is the pending token, kept already) and
-    # its picks (the pending one last); (u16 bytes, dropped count)
+    # what the last request fed (its ids, then its picks) and the pending token, by its
+    # positions: a request cut short by a full budget fed part of its ids only (a
+    # continuation's first id is the conversation's pending token, kept already); (u16
+    # bytes, dropped count)
     old = getattr(s, "snap_tokens", None) or b""
     dropped = getattr(s, "snap_dropped", 0)
     ids = list(getattr(s, "last_ids", None) or ())
-    if old and ids:
-        ids = ids[1:]
     if s.tokens is not None:
         ids += [s.tokens[i] for i in range(s.n_new)]
+    fed = getattr(s, "pend_pos", 0) - s.pos0
+    ids = ids[:fed + 1] if fed >= 0 else []
+    if old and ids:
+        ids = ids[1:]
     new = bytearray(2 * len(ids))
     for i, t in enumerate(ids):
         struct.pack_into("<H", new, 2 * i, t & 0xFFFF)
@@ -282,13 +313,12 @@ def _tokens_of(s):
     return allb, dropped
 
 
-# save session s's sequence (h: one of its chats' handles; None: its own) as NAME in
-# folder. Between tokens: refused while a request runs on it (s.running), and when there
+# save session s's sequence (s: a decode.Session, or one of its Chats) as NAME in folder. Between tokens: refused while a request runs on it (s.running), and when there
 # is no pending token (nothing decoded yet). Returns {"path", "bytes", "blocks", "tokens",
 # "positions", "sectors", "erases", "flash_us"}; SnapshotError with one line, the previous
 # snapshot of that name kept. hook(n, total): called after each write with the bytes
 # written so far and the file's size (tests cut a save short there)
-def save(s, name, folder=DIR, h=None, hook=None):
+def save(s, name, folder=DIR, hook=None):
     p = path_of(name, folder)
     pending = getattr(s, "pending", -1)
     if pending == RUNNING:
@@ -297,7 +327,10 @@ def save(s, name, folder=DIR, h=None, hook=None):
         raise SnapshotError("nothing to save: the sequence has no decoded token to go on from (a request that ran to its "
                             "end, or to a full budget, leaves one)")
     c = s.cache
-    h = s.h if h is None else h
+    h = s.h
+    if c.length(h) != getattr(s, "pend_pos", -1):
+        raise SnapshotError("nothing to save: the sequence is not the one the last request left (%d positions, it left "
+                            "%d)" % (c.length(h), getattr(s, "pend_pos", -1)))
     st = seq_state(c, h)
     if st.__class__ is int:
         raise SnapshotError("sequence %r: %s" % (h, "not open" if st == kv.E_STALE else "a block is not in the pool (spilled)"))
@@ -398,7 +431,9 @@ def header(f):
         raise SnapshotError("snapshot format version %d, this firmware reads version %d" % (v, VERSION))
     _crc_ok(f, _crc(raw), "header")
     x = struct.unpack(HDR, raw)
-    if x[2] != HDR_BYTES or x[8] >= len(kv.DTYPES) or x[9] >= len(PATHS) or x[10] >= len(ROPES):
+    # what a damaged or crafted header could make a reader loop over or allocate, bounded first
+    if (x[2] != HDR_BYTES or x[8] >= len(kv.DTYPES) or x[9] >= len(PATHS) or x[10] >= len(ROPES) or x[11] < 1
+            or x[12] < 8 * x[11] or x[12] % 4 or x[29] > TOKENS_MAX or x[23] > kv.INT_MAX // x[12] or x[32] > x[11]):
         raise SnapshotError("the snapshot's header is damaged")
     return {"model_sha256": x[3], "tokenizer_sha256": x[4], "n_layers": x[5], "n_kv_heads": x[6], "head_dim": x[7],
             "dtype": kv.DTYPES[x[8]], "path": PATHS[x[9]], "rope": ROPES[x[10]], "tokens_per_block": x[11],
@@ -410,6 +445,12 @@ def header(f):
 def total_bytes(d):
     return (HDR_BYTES + 4 + 2 * d["n_tokens"] + 4 + d["held"] * (d["block_bytes"] + 4)
             + ((4 * d["resid_words"] + d["flag_bytes"] + 4) if d["resid_words"] else 0) + len(END))
+
+
+def _f32(x):
+    # x as the header keeps it (float32: a board's single-precision float and a host's double
+    # of the same setting compare equal)
+    return struct.unpack("<f", struct.pack("<f", x))[0]
 
 
 def _hex(b):
@@ -434,62 +475,83 @@ def mismatch(s, d, sampler=True):
     if d["path"] != PATHS[_path_no(s)] or d["rope"] != s.model.rope:
         return "it was decoded on the %s path with RoPE %s; this session runs the %s path with RoPE %s" % (
             d["path"], d["rope"], PATHS[_path_no(s)], s.model.rope)
+    pol = d["state"][0]
+    if pol < len(kv.POLICIES) and kv.POLICIES[pol] != s.policy:
+        return "its KV policy is %s (budget %d); this session's is %s: boot it with that policy" % (
+            kv.POLICIES[pol], d["state"][2], s.policy)
     if d["state"][0] == 3 and d["map_size"] != c.map_size:  # h2o: its victims follow the position map's size
         return "its h2o position map has %d entries, this cache's %d (boot with the same pool)" % (d["map_size"], c.map_size)
     sm = s.sampler
-    if sampler and (d["temperature"], d["top_p"]) != (sm.temperature, sm.top_p):
+    if sampler and (d["temperature"], d["top_p"]) != (_f32(sm.temperature), _f32(sm.top_p)):
         return "it was sampled at temperature %g, top_p %g; this session samples at %g, %g" % (
             d["temperature"], d["top_p"], sm.temperature, sm.top_p)
     return ""
 
 
-# resume snapshot NAME into session s: its sequence (s.h) is closed and the saved one takes
-# its place, the sampler's RNG state restored, s.pending the token to feed first (then
-# continue_ids()). Everything is checked first (the header, the identity, the size, every
-# section's CRC, the room in the pool), so a refusal leaves s.h as it was: SnapshotError
-# with one line, nothing loaded. Returns the header dict
+# resume snapshot NAME into session s: the saved sequence takes the place of s.h, the
+# sampler's RNG state restored, s.pending the token to feed first (then continue_ids()).
+# Everything is checked first (the header, the identity and settings, the state's words,
+# the size, every section's CRC, the room in the pool), so a refusal leaves s.h and its
+# conversation as they were: SnapshotError with one line, nothing loaded. Where the pool and
+# the cache have room for both, the saved sequence is loaded before s.h is closed; else s.h
+# gives its blocks back first, and a read that fails after the checks (the file changed
+# under us) leaves s.h open again, empty, and says so. Returns the header dict
 def resume(s, name, folder=DIR, prefix=False):
     # prefix: for resume_prefix (the chats sample with their own samplers: the session's is
     # neither compared nor restored)
-    if getattr(s, "pending", -1) == RUNNING:
-        raise SnapshotError("a request is running: resume between requests")
     p = _open_path(name, folder)
     c = s.cache
     try:
         with open(p, "rb") as f:
             d = _check(s, name, p, f, prefix)
-            f.seek(HDR_BYTES + 4)
-            toks = _read(f, 2 * d["n_tokens"], "tokens")
-            f.read(4)
             bb = d["block_bytes"]
             mv = memoryview(c.arena)
+            at = HDR_BYTES + 4 + 2 * d["n_tokens"] + 4  # the first block
 
             def fill(k, b):
                 return f.readinto(mv[b * bb:(b + 1) * bb]) == bb and len(f.read(4)) == 4
 
-            old = s.h
-            st_old = seq_state(c, old)
-            c.close(old)  # its blocks first: the pool may hold only one of the two (checked above)
-            h = adopt(c, s.region, d["state"], fill)
-            if h >= 0 and d["resid_words"]:
+            def load():
+                f.seek(at)
+                h = adopt(c, s.region, d["state"], fill)
                 rw = d["resid_words"]
-                i = c.slot_of(h)
-                t = c.t
-                if (f.readinto(memoryview(c.resid)[i * rw:(i + 1) * rw]) != 4 * rw
-                        or f.readinto(memoryview(c.flags)[i * t:(i + 1) * t]) != t):
-                    c.close(h)
-                    h = kv.E_STATE
-            if h < 0:  # a read that failed after the checks (the file changed under us)
-                s.h = _reopen(s, st_old)
-                raise SnapshotError("snapshot %s could not be loaded (status %d); this session's conversation was "
-                                    "lost: its sequence is open again, empty" % (name, h))
+                if h >= 0 and rw:
+                    i = c.slot_of(h)
+                    t = c.t
+                    try:
+                        ok = (f.readinto(memoryview(c.resid)[i * rw:(i + 1) * rw]) == 4 * rw
+                              and f.readinto(memoryview(c.flags)[i * t:(i + 1) * t]) == t)
+                    except Exception:
+                        ok = False
+                    if not ok:
+                        c.close(h)
+                        h = kv.E_STATE
+                return h
+
+            old = s.h
+            h = load()  # beside the session's own sequence, when there is room for both
+            if h >= 0:
+                c.close(old)
+            elif h == kv.E_NO_SLOT or h == kv.E_NO_BLOCK:
+                st_old = seq_state(c, old)
+                c.close(old)  # its blocks first (the room was checked with them counted)
+                h = load()
+                if h < 0:
+                    s.h = _reopen(s, st_old)
+                    _forget(s)
+                    raise SnapshotError("snapshot %s could not be loaded (status %d: the file changed while it was read?); "
+                                        "this session's conversation was lost: its sequence is open again, empty" % (name, h))
+            else:
+                raise SnapshotError("snapshot %s could not be loaded (status %d); nothing changed" % (name, h))
+            f.seek(HDR_BYTES + 4)
+            toks = _read(f, 2 * d["n_tokens"], "tokens")
     except OSError as e:
         raise SnapshotError("snapshot %s cannot be read: %s" % (name, e))
     s.h = h
     if not prefix:
         s.sampler.state_hi, s.sampler.state_lo = d["rng"]
     s.pending = d["pending"]
-    s.pos0 = c.length(h)
+    s.pos0 = s.pend_pos = c.length(h)
     s.snap_tokens = toks
     s.snap_dropped = d["dropped"]
     s.last_ids = None
@@ -498,24 +560,36 @@ def resume(s, name, folder=DIR, prefix=False):
     return d
 
 
-# snapshot file p (open as f) checked for session s without loading anything: the header,
-# the identity, the size, every section's CRC, and that the pool can hold its blocks once
-# s's own sequence has given its blocks back. Its header dict, or SnapshotError
+# session s's conversation forgotten (its sequence was reopened empty)
+def _forget(s):
+    s.pending = -1
+    s.pos0 = s.pend_pos = 0
+    s.snap_tokens = None
+    s.snap_dropped = 0
+    s.last_ids = None
+
+
+# snapshot file p (open as f) checked for session s without loading anything: first what the
+# header says (the identity and settings, the state's words, the size, the room in the pool
+# once s's own sequence has given its blocks back), then every section's CRC. Its header
+# dict, or SnapshotError
 def _check(s, name, p, f, prefix=False):
-    d = scan(f, _size(p), name)
-    why = mismatch(s, d, not prefix)
+    d = header(f)
+    size = _size(p)
+    if size != total_bytes(d):
+        raise SnapshotError("snapshot %s is %s: %d B where its header says %d" % (
+            name, "truncated" if size < total_bytes(d) else "longer than it should be", size, total_bytes(d)))
+    why = mismatch(s, d, not prefix) or state_error(s.cache, d["state"])
     if why:
         raise SnapshotError("snapshot %s does not fit this session: %s" % (name, why))
     c = s.cache
     st = d["state"]
     if held_blocks(st, c.t) != d["held"]:
         raise SnapshotError("the snapshot's header is damaged (blocks held)")
-    if d["resid_words"] and (d["resid_words"] != c.n_layers * c.t * c.kv_dim or d["flag_bytes"] != c.t):
+    if d["resid_words"] != (c.n_layers * c.t * c.kv_dim if c.kivi else 0) or d["flag_bytes"] != (c.t if c.kivi else 0):
         raise SnapshotError("the snapshot's header is damaged (int4 residual)")
-    # room: the saved sequence's blocks, from the free ones and those s's sequence holds alone
-    if st[2] > c.max_slots or d["held"] > c.max_blocks:
-        raise SnapshotError("snapshot %s holds a budget of %d tokens in %d blocks; this cache holds %d tokens in %d blocks a "
-                            "sequence" % (name, st[2], d["held"], c.max_slots, c.max_blocks))
+    if not 0 <= d["pending"] < s.cfg.vocab_size:
+        raise SnapshotError("the snapshot's header is damaged (pending token %d)" % d["pending"])
     own = 0
     for k in range(c.max_blocks):
         b = c.block_at(s.h, k)
@@ -525,6 +599,7 @@ def _check(s, name, p, f, prefix=False):
     if free + own < d["held"]:
         raise SnapshotError("snapshot %s needs %d blocks of the KV pool; %d are free with this session's own" % (
             name, d["held"], free + own))
+    _sections(f, d)
     return d
 
 
@@ -536,22 +611,40 @@ def scan(f, size, name="file"):
     if size != total_bytes(d):
         raise SnapshotError("snapshot %s is %s: %d B where its header says %d" % (
             name, "truncated" if size < total_bytes(d) else "longer than it should be", size, total_bytes(d)))
+    _sections(f, d)
+    return d
+
+
+# every section after the header (f just past it) read in small pieces against its CRC, then
+# the end mark; SnapshotError naming the first that fails
+def _sections(f, d):
     buf = bytearray(_CHUNK)
-    secs = [("tokens", 2 * d["n_tokens"])] + [("block %d" % k, d["block_bytes"]) for k in range(d["held"])]
-    if d["resid_words"]:
-        secs.append(("int4 residual", 4 * d["resid_words"] + d["flag_bytes"]))
-    for what, n in secs:
+    mv = memoryview(buf)
+    k = -1
+    while k <= d["held"]:
+        if k < 0:
+            n = 2 * d["n_tokens"]
+        elif k < d["held"]:
+            n = d["block_bytes"]
+        else:
+            n = 4 * d["resid_words"] + d["flag_bytes"] if d["resid_words"] else -1
+        k += 1
+        if n < 0:
+            break
         crc = 0
         while n > 0:
             m = n if n < _CHUNK else _CHUNK
-            if f.readinto(memoryview(buf)[:m]) != m:
-                raise SnapshotError("the snapshot is truncated (in its %s)" % what)
-            crc = _crc(memoryview(buf)[:m], crc)
+            if f.readinto(mv[:m]) != m:
+                raise SnapshotError("the snapshot is truncated (in its %s)" % _section_name(k - 1, d))
+            crc = _crc(mv[:m], crc)
             n -= m
-        _crc_ok(f, crc, what)
+        _crc_ok(f, crc, _section_name(k - 1, d))
     if f.read(len(END)) != END:
         raise SnapshotError("the snapshot is damaged (no end mark)")
-    return d
+
+
+def _section_name(k, d):
+    return "tokens" if k < 0 else ("block %d" % k if k < d["held"] else "int4 residual")
 
 
 def _reopen(s, st):
@@ -568,17 +661,21 @@ def _reopen(s, st):
 def continue_ids(s, text=""):
     if getattr(s, "pending", -1) < 0:
         raise SnapshotError("nothing to go on from: resume a snapshot or finish a request first")
-    s.pos0 = s.cache.length(s.h)  # the pending token's position
-    toks, dropped = _tokens_of(s)
+    c = s.cache
+    n = c.length(s.h)
+    if n != getattr(s, "pend_pos", -1):
+        raise SnapshotError("nothing to go on from: the sequence is not the one the last request left")
+    ids = [s.pending] + (s.tok.encode(text, False, False) if text else [])
+    st = seq_state(c, s.h)
+    if st.__class__ is not int and st[0] == 0 and n + len(ids) > st[2]:
+        raise SnapshotError("the conversation holds %d positions; %d more pass its KV budget of %d" % (n, len(ids), st[2]))
+    toks, dropped = _tokens_of(s)  # what the conversation has fed so far, kept for the next save
     s.snap_tokens = toks
     s.snap_dropped = dropped
     s.tokens = None
     s.n_new = 0
-    ids = [s.pending] + (s.tok.encode(text, False, False) if text else [])
+    s.pos0 = n  # the pending token's position
     s.last_ids = ids
-    if s.policy == "full" and s.pos0 + len(ids) > s.cap:
-        raise SnapshotError("the conversation holds %d positions; %d more pass the KV budget of %d" % (
-            s.pos0, len(ids), s.cap))
     return ids
 
 
@@ -591,10 +688,14 @@ def continue_ids(s, text=""):
 def prefix_task(s, kernel, ids):
     if not ids:
         raise SnapshotError("the prefix must hold at least BOS (use encode())")
+    if s.cache.length(s.h) != 0:
+        raise SnapshotError("the session's sequence is not empty: a prefix starts a conversation")
+    s.pos0 = 0
     if len(ids) > 1:
         yield from s.task(kernel, ids[:-1], 1, _discard, True)
     if not s.stop and s.cache.length(s.h) == len(ids) - 1:
         s.pending = ids[-1]
+        s.pend_pos = len(ids) - 1
         s.last_ids = ids
         s.n_new = 0
 
@@ -652,8 +753,8 @@ def listing(folder=DIR):
         return []
     out = []
     for n in sorted(names):
-        if n.endswith(".kvs"):
-            out.append((n[:-4], _size(folder + "/" + n)))
+        if n.endswith(".kvs") or (n.endswith(".kvs.old") and n[:-4] not in names):  # .old: a save cut between renames
+            out.append((n[:n.index(".kvs")], _size(folder + "/" + n)))
     return out
 
 

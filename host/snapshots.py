@@ -24,7 +24,8 @@ ACTIONS = ("list", "pull", "push", "rm")
 _LIST = """
 import os, binascii
 try:
-    ns = sorted(n for n in os.listdir(%(d)r) if n.endswith('.kvs'))
+    al = os.listdir(%(d)r)
+    ns = sorted(n for n in al if n.endswith('.kvs') or (n.endswith('.kvs.old') and n[:-4] not in al))
 except OSError:
     ns = []
 out = []
@@ -32,7 +33,7 @@ for n in ns:
     f = open(%(d)r + '/' + n, 'rb')
     h = f.read(%(hb)d)
     f.close()
-    out.append((n[:-4], os.stat(%(d)r + '/' + n)[6], binascii.hexlify(h).decode()))
+    out.append((n[:n.index('.kvs')], os.stat(%(d)r + '/' + n)[6], binascii.hexlify(h).decode()))
 print(repr(out))
 """
 _FREE = """
@@ -46,6 +47,22 @@ try:
     print(v[0] * v[4])
 except (AttributeError, OSError):
     print(-1)
+"""
+_COMMIT = """
+import os
+def _rm(x):
+    try:
+        os.remove(x)
+    except OSError:
+        pass
+try:
+    os.rename(%(tmp)r, %(p)r)
+except OSError:
+    _rm(%(p)r + '.old')
+    os.rename(%(p)r, %(p)r + '.old')
+    os.rename(%(tmp)r, %(p)r)
+_rm(%(p)r + '.old')
+print(1)
 """
 _RM = """
 import os
@@ -99,21 +116,27 @@ def _board_path(name):
 
 def pull(t, name, dest, out=print):
     p = _board_path(name)
-    (want,) = link.device_hashes(t, [p])
+    want, old = link.device_hashes(t, [p, p + ".old"])
+    if want is None and old is not None:  # a save cut between its renames: the firmware resumes this one
+        p, want = p + ".old", old
     if want is None:
         raise UserError("no snapshot %s on the board (./kv snapshot list shows what is there)" % name, 1)
     data = t.fs_readfile(p)
     if hashlib.sha256(data).hexdigest() != want:
         raise UserError("snapshot %s: the copy's sha256 differs from the board's (the link lost bytes): run it again" % name, 1)
     d = _check_bytes(data, "snapshot %s" % name)
-    tmp = dest + ".part"
+    try:  # a new file only (O_EXCL): one made since the check is never overwritten
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        raise UserError("%s exists: pull writes a new file (remove it or pick another name)" % dest, 2) from None
+    except OSError as e:
+        raise UserError("cannot write %s: %s" % (dest, e.strerror or e), 2) from None
     try:
-        with open(tmp, "wb") as f:
+        with os.fdopen(fd, "wb") as f:
             f.write(data)
-        os.replace(tmp, dest)
     except OSError as e:
         try:
-            os.remove(tmp)
+            os.remove(dest)
         except OSError:
             pass
         raise UserError("cannot write %s: %s" % (dest, e.strerror or e), 2) from None
@@ -139,9 +162,9 @@ def push(t, src, name, out=print):
         _exec(t, _RM % {"p": p[:-4] + ".kvs.tmp"})
         raise UserError("snapshot %s: the board's copy has sha256 %s, the file %s (the link lost bytes): run it again"
                         % (name, (got or "none")[:16], want[:16]), 1)
-    # in place of an old one of that name: renamed over it (os.rename replaces on LittleFS and POSIX)
-    _exec(t, "import os\ntry:\n    os.rename(%r, %r)\nexcept OSError:\n    os.remove(%r)\n    os.rename(%r, %r)\nprint(1)\n"
-          % (part, p, p, part, p))
+    # in place of an old one of that name, as the firmware's own save commits (snapshot._commit):
+    # renamed over it, or where a rename cannot replace, the old one to NAME.kvs.old first
+    _exec(t, _COMMIT % {"tmp": part, "p": p})
     out("snapshot: pushed %s as %s: %d B, %d positions, %d tokens, %s KV, sha256 %s verified" % (
         src, name, len(data), d["state"][1], d["n_tokens"], d["dtype"], want[:16]))
     return d

@@ -130,7 +130,8 @@ def test_a_damaged_snapshot_is_refused_and_nothing_is_loaded(tmp_path, damage, m
     ({"kv_dtype": "int8"}, r"its KV layout \(fp32 KV, 16 tokens a block of \d+ B\) is not this session's \(int8 KV"),
     ({"temperature": 0.5}, "sampled at temperature 0, top_p 1; this session samples at 0.5, 1"),
     ({"rope": "cache"}, "RoPE absolute; this session runs the float path with RoPE cache"),
-    ({"blocks": 1}, "holds a budget of"),
+    ({"blocks": 1}, "its budget of 256 tokens is more than this cache.s 16 a sequence"),
+    ({"policy": "window", "window": 16}, r"its KV policy is full \(budget 256\); this session.s is window"),
 ])
 def test_a_snapshot_of_another_setting_is_refused(tmp_path, other, match):
     _saved(tmp_path)
@@ -414,3 +415,122 @@ def test_chats_fork_one_restored_prefix_as_they_fork_a_fed_one(tmp_path):
     s = _session(seqs=3)
     with pytest.raises(snapshot.SnapshotError, match="no chats"):
         snapshot.resume_prefix(s, Kernel(verbose=False), "sys", str(tmp_path))
+
+
+# --- serve's save/resume, and what the review found (tests/test_snapshot.py runs serve on a VirtualClock) ---
+
+def _server(lines, **kw):
+    from firmware_py import serve
+    from firmware_py.clock import VirtualClock
+
+    return serve.Server(lambda buf, n: None, None, clock=VirtualClock(), layer_us=2000, model=MODEL, tokenizer=TOK,
+                        out=lines.append, **kw)
+
+
+def _request(srv, text, n):
+    assert srv.start(text, n) == 0, "refused"
+    while srv.task is not None:
+        srv.run(200000)
+    return [srv.session.tokens[i] for i in range(srv.session.n_new)]
+
+
+def test_serve_saves_at_a_requests_end_and_goes_on_from_a_resume(tmp_path, monkeypatch):
+    from firmware_py import telemetry as tm
+
+    monkeypatch.chdir(tmp_path)
+    lines = []
+    srv = _server(lines, temperature=0.8, seed=3)
+    s = _session(temperature=0.8, seed=3)
+    whole = _run(s, s.encode("Once upon a time"), 2 * N)
+    assert srv.start("Once upon a time", N) == 0
+    assert srv.command(tm.T_CMD_SAVE, b"c1", 1) == 0  # asked during the request: made at its end
+    assert srv.command(tm.T_CMD_SAVE, b"c2", 2) == 0  # ... a second one replaces it, and says so
+    while srv.task is not None:
+        srv.run(200000)
+    first = [srv.session.tokens[i] for i in range(srv.session.n_new)]
+    assert any("save c2 replaces the save of c1" in x for x in lines), lines
+    assert any(x.startswith("serve: saved c2: ") for x in lines) and not os.path.exists("snapshots/c1.kvs"), lines
+    # a prompt refused as too long leaves the conversation as it was (it was reopened first)
+    assert srv.start("x " * 300, 4) != 0
+    assert srv.save("c3") == 0 and os.path.getsize("snapshots/c3.kvs") == os.path.getsize("snapshots/c2.kvs")
+    # another board (a new Server): resume, then the prompt goes on
+    lines2 = []
+    srv2 = _server(lines2, temperature=0.8, seed=3)
+    assert srv2.resume("c2") == 0, lines2
+    rest = _request(srv2, "", N)
+    assert first + rest == whole
+    # a config command starts a new conversation: a fresh prompt decodes from position 0
+    srv2.set_config({"priority": "1"})
+    fresh = _request(srv2, "Once upon a time", 4)
+    assert len(fresh) == 4 and srv2.session.pos0 == 0 and not srv2.session.stop
+    # a resumed conversation stopped inside a token cannot go on: the next prompt starts anew
+    assert srv2.resume("c2") == 0
+    assert srv2.start("", N) == 0
+    srv2.run(3000)
+    assert srv2.stop() == 0
+    srv2.run(200000)
+    assert any("cannot go on" in x for x in lines2), lines2
+    assert srv2.save("c4") != 0 and any("stopped inside a token" in x for x in lines2)
+    assert len(_request(srv2, "Once upon a time", 3)) == 3
+    assert srv2.resume("c2") == 0 and srv2.resume("nosuch") != 0 and srv2.session.pending == first[-1]
+
+
+def _crafted(tmp_path, edit):
+    # the saved file with its header changed by edit(fields) and its CRC made good again
+    p = os.path.join(str(tmp_path), "a.kvs")
+    b = bytearray(open(p, "rb").read())
+    x = list(struct.unpack(snapshot.HDR, bytes(b[:snapshot.HDR_BYTES])))
+    edit(x)
+    b[:snapshot.HDR_BYTES] = struct.pack(snapshot.HDR, *x)
+    open(p, "wb").write(bytes(_refix_header(b)))
+
+
+@pytest.mark.parametrize("edit,match", [
+    (lambda x: x.__setitem__(19, 0), r"state words are out of range"),  # watermark 0
+    (lambda x: x.__setitem__(21, 10 ** 6), r"state words are out of range"),  # more evictions than positions
+    (lambda x: x.__setitem__(14, 7), "policy number 7 is unknown"),
+    (lambda x: x.__setitem__(28, 5000), r"pending token 5000"),
+    (lambda x: x.__setitem__(12, 0), "header is damaged"),  # block bytes 0: no loop over a crafted count
+    (lambda x: x.__setitem__(29, 10 ** 6), "header is damaged"),  # more ids than a snapshot keeps
+    (lambda x: x.__setitem__(32, 99), "header is damaged"),  # more int4 flag bytes than slots in a block
+])
+def test_a_consistent_looking_but_impossible_state_is_refused_before_anything_changes(tmp_path, edit, match):
+    first = _saved(tmp_path)[1]
+    _crafted(tmp_path, edit)
+    r = _session()
+    mine = _run(r, r.encode("Once upon a time"), 3)
+    h, n = r.h, r.cache.length(r.h)
+    with pytest.raises(snapshot.SnapshotError, match=match):
+        snapshot.resume(r, "a", str(tmp_path))
+    assert (r.h, r.cache.length(r.h), r.pending) == (h, n, mine[-1]) and first
+
+
+def test_a_failing_read_inside_the_load_takes_nothing(tmp_path):
+    s, _, _ = _saved(tmp_path)
+    st = snapshot.seq_state(s.cache, s.h)
+    s.cache.close(s.h)
+    free = s.pool.available(s.region)
+
+    def boom(k, b):
+        raise OSError(5, "I/O error")
+    assert snapshot.adopt(s.cache, s.region, st, boom) == kv.E_STATE
+    assert s.pool.available(s.region) == free
+    h = s.cache.open(s.region)  # the one sequence slot is free again
+    assert h >= 0
+
+
+def test_a_refused_turn_leaves_the_conversations_ids_as_they_were(tmp_path):
+    s, first, _ = _saved(tmp_path)
+    before = snapshot._tokens_of(s)
+    with pytest.raises(snapshot.SnapshotError, match="pass its KV budget"):
+        snapshot.continue_ids(s, " word" * 400)
+    assert snapshot._tokens_of(s) == before
+    snapshot.save(s, "b", str(tmp_path))
+    with open(os.path.join(str(tmp_path), "b.kvs"), "rb") as f:
+        assert snapshot.header(f)["n_tokens"] == 5 + N
+
+
+def test_names_are_ascii_on_every_interpreter():
+    for bad in ("chät", "ß", "a b"):
+        with pytest.raises(snapshot.SnapshotError, match="ASCII letters"):
+            snapshot.path_of(bad)
