@@ -331,7 +331,10 @@ def snapshot(c, action=None, what=None, file=None, name=None, port=None, board=N
     """KV snapshots on a board: ./kv snapshot list | pull NAME FILE | push FILE [--name N] | rm NAME [--port P]; copies verified by sha256 and CRC."""
     from host import snapshots
 
-    not_empty(action=action, what=what, file=file, name=name, port=port, board=board)
+    for v, what_is in ((what, "NAME" if action in ("pull", "rm") else "FILE"), (file, "FILE")):
+        if v == "":
+            raise UserError("./kv snapshot %s: %s is empty" % (action, what_is), 2)
+    not_empty(action=action, name=name, port=port, board=board)
     if action is None:
         raise UserError("./kv snapshot needs an action: list, pull NAME FILE, push FILE or rm NAME (./kv snapshot --help)", 2)
     if action == "push":
@@ -341,6 +344,10 @@ def snapshot(c, action=None, what=None, file=None, name=None, port=None, board=N
         return
     if name is not None:
         raise UserError("--name is push's (pull and rm name the snapshot first: ./kv snapshot %s NAME ...)" % action, 2)
+    if action == "pull" and file and file.endswith("/"):
+        raise UserError("./kv snapshot pull: FILE %s names a folder: give the new file's name" % file, 2)
+    if action == "rm" and file is not None:
+        raise UserError("./kv snapshot rm takes one NAME, got %s and %s (one at a time)" % (what, file), 2)
     snapshots.main(action, name=what, file=file and paths_user(file), port=port and paths_user(port), board=board)
 
 

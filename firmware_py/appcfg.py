@@ -224,6 +224,8 @@ def _task(i, t, names):
         _err("%s: a module task names its module and factory" % where)
     if t.get("step_emitter", "bytecode") not in EMITTERS:
         _err("%s: step_emitter must be one of %s, got %r" % (where, ", ".join(EMITTERS), t["step_emitter"]))
+    if "step_emitter" in t and not t.get("step_us"):
+        _err("%s: step_emitter says how step_us scales: give step_us too" % where)
     out = dict(t)
     out.setdefault("priority", PRIORITY[kind])
     return out

@@ -98,6 +98,7 @@ class Server:
         self.max_requests = max_requests  # stop the kernel after this many requests (0: never)
         self.stopping = False  # a stop command is ending the running request
         self.going_on = False  # True after a resume: prompts go on from the conversation
+        self.resume_failed = False  # the last resume was refused: the next prompt is too
         self.save_as = ""  # a save asked while a request ran: made when it ends
         self.tm = tm.Telemetry(write, kernel=self.k, link_bps=link_bps, rate_hz=rate_hz, thermal=self.guard,
                                meta={"model": model, "board": _board_name(), "cpu.mhz": _cpu_mhz()})
@@ -164,6 +165,7 @@ class Server:
             new.pop("window", None)
         self.opts = new
         self.going_on = False  # new settings: the next prompt starts a new conversation
+        self.resume_failed = False
 
     # --- commands (the CommandReader calls this with each good frame; may allocate) -----
 
@@ -212,21 +214,33 @@ class Server:
 
     # --- snapshots (firmware_py/snapshot.py, imported only when used) -------------------
 
-    # save the conversation as `name`; OK, or E_RANGE / E_STATE with the reason printed
+    # save the conversation as `name`; OK, or E_RANGE with the reason printed
     def save(self, name):
+        st = OK
+        for x in self._save_steps(name):
+            st = x
+        return st
+
+    # save() as the steps of the task that runs it (the request's, for a save asked during
+    # it: a yield after each block written, so the tasks beside it run between the flash
+    # writes); its last value is the status
+    def _save_steps(self, name):
         from firmware_py import snapshot  # noqa: PLC0415 - only when asked
 
         s = self.session
+        i = {}
         try:
             if s is None:
                 raise snapshot.SnapshotError("no conversation to save: run a request first")
-            i = snapshot.save(s, name)
+            for _ in snapshot.save_steps(s, name, out=i):
+                yield OK
         except (snapshot.SnapshotError, MemoryError) as e:
             self.out("serve: save refused: %s" % e)
-            return E_RANGE
+            yield E_RANGE
+            return
         self.out("serve: saved %s: %d B, %d positions, %d tokens, %d blocks, %d sectors" % (
             name, i["bytes"], i["positions"], i["tokens"], i["blocks"], i["sectors"]))
-        return OK
+        yield OK
 
     # the next prompts go on from snapshot `name`; OK, or E_STATE (a request runs) / E_RANGE
     # with the reason printed (the conversation on the board is kept)
@@ -241,7 +255,9 @@ class Server:
             d = snapshot.resume(s, name)
         except (snapshot.SnapshotError, decode.DecodeError, MemoryError) as e:
             self.out("serve: resume refused: %s" % e)
+            self.resume_failed = True  # the prompt sent after it is not run as a new conversation
             return E_RANGE
+        self.resume_failed = False
         self.going_on = True
         self._attach(s, d["state"][2])
         self.out("serve: resumed %s: %d positions; the next prompt goes on from it" % (name, s.pos0))
@@ -254,6 +270,12 @@ class Server:
             self.tm.event(tm.EV_REFUSED, E_STATE, 1, self.req)
             return E_STATE
         if n.__class__ is not int or n < 1 or n > 100000:
+            self.tm.event(tm.EV_REFUSED, E_RANGE, 1, self.req)
+            return E_RANGE
+        if self.resume_failed:  # it was to go on from the refused resume: not run as something else
+            self.resume_failed = False
+            self.out("serve: request refused: the resume before it was refused, so it was not run (send it again to "
+                     "start a new conversation)")
             self.tm.event(tm.EV_REFUSED, E_RANGE, 1, self.req)
             return E_RANGE
         try:
@@ -406,6 +428,14 @@ class Server:
             yield from s.task(self.k, ids, n, t.text)
             reason = tm.DONE_OK if not s.stop else (tm.DONE_FULL if s.stop == "full" else tm.DONE_ERROR)
             self.report(s)
+            if self.save_as:  # asked during the request: saved now, in its task, before its done event
+                name = self.save_as
+                self.save_as = ""
+                st = OK
+                for x in self._save_steps(name):
+                    st = x
+                    yield
+                t.event(tm.EV_ACK, tm.T_CMD_SAVE, st, req)
         finally:
             self._ended(req, s.n_new, reason)
 
@@ -450,10 +480,10 @@ class Server:
             self.stopping = False
         t = self.tm
         self.task = None
-        if self.save_as:  # asked during the request: saved now, before the done event
-            name = self.save_as
+        if self.save_as:  # asked during a request that was stopped: nothing to save
+            self.out("serve: save refused: the request was stopped inside a token: save %s between requests" % self.save_as)
+            t.event(tm.EV_ACK, tm.T_CMD_SAVE, E_RANGE, req)
             self.save_as = ""
-            t.event(tm.EV_ACK, tm.T_CMD_SAVE, self.save(name), req)
         s = self.session
         if self.going_on and s is not None and s.pending < 0:  # stopped inside a token: nothing to go on from
             self.going_on = False

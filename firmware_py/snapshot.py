@@ -8,7 +8,7 @@
 #   ids = snapshot.continue_ids(session, " and")   # the pending token + new text: session.task(k, ids, n, out)
 #   snapshot.listing(); snapshot.delete("chat1")
 #
-# File format (docs/snapshots.md), little-endian and word-size independent, version 1:
+# File format (docs/snapshots.md), little-endian and word-size independent, version 2:
 #   header  HDR (below): magic, version, header bytes, sha256 of the model file and of the
 #           tokenizer file, the KV layout (layers, KV heads, head dim, dtype, tokens per
 #           block, block bytes), the forward path (float/integer) and RoPE mode, h2o's map
@@ -45,7 +45,7 @@ from firmware_py.pool import get32
 
 MAGIC = b"KVSN"
 END = b"KVSE"
-VERSION = 1
+VERSION = 2  # 2: the sampler's settings as float32
 DIR = "snapshots"  # the folder on the board's filesystem (the current folder's)
 NAME_MAX = 32
 # magic, version, header bytes, model sha256, tokenizer sha256; layers, KV heads, head dim,
@@ -319,6 +319,17 @@ def _tokens_of(s):
 # snapshot of that name kept. hook(n, total): called after each write with the bytes
 # written so far and the file's size (tests cut a save short there)
 def save(s, name, folder=DIR, hook=None):
+    out = {}
+    for _ in save_steps(s, name, folder, hook, out):
+        pass
+    return out
+
+
+# save() as a task's steps (a generator for sched.Kernel: yields after each block it writes,
+# so that a task beside it runs between them; serve saves inside the request's task this
+# way); its info goes into out. Closed part way (the task killed), it removes its NAME.tmp:
+# the previous snapshot of that name is kept
+def save_steps(s, name, folder=DIR, hook=None, out=None):
     p = path_of(name, folder)
     pending = getattr(s, "pending", -1)
     if pending == RUNNING:
@@ -353,7 +364,8 @@ def save(s, name, folder=DIR, hook=None):
         pass
     free = _free_bytes(folder)
     if 0 <= free < total + SPACE_SLACK:
-        raise SnapshotError("no room for snapshot %s: it needs %d B, the filesystem has %d B free" % (name, total, free))
+        raise SnapshotError("no room for snapshot %s: it needs %d B and leaves %d B free beside it; the filesystem has %d B "
+                            "free" % (name, total, SPACE_SLACK, free))
     tmp = p + ".tmp"
     i = c.slot_of(h)
     try:
@@ -369,6 +381,7 @@ def save(s, name, folder=DIR, hook=None):
                 b = c.block_at(h, k)
                 w.put(mv[b * bb:(b + 1) * bb])
                 w.end_section()
+                yield
             if rw:
                 w.put(memoryview(c.resid)[i * rw:(i + 1) * rw], 4 * rw)
                 w.put(memoryview(c.flags)[i * t:(i + 1) * t])
@@ -381,9 +394,13 @@ def save(s, name, folder=DIR, hook=None):
     except OSError as e:
         _remove(tmp)
         raise SnapshotError("snapshot %s not saved (%s); the previous one of that name is kept" % (name, e))
+    except GeneratorExit:
+        _remove(tmp)
+        raise
     sectors = (total + SECTOR_BYTES - 1) // SECTOR_BYTES
-    return {"path": p, "bytes": total, "blocks": held, "tokens": len(toks) // 2, "positions": st[1],
-            "sectors": sectors, "erases": sectors, "erase_us": sectors * ERASE_US}
+    if out is not None:
+        out.update({"path": p, "bytes": total, "blocks": held, "tokens": len(toks) // 2, "positions": st[1],
+                    "sectors": sectors, "erases": sectors, "erase_us": sectors * ERASE_US})
 
 
 def _commit(tmp, p):
@@ -665,7 +682,10 @@ def continue_ids(s, text=""):
     n = c.length(s.h)
     if n != getattr(s, "pend_pos", -1):
         raise SnapshotError("nothing to go on from: the sequence is not the one the last request left")
-    ids = [s.pending] + (s.tok.encode(text, False, False) if text else [])
+    more = s.tok.encode(text, False, False) if text else []
+    if more and more[0] == s.tok.space:  # the tokenizer's dummy prefix: the text goes on from the conversation as typed
+        more = more[1:]
+    ids = [s.pending] + more
     st = seq_state(c, s.h)
     if st.__class__ is not int and st[0] == 0 and n + len(ids) > st[2]:
         raise SnapshotError("the conversation holds %d positions; %d more pass its KV budget of %d" % (n, len(ids), st[2]))

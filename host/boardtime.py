@@ -25,6 +25,8 @@ STEP_US_MAX = appcfg.PARAMS["module"]["step_us"][2]  # the most a module task's 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LINE = re.compile(r"^BOARDTIME (\S+)(?: (.*))?$", re.M)
 _DRIVER = """import sys
+sys.path.insert(0, %(root)r)  # firmware_py, for a task module that imports it
+sys.path.insert(0, %(home)r)  # the file's own folder: its neighbours import
 sys.path.insert(0, %(dir)r)
 from time import ticks_us, ticks_diff
 try:
@@ -57,8 +59,13 @@ SPAN_US = 20000  # each run times the function as many times as fill this (the h
 REPS_MAX = 100000
 
 
-def emitter_of(text):
-    # the emitter a file's code runs under, from its decorators: viper, else native, else bytecode
+def emitter_of(text, call=None):
+    # the emitter function `call` runs under, from the decorators right above its def (the
+    # whole file's when call is None or not found): viper, else native, else bytecode
+    if call is not None:
+        m = re.search(r"((?:^[ \t]*@[^\n]*\n)*)^[ \t]*def[ \t]+%s[ \t]*\(" % re.escape(call), text, re.M)
+        if m:
+            text = m.group(1)
     if re.search(r"^\s*@micropython\.viper\b", text, re.M):
         return "viper"
     if re.search(r"^\s*@micropython\.native\b", text, re.M):
@@ -89,7 +96,7 @@ def predict(path, call="main", board="esp32s3_n8r8", mhz=None, emitter=None, run
             text = f.read()
     except (OSError, UnicodeDecodeError) as e:
         raise UserError("%s: %s" % (path, e), 2)
-    em = emitter or emitter_of(text)
+    em = emitter or emitter_of(text, call)
     rec = record or boardspeed.factors()
     fx = boardspeed.profile_factors(rec["fit"], b.cpu_arch).get(em)
     if fx is None:
@@ -100,7 +107,8 @@ def predict(path, call="main", board="esp32s3_n8r8", mhz=None, emitter=None, run
         shutil.copyfile(path, os.path.join(tmp, mod + ".py"))
         drv = os.path.join(tmp, "drive.py")
         with open(drv, "w") as f:
-            f.write(_DRIVER % {"dir": tmp, "mod": mod, "call": call, "runs": runs, "span": SPAN_US, "reps": REPS_MAX})
+            f.write(_DRIVER % {"dir": tmp, "mod": mod, "call": call, "runs": runs, "span": SPAN_US, "reps": REPS_MAX,
+                               "home": os.path.dirname(os.path.abspath(path)), "root": paths.ROOT})
         try:
             r = subprocess.run([exe, drv], cwd=tmp, capture_output=True, text=True, timeout=600)
         except subprocess.TimeoutExpired:
@@ -127,7 +135,7 @@ def predict(path, call="main", board="esp32s3_n8r8", mhz=None, emitter=None, run
             "band_us": [round(on_board(fx["band"][0]), 3), round(on_board(fx["band"][1]), 3)],
             # what an application config's module task that runs this once per step carries
             # for the emulator to charge (appcfg "step_us"): the prediction, whole µs, at least 1
-            "step_us": max(1, round(on_board(fx["factor"])))}
+            "step_us": max(1, round(on_board(fx["factor"]))), "step_emitter": em}
 
 
 def _us(v):

@@ -30,9 +30,14 @@ except OSError:
     ns = []
 out = []
 for n in ns:
-    f = open(%(d)r + '/' + n, 'rb')
-    h = f.read(%(hb)d)
-    f.close()
+    try:
+        if os.stat(%(d)r + '/' + n)[0] & 0x4000:
+            continue
+        f = open(%(d)r + '/' + n, 'rb')
+        h = f.read(%(hb)d)
+        f.close()
+    except OSError:
+        continue
     out.append((n[:n.index('.kvs')], os.stat(%(d)r + '/' + n)[6], binascii.hexlify(h).decode()))
 print(repr(out))
 """
@@ -86,7 +91,13 @@ def _check_bytes(data, name):
 
 
 def _exec(t, code):
-    out = t.exec(code).decode("utf-8", "replace").strip()
+    from mpremote.transport import TransportError
+
+    try:
+        out = t.exec(code).decode("utf-8", "replace").strip()
+    except TransportError as e:  # the board raised (a file it could not read): its last line
+        last = [x for x in str(e).strip().splitlines() if x.strip()]
+        raise UserError("the board refused: %s" % (last[-1] if last else type(e).__name__), 1) from None
     return out.splitlines()[-1] if out else ""
 
 
@@ -121,7 +132,13 @@ def pull(t, name, dest, out=print):
         p, want = p + ".old", old
     if want is None:
         raise UserError("no snapshot %s on the board (./kv snapshot list shows what is there)" % name, 1)
-    data = t.fs_readfile(p)
+    from mpremote.transport import TransportError
+
+    try:
+        data = t.fs_readfile(p)
+    except TransportError as e:
+        last = [x for x in str(e).strip().splitlines() if x.strip()]
+        raise UserError("snapshot %s cannot be read on the board: %s" % (name, last[-1] if last else e), 1) from None
     if hashlib.sha256(data).hexdigest() != want:
         raise UserError("snapshot %s: the copy's sha256 differs from the board's (the link lost bytes): run it again" % name, 1)
     d = _check_bytes(data, "snapshot %s" % name)
@@ -151,8 +168,8 @@ def push(t, src, name, out=print):
     d = _check_bytes(data, src)
     free = int(_exec(t, _FREE % {"d": FOLDER}) or -1)
     if 0 <= free < len(data) + snap.SPACE_SLACK:
-        raise UserError("no room on the board for snapshot %s: it needs %d B, its filesystem has %d B free" % (
-            name, len(data), free), 1)
+        raise UserError("no room on the board for snapshot %s: it needs %d B and leaves %d B free beside it; its "
+                        "filesystem has %d B free" % (name, len(data), snap.SPACE_SLACK, free), 1)
     p = _board_path(name)
     part = p + ".tmp"
     t.fs_writefile(part, data, chunk_size=CHUNK)
@@ -202,6 +219,8 @@ def main(action, name=None, file=None, port=None, board=None, out=print):
         with open(file, "rb") as f:
             _check_bytes(f.read(), file)  # before the board is touched
     if action == "pull":
+        if file.endswith(os.sep) or file.endswith("/"):
+            raise UserError("FILE %s names a folder: give the new file's name" % file, 2)
         if os.path.lexists(file):
             raise UserError("%s exists: pull writes a new file (remove it or pick another name)" % file, 2)
         folder = os.path.dirname(os.path.abspath(file))

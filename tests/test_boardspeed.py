@@ -182,6 +182,22 @@ def test_boardtime_predicts_with_the_emitters_factor_and_band(tmp_path, rec):
     assert boardtime.predict(str(v), runs=1)["emitter"] == "viper"
 
 
+def test_boardtime_takes_the_emitter_of_the_function_called_and_imports_its_neighbours(tmp_path):
+    # the decorators right above --call's def name its emitter (a viper function elsewhere in
+    # the file does not); the file's folder and firmware_py are importable from it
+    from host import boardtime
+
+    text = ("import micropython\nfrom helper import K\nfrom firmware_py import status\n\n@micropython.viper\n"
+            "def v() -> int:\n    return 1\n\ndef f():\n    return K + status.OK\n\n@micropython.native\ndef n():\n"
+            "    return 3\n")
+    assert [boardtime.emitter_of(text, c) for c in ("f", "v", "n", None)] == ["bytecode", "viper", "native", "viper"]
+    mp32.available()[0] or pytest.skip("no 32-bit MicroPython build")
+    (tmp_path / "helper.py").write_text("K = 2\n")
+    (tmp_path / "m.py").write_text(text)
+    r = boardtime.predict(str(tmp_path / "m.py"), call="f", runs=1)
+    assert r["emitter"] == r["step_emitter"] == "bytecode" and r["host_us"] > 0
+
+
 def test_boardtime_times_a_short_function_over_many_calls(tmp_path):
     # a function of well under a microsecond on the host was a few ticks of the us timer
     # (0 or 1 us a run): each run now calls it as often as SPAN_US holds, less an empty loop
@@ -352,6 +368,12 @@ def test_a_config_task_carries_boardtimes_cost_into_the_emulator(tmp_path):
     (tmp_path / "cfg.json").write_text(json.dumps(cfg))
     with pytest.raises(UserError, match="step_emitter must be one of bytecode, native, viper"):
         emu.run({"scenario": str(tmp_path / "cfg.json"), "tokens": 4})
+    cfg["tasks"][0]["step_emitter"] = "viper"
+    del cfg["tasks"][0]["step_us"]
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
+    with pytest.raises(UserError, match="step_emitter says how step_us scales: give step_us too"):
+        emu.run({"scenario": str(tmp_path / "cfg.json"), "tokens": 4})
+    cfg["tasks"][0]["step_us"] = step
     del cfg["tasks"][0]["step_emitter"]
     del cfg["tasks"][0]["step_us"]  # without it the host's own run time of the step is not the board's: free
     (tmp_path / "cfg.json").write_text(json.dumps(cfg))

@@ -109,7 +109,7 @@ def _version(b):
     (_flip(-10), r"block \d+ fails its CRC"),
     (_flip(snapshot.HDR_BYTES + 9), "tokens fails its CRC"),
     (_flip(40), "header fails its CRC"),
-    (_version, "format version 99, this firmware reads version 1"),
+    (_version, "format version 99, this firmware reads version 2"),
     (lambda b: b"XXXX" + b[4:], "not a kvrtos snapshot"),
     (lambda b: b"", r"is truncated \(in its header\)"),
 ])
@@ -185,7 +185,7 @@ def test_save_refuses_before_a_decode_while_running_and_without_room(tmp_path, m
             snapshot.path_of(bad)
     s, _, info = _saved(tmp_path)
     monkeypatch.setattr(snapshot, "_free_bytes", lambda folder: info["bytes"])
-    with pytest.raises(snapshot.SnapshotError, match=r"no room for snapshot b: it needs \d+ B, the filesystem has \d+ B free"):
+    with pytest.raises(snapshot.SnapshotError, match=r"no room for snapshot b: it needs \d+ B and leaves 8192 B free beside it; the filesystem has \d+ B free"):
         snapshot.save(s, "b", str(tmp_path))
     assert not os.path.exists(os.path.join(str(tmp_path), "b.kvs"))
 
@@ -369,6 +369,8 @@ def test_a_conversation_saved_on_one_virtual_board_resumes_on_another_of_the_oth
         r = vb.kv("monitor", "--port", b.port, "--start", "--resume", "nosuch", "--prompt", "x", "--tokens", "2",
                   *mon, **kw)
         assert "serve: resume refused: no snapshot nosuch" in r.stdout, r.stdout + r.stderr
+        assert "the resume before it was refused" in r.stdout  # the prompt is not run as a new conversation
+        assert vb.one_line_error(r) and "the board refused the resume" in r.stderr, r.stdout + r.stderr
         r = vb.kv("monitor", "--port", b.port, "--start", "--prompt", "Once upon a time", "--tokens", "20",
                   "--jsonl", str(tmp_path / "c.jsonl"), *mon, **kw)
         assert r.returncode == 0, r.stdout + r.stderr
@@ -399,6 +401,12 @@ def test_chats_fork_one_restored_prefix_as_they_fork_a_fed_one(tmp_path):
         for i, c in enumerate(cs):
             k.spawn("chat%d" % i, 1, c.task(k, 12, lambda b: None))
         k.run()
+        if restore:  # a chat's own conversation saves as one sequence and resumes in a Session of one
+            info = snapshot.save(cs[1], "chat1", str(tmp_path))
+            r = _session(temperature=0.8)
+            snapshot.resume(r, "chat1", str(tmp_path))
+            assert r.cache.length(r.h) == cs[1].cache.length(cs[1].h) == info["positions"]
+            assert len(_run(r, snapshot.continue_ids(r), 4)) == 4
         return [[c.tokens[i] for i in range(c.n_new)] for c in cs], s.chats_report()
 
     p = _session()
