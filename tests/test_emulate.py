@@ -670,3 +670,14 @@ def test_a_scenario_with_one_chat_keeps_its_invariants(tmp_path):
     r = emulate.run({"scenario": str(sc), "model": os.path.join(ROOT, "models", "kvrtos-tiny", "model.bin")})
     assert r["invariants"]["tokens"]["ok"], r["invariants"]["tokens"]
     assert r["tokens"] == 4
+
+
+@pytest.mark.parametrize("max_ms", [1000, 1234, 2000])
+def test_a_run_cut_by_the_board_time_limit_keeps_the_dma_invariant(max_ms):
+    # cut while the engine had finished a transfer its mover had not yet run to count
+    # (--max-ms 1234: 512 B of the microphone's): an invariant failed that held
+    from host import emulate as emu
+
+    rep = emu.run(emu.spec_from_options(scenario="voice-assistant", max_ms=max_ms))
+    inv = rep["invariants"]["dma_bytes_charged"]
+    assert inv["ok"], inv
