@@ -38,8 +38,12 @@ DECODE_KEYS = {
     "temperature": (float, 0.0, TEMPERATURE_MAX), "top_p": (float, 0.0, 1.0), "priority": (int, 0, 7),
     "piece_bytes": (int, 0, 1 << 24), "kv_blocks": (int, 0, 1 << 20), "prefix": (str, None, None), "chats": (list, None, None),
     "slice_us": (int, 0, 10000000),
+    # the emulator's deep-sleep conversation: after the first request the board saves its
+    # KV snapshot and deep-sleeps sleep_ms, then wakes, resumes it and answers each turn
+    "turns": (list, None, None), "sleep_ms": (int, 0, 86400000),
     "comment": (str, None, None),
 }
+TURN_KEYS = {"prompt": (str, None, None), "tokens": (int, 1, 1 << 20), "comment": (str, None, None)}
 CHAT_KEYS = {"name": (str, None, None), "prompt": (str, None, None), "tokens": (int, 1, 1 << 20),
              "priority": (int, 0, 7), "seed": (int, 0, SEED_MAX), "comment": (str, None, None)}
 OPEN_LO = ("top_p",)  # keys whose lower bound is excluded (top_p 0 keeps nothing)
@@ -169,6 +173,17 @@ def load(src):
         dec["chats"] = chats
     elif "prefix" in dec:
         _err("decode: prefix is the shared start of chats: give chats too")
+    if "turns" in dec:
+        if "chats" in dec:
+            _err("decode: turns are one conversation's: not with chats")
+        if not 1 <= len(dec["turns"]) <= 16:
+            _err("decode: turns lists 1..16 turns, got %d" % len(dec["turns"]))
+        for i, c in enumerate(dec["turns"]):
+            if c.__class__ is not dict:
+                _err("decode: turns[%d] must be an object" % i)
+            _check("decode: turns[%d]" % i, c, TURN_KEYS)
+    elif "sleep_ms" in dec:
+        _err("decode: sleep_ms is the sleep between turns: give turns too")
     dec.setdefault("priority", DECODE_PRIORITY)
     out["decode"] = dec
     dma = dict(_check("dma", cfg.get("dma", {}), DMA_KEYS))

@@ -52,7 +52,7 @@ INT_KEYS = ("window", "sinks", "seed", "piece_bytes", "kv_blocks", "priority", "
 # the KV element type when the config does not say: "auto" is int8 for an int8 model (the
 # integer path `kv flash --model` puts on the board reads int8 rows), fp32 for an fp32 one
 KV_DTYPE_DEFAULT = "auto"
-IGNORED_KEYS = ("prefix", "chats")  # config decode keys the board does not run (./kv emulate does)
+IGNORED_KEYS = ("prefix", "chats", "turns", "sleep_ms")  # config decode keys the board does not run (./kv emulate does)
 PRIO_TELEMETRY = 3  # highest: it sleeps almost always and never waits for the link
 PRIO_INPUT = 2
 PRIO_DECODE = 1

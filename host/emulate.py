@@ -507,17 +507,85 @@ def _run(n, out_dir, progress):
     em = _Emulation(n, progress)
     em.drive()
     rep = em.report()
+    if em.cfg_app["decode"].get("turns"):
+        _turns(n, em, rep, progress)
     frames_jsonl = _frames(em.sink.buf, rep)
     if out_dir is not None:
         _write(out_dir, rep, frames_jsonl)
     return rep
 
 
+SNAPSHOT = "conversation"  # the deep-sleep turns' snapshot name (in a folder of the run's own)
+
+
+# a scenario's deep-sleep turns (its decode "turns", "sleep_ms"): after the first request the
+# board saves the conversation's KV snapshot (firmware_py/snapshot.py, for real, into a
+# folder of its own) with its audio stopped, deep-sleeps (nothing runs; RAM is lost), wakes,
+# reads the snapshot back before its tasks start, and answers the turn going on from it: each
+# turn is a new run of the same board. The flash time is the board's flash model (its flash
+# tier's write and read rates, a 45 ms erase per 4 KiB sector a copy-on-write filesystem
+# writes). rep gets "sleep": the timeline and each turn's figures; a turn whose deadlines
+# fail makes the verdict fail
+def _turns(n, em, rep, progress):
+    import tempfile  # noqa: PLC0415
+
+    from firmware_py import snapshot  # noqa: PLC0415
+    from firmware_py.flashkv import ERASE_US  # noqa: PLC0415
+
+    fl = [t for t in em.brd.tiers if t.kind == "flash"]
+    if not fl:
+        _bad("board %s has no flash tier: the deep-sleep turns save to flash" % em.brd.name)
+    wr, rd = fl[0].cost.value["write_bytes_per_s"], fl[0].cost.value["read_bytes_per_s"]
+    dec = em.cfg_app["decode"]
+    sleep_ms = dec.get("sleep_ms", 0)
+    out = {"sleep_ms": sleep_ms, "turns": [], "flash": {"write_bytes_per_s": wr, "read_bytes_per_s": rd}}
+    with tempfile.TemporaryDirectory(prefix="kvrtos-emulate-sleep-") as d:
+        prev = em
+        timeline_ms = rep["elapsed_ms"]
+        for i, t in enumerate(dec["turns"]):
+            try:
+                info = snapshot.save(prev.s, SNAPSHOT, d)
+            except snapshot.SnapshotError as e:
+                out["error"] = "turn %d: the conversation could not be saved before the sleep: %s" % (i + 1, e)
+                break
+            save_ms = info["bytes"] * 1000.0 / wr + info["erases"] * ERASE_US / 1000.0
+            restore_ms = 2 * info["bytes"] * 1000.0 / rd  # read twice: the check, then the load
+            n2 = dict(n, prompt=t.get("prompt", ""), tokens=min(t.get("tokens", n["tokens"]), n["tokens"]))  # as a chat's
+            em2 = _Emulation(n2, progress, resume=(d, SNAPSHOT))
+            em2.drive()
+            r2 = em2.report()
+            timeline_ms += save_ms + sleep_ms + restore_ms + r2["elapsed_ms"]
+            out["turns"].append({
+                "turn": i + 1, "prompt": n2["prompt"], "tokens": r2["tokens"], "tokens_requested": n2["tokens"],
+                "resumed_positions": em2.resumed, "snapshot_bytes": info["bytes"], "erases": info["erases"],
+                "save_ms": round(save_ms, 1), "restore_ms": round(restore_ms, 2), "tok_s": r2["tok_s"],
+                "ttft_ms": r2["ttft_ms"], "wake_to_first_token_ms": round(restore_ms + r2["ttft_ms"], 2),
+                "deadline_misses": r2["deadline_misses"], "verdict_ok": r2["verdict"]["ok"],
+                "verdict_line": r2["verdict"].get("line", ""), "text": r2.get("text", "")})
+            out["turns"][-1]["invariants_ok"] = r2["invariants"]["ok"]
+            if not r2["invariants"]["ok"]:  # a turn's own checks fail the run's
+                rep["invariants"]["ok"] = False
+                rep["invariants"]["turn_%d" % (i + 1)] = {"ok": False, "failed": {
+                    k: v for k, v in r2["invariants"].items() if isinstance(v, dict) and not v.get("ok", True)}}
+            if not r2["verdict"]["ok"] and rep["verdict"]["ok"]:
+                rep["verdict"] = dict(r2["verdict"], line="turn %d: %s" % (i + 1, r2["verdict"].get("line", "")))
+            prev = em2
+    out["timeline_ms"] = round(timeline_ms, 1)  # first request, then per turn: save, sleep, restore, the turn
+    out["erases"] = sum(x["erases"] for x in out["turns"])
+    out["deadline_misses"] = rep["deadline_misses"] + sum(x["deadline_misses"] for x in out["turns"])
+    rep["sleep"] = out
+    if out.get("error") and rep["verdict"]["ok"]:
+        rep["verdict"] = dict(rep["verdict"], ok=False, line=out["error"])
+
+
 class _Emulation:
     # one run, in the order it happens: the board and the model's placement, the decode's
     # Session (or its chats), the tasks beside it (the scenario's, telemetry, the thermal
-    # guard), the requests, then the kernel driven on the virtual clock until they end
-    def __init__(self, n, progress):
+    # guard), the requests, then the kernel driven on the virtual clock until they end.
+    # resume: (folder, name) of a KV snapshot the Session goes on from (a deep-sleep turn)
+    def __init__(self, n, progress, resume=None):
+        self.resume = resume
+        self.resumed = 0  # positions the Session resumed
         self.n = n
         self.progress = progress
         self.brd = boards.load(n["board"])
@@ -555,7 +623,17 @@ class _Emulation:
                                seed=n["seed"], sinks=n["sinks"], word_bytes=4, blocks=blocks, slice_us=n["slice_us"],
                                context=_context(cfg_app), **({"seqs": len(chats)} if chats else {}))
             prefix = cfg_app["decode"].get("prefix", n["prompt"])
-            self.ids = s.encode(prefix if chats else n["prompt"])
+            if self.resume is not None:  # a deep-sleep turn: the conversation read back from flash goes on
+                from firmware_py import snapshot  # noqa: PLC0415
+
+                try:
+                    snapshot.resume(s, self.resume[1], self.resume[0])
+                    self.resumed = s.cache.length(s.h)
+                    self.ids = snapshot.continue_ids(s, n["prompt"])
+                except snapshot.SnapshotError as e:
+                    _bad("the turn's resume on %s: %s" % (brd.name, e))
+            else:
+                self.ids = s.encode(prefix if chats else n["prompt"])
             runs = []
             if chats:
                 for c in chats:
@@ -1025,10 +1103,10 @@ def _invariants(rep, bwr, q, k, w_tier, kv_tier, loads, counted):
     from firmware_py import dma as dma_mod  # noqa: PLC0415
 
     desc = bwr[q.bw.names[q.desc_tier]]["dma"]["bytes"]
-    # cut by the board-time limit: the engine may have finished a transfer whose mover had not
-    # run since to count it (at most one burst per mover)
+    # where the run ends (its requests done, or the board-time limit), the engine may have
+    # finished a transfer whose mover has not run since to count it: at most one burst each
     seen = submitted
-    if counted["cut"] and 0 < qs["bytes"] - submitted <= len(movers) * getattr(q, "max_burst", dma_mod.DEFAULT_MAX_BURST):
+    if 0 < qs["bytes"] - submitted <= len(movers) * getattr(q, "max_burst", dma_mod.DEFAULT_MAX_BURST):
         seen = qs["bytes"]
     out["dma_bytes_charged"] = {"ok": seen == qs["bytes"] and charged - reads == 2 * seen and
                                 desc == qs["links"] * dma_mod.DESC_BYTES,
@@ -1189,6 +1267,18 @@ def summary(rep):
     L.append("  events      evictions %d, throttled waits %d, refusals %d, thermal changes %d; telemetry %s" % (
         ev["evictions"], ev["throttled_waits"], ev["refusals"], ev["thermal_events"],
         ", ".join("%s %d" % kv for kv in sorted(ev["counts"].items())) or "none"))
+    sl = rep.get("sleep")
+    if sl:
+        L.append("  sleep       %d turn%s after the first request, each: save the KV snapshot (audio stopped), deep-sleep "
+                 "%s ms, wake, read it back, answer; %d flash erases in all, %s ms from the first prompt to the last "
+                 "answer%s" % (len(sl["turns"]), "" if len(sl["turns"]) == 1 else "s", "{:,}".format(sl["sleep_ms"]),
+                               sl["erases"], "{:,}".format(round(sl["timeline_ms"])),
+                               "; " + sl["error"] if sl.get("error") else ""))
+        for x in sl["turns"]:
+            L.append("  turn %-6d %d positions resumed (%s B: save %.0f ms, %d erases; read back %.2f ms), %d tokens at "
+                     "%.2f tok/s, wake to first token %.0f ms, deadline misses %d" % (
+                         x["turn"], x["resumed_positions"], "{:,}".format(x["snapshot_bytes"]), x["save_ms"], x["erases"],
+                         x["restore_ms"], x["tokens"], x["tok_s"], x["wake_to_first_token_ms"], x["deadline_misses"]))
     for end, b in sorted(rep.get("band", {}).items(), reverse=True):
         L.append("  band        %-4s end (board-speed factor %s): %.2f tok/s, deadline misses %d%s" % (
             end, ", ".join("%s %.1f" % kv for kv in sorted(b["factors"].items())), b["tok_s"], b["deadline_misses"],
@@ -1220,7 +1310,9 @@ def band(opts, rep):
     out = {}
     for end, i in (("slow", 1), ("fast", 0)):
         r = run(dict(opts, speed=end))
-        out[end] = {"tok_s": r["tok_s"], "deadline_misses": r["deadline_misses"], "verdict_ok": r["verdict"]["ok"],
+        # (a deep-sleep scenario: its turns' misses too)
+        out[end] = {"tok_s": r["tok_s"], "deadline_misses": r.get("sleep", {}).get("deadline_misses", r["deadline_misses"]),
+                    "verdict_ok": r["verdict"]["ok"],
                     "verdict_line": r["verdict"].get("line", ""), "factors": {e: f["band"][i] for e, f in fx.items()}}
     return out
 

@@ -681,3 +681,40 @@ def test_a_run_cut_by_the_board_time_limit_keeps_the_dma_invariant(max_ms):
     rep = emu.run(emu.spec_from_options(scenario="voice-assistant", max_ms=max_ms))
     inv = rep["invariants"]["dma_bytes_charged"]
     assert inv["ok"], inv
+
+
+def test_the_deep_sleep_scenario_saves_sleeps_and_resumes_its_conversation(tmp_path):
+    # voice-assistant-sleep: after the first answer and each turn the snapshot is saved (a
+    # real file), the board sleeps, and each turn resumes the conversation: its positions
+    # grow by what the last request fed, every turn makes its tokens with no deadline missed,
+    # and the flash time and erases follow the board's flash model
+    from host import emulate as emu
+
+    rep = emu.run(emu.spec_from_options(scenario="voice-assistant-sleep", tokens=8))
+    sl = rep["sleep"]
+    assert rep["verdict"]["ok"] and sl["deadline_misses"] == 0 and len(sl["turns"]) == 2, sl
+    first = rep["prompt_tokens"] + rep["tokens"] - 1
+    t1, t2 = sl["turns"]
+    assert t1["resumed_positions"] == first and t1["tokens"] == t1["tokens_requested"] == 8
+    assert t2["resumed_positions"] > t1["resumed_positions"] + t1["tokens"] - 1
+    for t in sl["turns"]:
+        sectors = -(-t["snapshot_bytes"] // 4096)
+        assert t["erases"] == sectors
+        assert abs(t["save_ms"] - (t["snapshot_bytes"] * 1000 / 500000 + 45 * sectors)) < 0.1
+        assert abs(t["restore_ms"] - 2 * t["snapshot_bytes"] * 1000 / 20000000) < 0.01
+        assert t["wake_to_first_token_ms"] > t["restore_ms"] and t["invariants_ok"]
+    assert sl["timeline_ms"] > 2 * sl["sleep_ms"] and rep["invariants"]["ok"]
+
+
+@pytest.mark.parametrize("decode,match", [
+    ({"turns": [{"prompt": "x"}], "chats": [{"name": "a"}]}, "turns are one conversation's: not with chats"),
+    ({"sleep_ms": 5}, "sleep_ms is the sleep between turns: give turns too"),
+    ({"turns": []}, "turns lists 1..16 turns"),
+    ({"turns": [{"prompt": 3}]}, r"turns\[0\]: prompt must be a string"),
+    ({"turns": ["x"]}, r"turns\[0\] must be an object"),
+])
+def test_bad_turns_are_one_line(decode, match):
+    from firmware_py import appcfg
+
+    with pytest.raises(appcfg.AppConfigError, match=match):
+        appcfg.load({"decode": decode})
