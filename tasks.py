@@ -306,20 +306,21 @@ def flash_firmware(c, bin="", port=None, board="esp32s3_n8r8", erase=False, dry_
             "stop": "send a stop command", "until_done": "return once this many requests have ended (serve goes on running on the board until Ctrl-C or the next flash / monitor --start / generate --runtime board)",
             "link_bps": "with --start: the link's bytes/s the board paces telemetry to (100..1000000; default 0: the firmware's)",
             "save": "save the conversation on the board as this KV snapshot (when the --prompt's request ends)",
-            "resume": "resume this KV snapshot on the board: the --prompt goes on from it"})
+            "resume": "resume this KV snapshot on the board: the --prompt goes on from it",
+            "baud": "the port's bits/s (default: the board profile's console rate, 115200; a native USB port ignores it)"})
 @one_line_errors
 def monitor(c, port=None, board=None, log=None, until=None, timeout=None, jsonl=None, capture=None, replay=None,
             json=False, plain=False, start=False, prompt=None, tokens=None, policy=None, window=None, kv_dtype=None, stop=False,
-            until_done="0", link_bps="0", save=None, resume=None):
-    """Print what the board sends (text timestamped, telemetry frames decoded: a dashboard on a terminal), log, reconnect."""
+            until_done="0", link_bps="0", save=None, resume=None, baud=None):
+    """Serial console: text timestamped, telemetry frames decoded, log, reconnect; at a terminal keys go to the board (Ctrl-] leaves, Ctrl-T h: menu)."""
     from host import monitor as mon
 
-    not_empty(port=port, log=log, jsonl=jsonl, capture=capture, replay=replay, until=until, save=save, resume=resume)
+    not_empty(port=port, log=log, jsonl=jsonl, capture=capture, replay=replay, until=until, save=save, resume=resume, baud=baud)
     mon.main(port=port and paths_user(port), board=board, log=log and paths_user(log), until=until,
              timeout=options.seconds(timeout, "--timeout") if timeout is not None else None, jsonl=jsonl and paths_user(jsonl),
              capture=capture and paths_user(capture), replay=replay and paths_user(replay), as_json=json, plain=plain,
              start=start, prompt=prompt, tokens=tokens, policy=policy, window=window, kv_dtype=kv_dtype, stop=stop,
-             until_done=until_done, link_bps=link_bps, save=save, resume=resume)
+             until_done=until_done, link_bps=link_bps, save=save, resume=resume, baud=baud)
 
 
 @task(help={"action": "list, pull NAME FILE, push FILE, or rm NAME (the first word after snapshot)",

@@ -180,6 +180,9 @@ class Board:
                 raise BoardError(where, "usb", "expected an object with vid and pid (or null for a soc)")
             self.usb_vid = _hex16(usb, "vid", where, "usb.")
             self.usb_pid = _hex16(usb, "pid", where, "usb.")
+        # the console's bits/s: a USB-UART bridge's (usb.baud; MicroPython's UART REPL default);
+        # a native USB CDC port ignores it
+        self.console_baud = _int(usb, "baud", where, "usb.", 1200, 4000000) if usb and "baud" in usb else 115200
         self.source = _source(_str(d, "source", where, ""), lean)  # citation for cpu/thermal/usb figures
         est = d.get("estimates", [])
         if not isinstance(est, list) or not all(isinstance(e, str) for e in est):

@@ -144,6 +144,48 @@ def _text(data):
     return data.decode("utf-8", "surrogateescape")
 
 
+EXIT_KEY = 0x1D  # Ctrl-]: leave the monitor (as idf.py monitor and miniterm)
+MENU_KEY = 0x14  # Ctrl-T: the next key is a menu command
+MENU_HELP = ("--- Ctrl-] leaves the monitor; Ctrl-T then: r reset the board, p pause/resume the display (the log goes on), "
+             "h this help, x leave, Ctrl-T or Ctrl-] send that key itself ---")
+
+
+class Keys:
+    # the terminal's keys while an interactive monitor runs (stdin a terminal): no line
+    # editing, no echo, no signals (Ctrl-C goes to the board), Enter as CR; restored by close()
+    def __init__(self, fd):
+        import termios
+
+        self.fd = fd
+        self.old = termios.tcgetattr(fd)
+        new = termios.tcgetattr(fd)
+        new[0] &= ~(termios.ICRNL | termios.IXON)
+        new[3] &= ~(termios.ICANON | termios.ECHO | termios.ISIG | termios.IEXTEN)
+        new[6][termios.VMIN] = 0
+        new[6][termios.VTIME] = 0
+        termios.tcsetattr(fd, termios.TCSANOW, new)
+        self.menu = False  # Ctrl-T was the last key
+
+    # the bytes typed since the last call (b"" when none), never waiting
+    def read(self):
+        import select
+
+        if not select.select([self.fd], [], [], 0)[0]:
+            return b""
+        try:
+            return os.read(self.fd, 256)
+        except OSError:
+            return b""
+
+    def close(self):
+        import termios
+
+        try:
+            termios.tcsetattr(self.fd, termios.TCSADRAIN, self.old)
+        except (termios.error, OSError):
+            pass
+
+
 class Monitor:
     # reads a port forever (or until a pattern/time), prints and logs each line
     def __init__(self, port, log_path=None, out=None, baud=115200, reconnect=True, timestamps=True, jsonl_path=None,
@@ -186,11 +228,18 @@ class Monitor:
         self.serve_line = None  # the last "serve: ..." line the board printed
         self.error_line = None  # the last line of a traceback the board printed
         self._traceback = False  # inside a traceback: its first unindented line is the error
+        self.keys = None  # Keys while interactive: typed keys go to the board, its text shows as it comes
+        self.col = 0  # interactive: characters of board text on the screen's current line
+        self.paused = False  # interactive: the display held (Ctrl-T p); the log goes on
+        self.native_usb = False  # the board's port is its own USB (CDC): a reset is a soft one
 
     # one line to the console and the log
-    def emit(self, text, note=False):
+    def emit(self, text, note=False, show=True):
         line = ("[%s] " % _stamp() if self.timestamps else "") + ("[monitor] " if note else "") + text
-        if not self.quiet:
+        if show and not self.quiet and not (self.paused and not note):
+            if self.col:  # interactive: the board's open line ends before this one
+                self.out.write("\n")
+                self.col = 0
             self.out.write(console_text(line) + "\n")
             self.out.flush()
         if self.log:
@@ -322,6 +371,9 @@ class Monitor:
     # or None. The console stops at that line (self.quiet): the lines after it, already
     # received, still go to the log (and a partial line to it at the end), never dropped
     def feed_text(self, data, pattern=None):
+        raw = self.keys is not None and self.view == "plain"
+        if raw and not self.quiet and not self.paused:
+            self._show_raw(data)
         buf = self.partial + data
         hit = None
         while True:
@@ -331,7 +383,7 @@ class Monitor:
             text = _text(buf[:i].rstrip(b"\r"))
             buf = buf[i + 1 :]
             self.lines += 1
-            self.emit(text)
+            self.emit(text, show=not raw)  # interactive: shown as it came (_show_raw), logged here
             self._watch(text)
             if self.view == "dashboard" and not self.quiet:
                 self.board_text.append(console_text(text))
@@ -365,6 +417,84 @@ class Monitor:
     def serve_error(self):
         return self.error_line or self.serve_line or self.serve_ended
 
+    # interactive: the board's text on the screen as it comes (the REPL's echo, its prompt,
+    # a line being edited), each line begun with its timestamp
+    def _show_raw(self, data):
+        out = []
+        for ch in _text(data):
+            if self.col == 0 and ch not in "\r\n" and self.timestamps:
+                out.append("[%s] " % _stamp())
+            out.append(ch)
+            self.col = 0 if ch == "\n" else self.col + 1
+        w = "".join(out)
+        b = getattr(self.out, "buffer", None)
+        if b is not None:
+            b.write(w.encode("utf-8", "surrogateescape"))
+        else:
+            self.out.write(w)
+        self.out.flush()
+
+    # interactive: what was typed goes to the board, but the exit key and the menu's; True:
+    # leave the monitor
+    def keys_poll(self):
+        data = self.keys.read()
+        send = bytearray()
+        for c in data:
+            if self.keys.menu:
+                self.keys.menu = False
+                if c in (MENU_KEY, EXIT_KEY):
+                    send.append(c)
+                elif c in (ord("x"), ord("q"), 0x18):
+                    self._send(send)
+                    return True
+                elif c in (ord("r"), 0x12):
+                    self._send(send)
+                    send = bytearray()
+                    self.reset_board()
+                elif c in (ord("p"), 0x10):
+                    self.paused = not self.paused
+                    self.emit("display %s (the log goes on)" % ("paused" if self.paused else "resumed"), note=True)
+                else:
+                    self.emit(MENU_HELP, note=True)
+            elif c == EXIT_KEY:
+                self._send(send)
+                return True
+            elif c == MENU_KEY:
+                self.keys.menu = True
+            else:
+                send.append(c)
+        self._send(send)
+        return False
+
+    def _send(self, b):
+        if b and self.ser is not None:
+            try:
+                self.ser.write(bytes(b))
+                self.ser.flush()
+            except (serial.SerialException, OSError):
+                pass  # the read that follows sees the loss
+
+    # the menu's reset: a USB-UART bridge's EN line (RTS, with DTR high: run, not the
+    # bootloader), as esptool and idf.py monitor pulse it; a native USB port or a virtual
+    # board: a soft reset (Ctrl-C twice, which ends serve, then Ctrl-D at the REPL)
+    def reset_board(self):
+        if self.ser is None:
+            return
+        if self.native_usb or link.is_virtual(self.port):
+            self.emit("soft reset (Ctrl-C, Ctrl-C, Ctrl-D)", note=True)
+            self._send(b"\x03\x03")
+            time.sleep(0.2)
+            self._send(b"\x04")
+            return
+        self.emit("reset: EN pulled low by RTS for 100 ms", note=True)
+        try:
+            self.ser.dtr = False
+            self.ser.rts = True
+            time.sleep(0.1)
+            self.ser.rts = False
+        except (serial.SerialException, OSError, ValueError):
+            self.emit("the port has no RTS line: reset the board with its button", note=True)
+
     # flush a partial line so nothing received is lost (a frame cut by the loss is
     # counted as truncated)
     def flush_partial(self, why="port lost"):
@@ -372,7 +502,8 @@ class Monitor:
             if kind == "text":
                 self.partial += v
         if self.partial:
-            self.emit(_text(self.partial.rstrip(b"\r")) + " [partial line: %s]" % why)
+            raw = self.keys is not None and self.view == "plain"  # shown as it came already
+            self.emit(_text(self.partial.rstrip(b"\r")) + " [partial line: %s]" % why, show=not raw)
             self.partial = b""
 
     # reopen the port after a loss; False when deadline passed first
@@ -433,6 +564,8 @@ class Monitor:
                         break
                     continue
                 hit = self.feed(data, pattern) if data else self.settle(pattern)
+                if self.keys is not None and self.keys_poll():
+                    return "exit"
                 if pending is not None:
                     if self.decoder.counts()["good"]:
                         pending(self)
@@ -501,6 +634,14 @@ class Monitor:
 
 DEFAULT_BOARD = "esp32s3_n8r8"
 DEFAULT_TOKENS = 64
+NATIVE_USB_VID = 0x303A  # Espressif's own USB (the S3's USB-Serial-JTAG and CDC): no EN line to pulse
+
+
+def _is_tty(f):
+    try:
+        return f.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 def _given(v, *defaults):
@@ -555,7 +696,9 @@ def start_serve(port, link_bps=0, out=print, opts=None):
 # has answered (its first telemetry frame), a summary at the end
 def main(port=None, board=None, log=None, until=None, timeout=None, jsonl=None, capture=None, replay=None,
          as_json=False, plain=False, start=False, prompt=None, tokens=None, policy=None, window=None, kv_dtype=None,
-         stop=False, until_done=0, link_bps=0, out=None, save=None, resume=None):
+         stop=False, until_done=0, link_bps=0, out=None, save=None, resume=None, baud=None, keys=None):
+    # keys: an interactive monitor (typed keys to the board, Ctrl-] leaves, Ctrl-T the menu);
+    # None: when stdin is a terminal (and not --replay or --json)
     import json
 
     from firmware_py import kv
@@ -597,9 +740,16 @@ def main(port=None, board=None, log=None, until=None, timeout=None, jsonl=None, 
     if replay is None:
         link.check_port(port)
     out = out if out is not None else sys.stdout
-    view = "plain" if plain or as_json else "auto"
+    if keys is None:
+        keys = replay is None and not as_json and _is_tty(sys.stdin)
+    from host import boards  # noqa: PLC0415
+
+    brd = boards.load(board)
+    baud = brd.console_baud if baud is None else options.whole(baud, "--baud", 1200, 4000000)
+    view = "plain" if plain or as_json or keys else "auto"
     m = Monitor(port or replay, log_path=log, out=out if not as_json else sys.stderr, jsonl_path=jsonl,
-                capture_path=capture, view=view)
+                capture_path=capture, view=view, baud=baud)
+    m.native_usb = brd.usb_vid == NATIVE_USB_VID
     hit = None
     try:
         if replay is not None:
@@ -627,11 +777,18 @@ def main(port=None, board=None, log=None, until=None, timeout=None, jsonl=None, 
             # serve started here, or a prompt sent: serve ending on the board ends the wait. Commands
             # wait for serve's first frame (after --start, its boot), and only when any is left to send
             left = bool(cfg) or prompt is not None or stop or save is not None or resume is not None
+            if keys:
+                m.keys = Keys(sys.stdin.fileno())
+                m.emit("interactive: what you type goes to the board; Ctrl-] leaves, Ctrl-T h shows the menu", note=True)
             hit = m.run(until=pattern, timeout=timeout, until_done=until_done, on_open=commands if left else None,
                         stop_on_end=bool(until_done) and (start or prompt is not None),
                         answer_s=SERVE_BOOT_S if start else SERVE_ANSWER_S, started=start)
     finally:
+        if m.keys is not None:
+            m.keys.close()
         m.close()
+    if hit == "exit":  # left with Ctrl-]
+        return m
     if as_json:
         print(json.dumps(m.summary(), indent=1, sort_keys=True))
     if pattern is not None and hit is None and replay is None:

@@ -14,6 +14,14 @@ from host import interp as interp_mod  # noqa: E402
 # word 8); tests/test_serve_budget.py sets the 32-bit one for itself
 os.environ.pop("KVRTOS_VBOARD_MICROPYTHON", None)
 
+# no test reads the terminal: with ./kv test typed at one, the commands the tests run (./kv
+# monitor, which takes keys from a terminal) would see it on their stdin. /dev/null instead,
+# for this process and every one it starts (the pty tests give their own)
+if os.isatty(0):
+    _null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(_null, 0)
+    os.close(_null)
+
 FIRMWARE_TESTS = os.path.join(ROOT, "tests", "firmware")
 DEFAULT_HEAP = boards.load(paths.DEFAULT_BOARD).mpy_heap
 

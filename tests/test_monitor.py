@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -655,3 +656,84 @@ def test_a_text_only_capture_replays_line_by_line(tmp_path, capture, lines):
     assert shown == lines, r.stdout
     rep = json.loads(kv("monitor", "--replay", str(cap), "--json").stdout)
     assert rep["lines"] == len(lines), rep
+
+
+# --- the interactive monitor (a terminal on stdin: keys go to the board) ---------------------------
+
+def _pty_monitor(*args):
+    # ./kv monitor ARGS with a pseudo-terminal as its terminal: (process, master fd)
+    import pty as pty_mod
+
+    master, slave = pty_mod.openpty()
+    env = dict(os.environ)
+    env.pop("KVRTOS_CALLER_CWD", None)
+    p = subprocess.Popen([sys.executable, "-m", "host.cli", "monitor", *args], cwd=ROOT, stdin=slave, stdout=slave,
+                         stderr=slave, env=env, start_new_session=True)
+    os.close(slave)
+    return p, master
+
+
+def _read_until(fd, want, seen, timeout=30.0):
+    import select as sel
+
+    end = time.monotonic() + timeout
+    while want not in seen[0]:
+        if time.monotonic() > end:
+            raise AssertionError("no %r within %g s; got %r" % (want, timeout, seen[0][-800:]))
+        r, _, _ = sel.select([fd], [], [], 0.2)
+        if r:
+            try:
+                seen[0] += os.read(fd, 4096).decode("utf-8", "replace")
+            except OSError:
+                break
+    return seen[0]
+
+
+def test_the_interactive_monitor_types_into_the_repl_resets_and_leaves_with_ctrl_bracket(tmp_path):
+    # at a terminal, keys go to the board: a line typed at the REPL comes back echoed and
+    # answered; Ctrl-T r soft-resets the virtual board; Ctrl-] leaves with exit 0
+    with start(tmp_path) as vb:
+        p, fd = _pty_monitor("--port", vb.port, "--timeout", "60")
+        seen = [""]
+        try:
+            _read_until(fd, "Ctrl-] leaves", seen)
+            os.write(fd, b"\r")
+            _read_until(fd, ">>> ", seen)
+            os.write(fd, b"6*7\r")
+            _read_until(fd, "42", seen)
+            assert "6*7" in seen[0]  # the board's echo of the keys, as they came
+            os.write(fd, b"\x14r")  # Ctrl-T r
+            _read_until(fd, "soft reboot", seen)
+            os.write(fd, b"\x14h")
+            _read_until(fd, "r reset the board", seen)
+            os.write(fd, b"\x1d")  # Ctrl-]
+            assert p.wait(timeout=20) == 0, seen[0][-800:]
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            os.close(fd)
+
+
+def test_the_interactive_monitor_decodes_frames_while_keys_are_typed(tmp_path):
+    # serve started on the board: its frames are decoded (status lines, the done event) while
+    # keys typed go to it (serve reads only command frames: they are ignored there)
+    with start(tmp_path) as vb:
+        r = kv("flash", "--port", vb.port, "--model", os.path.join(ROOT, "models", "kvrtos-tiny", "model.bin"), timeout=300)
+        assert r.returncode == 0, r.stdout + r.stderr
+        p, fd = _pty_monitor("--port", vb.port, "--start", "--prompt", "Once upon a time", "--tokens", "40",
+                             "--timeout", "200")
+        seen = [""]
+        try:
+            _read_until(fd, "Ctrl-] leaves", seen, 60)
+            _read_until(fd, "tok", seen, 120)  # a status line from the periodic frames
+            os.write(fd, b"hello")
+            _read_until(fd, "done", seen, 120)  # the request's done event, decoded
+            assert "Once upon a time" in seen[0]  # the generated text, shown
+            os.write(fd, b"\x1d")
+            assert p.wait(timeout=30) == 0, seen[0][-800:]
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            os.close(fd)
