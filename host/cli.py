@@ -37,6 +37,11 @@ def fill_positionals(argv):
     return argv
 
 
+# invoke's core flags for its shell runner and config files: refused (a traceback each before)
+INVOKE_ONLY = ("command-timeout", "config", "debug", "dry", "echo", "hide", "list-depth", "list-format",
+               "prompt-for-sudo-password", "pty", "warn-only", "write-pyc")
+
+
 class KvProgram(Program):
     # invoke's Program with one-line, exit-2 parse errors and one task per command line
     def run(self, argv=None, exit=True):
@@ -48,8 +53,17 @@ class KvProgram(Program):
             Argument(names=("chain",), kind=bool, default=False, help="Run several tasks given on one command line, in order."),
         ]
 
-    # invoke's own core-flag parse, its mistakes as one `kv:` line
+    # invoke's own core-flag parse, its mistakes as one `kv:` line; invoke's flags for running
+    # shell commands and loading its own config (which ./kv's tasks do not use) refused
     def parse_core(self, argv):
+        short = {"-" + a.names[1]: a.names[0] for a in super().core_args() if len(a.names) > 1}
+        for tok in argv[1:]:
+            if not tok.startswith("-"):
+                break  # the task's name: its own flags follow
+            name = short.get(tok[:2], tok[2:].split("=")[0]) if not tok.startswith("--") else tok[2:].split("=")[0]
+            if name in INVOKE_ONLY:
+                raise Exit("kv: %s is invoke's own option, which kvrtos's tasks do not take (./kv --list shows the "
+                           "tasks, ./kv TASK --help their options)" % tok.split("=")[0], code=USAGE_EXIT)
         try:
             super().parse_core(argv)
         except ParseError as e:
@@ -82,7 +96,7 @@ class KvProgram(Program):
         if self.args.chain.value:
             raise Exit("kv: --chain needs the tasks to run, in order (e.g. ./kv --chain lint test; ./kv --list shows them)",
                        code=USAGE_EXIT)
-        super().no_tasks_given()
+        self.list_tasks()  # ./kv alone: what there is to run, not invoke's core flags
 
     # `--help NOSUCH` is a parse error raised after parsing: same one line
     def parse_cleanup(self):

@@ -923,3 +923,19 @@ def test_dev_null_as_a_port_is_refused_as_not_a_serial_port(cmd):
     # it was exit 1 "cannot open port /dev/null: Could not configure port: (25, ...)"
     r = kv(*cmd, "--port", "/dev/null", timeout=60)
     assert one_line_error(r) and r.returncode == 2 and "/dev/null is not a serial port" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("args,flag", [(["-f", "/nonexist", "demo"], "-f"), (["--hide=xx", "lint"], "--hide"),
+                                       (["-T", "abc", "lint"], "-T"), (["--pty", "lint"], "--pty"),
+                                       (["--command-timeout=5", "lint"], "--command-timeout")])
+def test_invokes_own_core_flags_are_one_line(args, flag):
+    # invoke's flags for its shell runner and its config files gave a traceback each
+    r = kv(*args)
+    assert r.returncode == 2 and line(r) == ("kv: %s is invoke's own option, which kvrtos's tasks do not take (./kv "
+                                             "--list shows the tasks, ./kv TASK --help their options)" % flag), r.stderr
+
+
+def test_kv_alone_lists_the_tasks():
+    r = kv()
+    assert r.returncode == 0 and "Available tasks:" in r.stdout and "emulate" in r.stdout, r.stdout + r.stderr
+    assert "--prompt-for-sudo-password" not in r.stdout and "--write-pyc" not in r.stdout
