@@ -263,6 +263,10 @@ class StreamDecoder:
     def __init__(self, max_frame=MAX_WIRE, keep_raw=False):
         self.max_frame = max_frame  # a candidate longer than this is not a frame
         self.keep_raw = keep_raw  # frames also carry raw_type and raw_body (hex): checks
+        self.last_run = b""  # the last good frame's bytes (a repeat of it is a duplicate)
+        self.duplicates = 0  # frames dropped as byte-for-byte repeats of the one before
+        self.utf8_req = None  # the request whose text frames self.utf8 decodes
+        self.utf8 = None  # its incremental UTF-8 decoder (a character split over two frames)
         self.state = "start"  # "start" (before the first 0x00), "text", "open" (after a 0x00: deciding), "frame" (collecting)
         self.at_start = False  # the candidate being collected is the start run (refused: a frame's tail)
         self.partial_at_start = 0  # start runs dropped as the tail of a frame sent before the stream started
@@ -318,6 +322,13 @@ class StreamDecoder:
             else:
                 self._reject(out, str(e))
             return
+        if run == self.last_run and self.last_seq == seq:
+            # the same frame again, byte for byte (a link or a capture that repeated it):
+            # counted as a duplicate and dropped, neither a restart nor frames lost
+            self.duplicates += 1
+            out.append(("duplicate", seq))
+            return
+        self.last_run = run
         try:
             d = to_dict(ftype, seq, ms, body, self.layout)
         except (FrameError, ValueError) as e:
@@ -326,6 +337,15 @@ class StreamDecoder:
             d = {"type": tm.FRAME_TYPES.get(ftype, "type_%d" % ftype), "seq": seq, "ms": ms,
                  "error": str(e) or "body", "body_hex": body.hex()}
             self.body_errors += 1
+        if ftype == tm.T_TEXT and "error" not in d:
+            # a request's text is one UTF-8 stream cut into frames anywhere: decoded as one
+            # (a character split over two frames comes whole with the second; bytes that are
+            # not UTF-8 become U+FFFD, never lone surrogates in the JSONL)
+            req = d["request"]
+            if self.utf8_req != req:
+                self.utf8_req = req
+                self.utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+            d["text"] = self.utf8.decode(body[tm.get_varint(body, 0)[1]:] if body else b"")
         if self.keep_raw:
             d["raw_type"] = ftype
             d["raw_body"] = body.hex()
@@ -486,7 +506,8 @@ class StreamDecoder:
 
     def counts(self):
         return {"good": self.good, "corrupt": self.corrupt, "truncated": self.truncated, "dropped": self.dropped,
-                "skipped": self.skipped, "restarts": self.restarts, "body_errors": self.body_errors, "partial_at_start": self.partial_at_start,
+                "skipped": self.skipped, "restarts": self.restarts, "duplicates": self.duplicates,
+                "body_errors": self.body_errors, "partial_at_start": self.partial_at_start,
                 "partial_bytes": self.partial_bytes, "text_bytes": self.text_bytes, "by_type": dict(sorted(self.by_type.items())),
                 "rejected": dict(sorted(self.why.items()))}
 

@@ -362,8 +362,8 @@ class Monitor:
     def summary(self):
         c = self.decoder.counts()
         return {"port": self.port, "bytes": self.bytes, "lines": self.lines, "losses": self.losses,
-                "frames": {k: c[k] for k in ("good", "corrupt", "truncated", "dropped", "skipped", "restarts", "body_errors",
-                                              "partial_at_start", "partial_bytes")},
+                "frames": {k: c[k] for k in ("good", "corrupt", "truncated", "dropped", "skipped", "restarts", "duplicates",
+                                              "body_errors", "partial_at_start", "partial_bytes")},
                 "frames_by_type": c["by_type"], "rejected": c["rejected"], "text_bytes": c["text_bytes"],
                 "requests_done": self.done_events, "tokens": self.state.core.get("tokens")}
 

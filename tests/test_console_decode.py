@@ -473,3 +473,26 @@ def test_the_firmware_encoder_across_its_time_wrap():
     assert ms == sorted(ms) and ms[-1] == tm.MS_WRAP + 2000, ms
     evs = [e["ms"] for f in frames for e in f.get("events", [])]
     assert evs == sorted(evs) and len(evs) == 5 and evs[-1] > tm.MS_WRAP
+
+
+def test_a_duplicated_frame_is_a_duplicate_not_a_restart():
+    # frames 0, 1, 1, 2 (the second 1 a byte-for-byte repeat): one duplicate, dropped; no
+    # restart, no frame counted lost, and its text not shown twice
+    f = [frame_bytes(i, 4, b"\x01" + t) for i, t in ((0, b"a"), (1, b"b"), (1, b"b"), (2, b"c"))]
+    d, out = decode(b"".join(f))
+    frames = [v for k, v in out if k == "frame"]
+    assert (d.good, d.duplicates, d.restarts, d.dropped) == (3, 1, 0, 0)
+    assert "".join(fr["text"] for fr in frames) == "abc"
+    assert d.counts()["duplicates"] == 1
+
+
+def test_text_split_inside_a_character_is_joined_before_decoding():
+    # the telemetry spec's vector: "caf" + 0xC3 in one frame, 0xA9 + "!" in the next
+    wire = bytes.fromhex("0004fe010401020501010a01636166c33458178b000005fe010401020501010801a921f2c2216900")
+    d, out = decode(wire)
+    frames = [v for k, v in out if k == "frame"]
+    assert "".join(fr["text"] for fr in frames) == "café!" and d.good == 2
+    # bytes that are not UTF-8 become U+FFFD (the JSONL never holds lone surrogates)
+    d, out = decode(frame_bytes(0, 4, b"\x01ab\xff\xfecd"))
+    text = [v for k, v in out if k == "frame"][0]["text"]
+    assert text == "ab\ufffd\ufffdcd" and text.encode("utf-8")
