@@ -92,10 +92,10 @@ class _DemoMonitor(monitor.Monitor):
         self.refused = []
 
     # every text line of the board passes here (Monitor.feed_text), notes too
-    def emit(self, text, note=False):
+    def emit(self, text, note=False, show=True):
         if not note:
             self._keep(text)
-        super().emit(text, note)
+        super().emit(text, note, show)
 
     def _keep(self, line):
         from firmware_py import serve

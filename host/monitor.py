@@ -218,7 +218,7 @@ class Monitor:
         self.live = None  # rich Live while the dashboard runs
         self.last_draw = 0.0
         self.done_events = 0  # "done" events seen (a request ended)
-        self.refused = []  # the save and resume commands the board refused ("save", "resume"), in order
+        self.cmd_refused = []  # the save and resume commands the board refused ("save", "resume"), in order
         self.prompts_refused = 0  # prompt commands the board refused
         self.prompts_sent = 0  # prompt commands sent
         self.cmd_seq = 0  # sequence number of the next command sent
@@ -297,7 +297,7 @@ class Monitor:
                 if e.get("event") == "done":
                     self.done_events += 1
                 elif e.get("event") == "ack" and e.get("status", 0) < 0 and e.get("type") in (tm.T_CMD_SAVE, tm.T_CMD_RESUME):
-                    self.refused.append("save" if e.get("type") == tm.T_CMD_SAVE else "resume")
+                    self.cmd_refused.append("save" if e.get("type") == tm.T_CMD_SAVE else "resume")
                 elif e.get("event") == "ack" and e.get("status", 0) < 0 and e.get("type") == tm.T_CMD_PROMPT:
                     self.prompts_refused += 1
                 if self.view == "plain":
@@ -581,7 +581,7 @@ class Monitor:
                     return hit  # the rest of what was read is logged (feed_text); the logs flushed below
                 if data and until_done and self.done_events >= until_done and grace is None:
                     grace = time.monotonic() + DONE_GRACE_S  # the frames sent after the done event
-                if data and until_done and self.refused and (self.prompts_refused or not self.prompts_sent) and grace is None:
+                if data and until_done and self.cmd_refused and (self.prompts_refused or not self.prompts_sent) and grace is None:
                     grace = time.monotonic() + DONE_GRACE_S  # a refused resume, and the prompt after it refused: over
                 if stop_on_end and self.serve_ended is not None and grace is None:
                     grace = time.monotonic() + DONE_GRACE_S  # the rest of the board's error text
@@ -793,8 +793,8 @@ def main(port=None, board=None, log=None, until=None, timeout=None, jsonl=None, 
         print(json.dumps(m.summary(), indent=1, sort_keys=True))
     if pattern is not None and hit is None and replay is None:
         raise UserError("no line matched --until %r within %g s" % (until, timeout or 0))
-    if m.refused and replay is None:  # its line ("serve: resume refused: ...") was shown above
-        raise UserError("the board refused the %s (its reason is the serve line above)" % " and the ".join(m.refused), 1)
+    if m.cmd_refused and replay is None:  # its line ("serve: resume refused: ...") was shown above
+        raise UserError("the board refused the %s (its reason is the serve line above)" % " and the ".join(m.cmd_refused), 1)
     if until_done and m.done_events < until_done and replay is None and m.serve_ended is not None:
         raise UserError("serve ended on the board after %d of %d requests: %s" % (m.done_events, until_done, m.serve_error()))
     if until_done and m.done_events < until_done and replay is None:
