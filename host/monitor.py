@@ -144,6 +144,7 @@ def _text(data):
     return data.decode("utf-8", "surrogateescape")
 
 
+_NOT_TEXT_B = re.compile(rb"[\x01-\x06\x0b\x0c\x0e-\x1a\x1c-\x1f\x7f]")  # console._NOT_TEXT, in bytes
 EXIT_KEY = 0x1D  # Ctrl-]: leave the monitor (as idf.py monitor and miniterm)
 MENU_KEY = 0x14  # Ctrl-T: the next key is a menu command
 MENU_HELP = ("--- Ctrl-] leaves the monitor; Ctrl-T then: r reset the board, p pause/resume the display (the log goes on), "
@@ -221,6 +222,7 @@ class Monitor:
         self.cmd_refused = []  # the save and resume commands the board refused ("save", "resume"), in order
         self.prompts_refused = 0  # prompt commands the board refused
         self.prompts_sent = 0  # prompt commands sent
+        self.not_text = 0  # bytes of the text that a board's text never holds (controls: a random file)
         self.cmd_seq = 0  # sequence number of the next command sent
         self.on_frame = None  # fn(frame dict) after each frame, or None (tests, tools)
         self.quiet = False  # --until matched: what follows is still logged, no longer shown
@@ -371,6 +373,7 @@ class Monitor:
     # or None. The console stops at that line (self.quiet): the lines after it, already
     # received, still go to the log (and a partial line to it at the end), never dropped
     def feed_text(self, data, pattern=None):
+        self.not_text += len(_NOT_TEXT_B.findall(data))
         raw = self.keys is not None and self.view == "plain"
         if raw and not self.quiet and not self.paused:
             self._show_raw(data)
@@ -667,6 +670,18 @@ def check_needs(board=None, until=None, timeout=None, replay=None, port=None, st
         raise UserError("--board only picks the port to find: it is not used with %s" % ("--port" if port is not None else "--replay"), 2)
 
 
+def _judge_capture(m, path):
+    # a replayed file that was no capture of a board: empty, or neither frames nor text
+    # (random bytes: controls board text never holds) is one line and exit 1, after the lines
+    if m.bytes == 0:
+        raise UserError("--replay %s is empty: nothing was decoded" % path, 1)
+    c = m.decoder.counts()
+    if c["good"] == 0 and (c["corrupt"] > 0 or m.not_text * 10 > max(1, c["text_bytes"])):
+        raise UserError("--replay %s holds no good telemetry frame (%d corrupt) and is not text (%d of its %d text bytes are "
+                        "controls a board's text never holds): not a capture of a kvrtos board" % (
+                            path, c["corrupt"], m.not_text, c["text_bytes"]), 1)
+
+
 def start_serve(port, link_bps=0, out=print, opts=None):
     # run firmware_py.serve.main() on the board at port over the raw REPL and leave it
     # running (the port is closed again for the monitor); UserError when it cannot be.
@@ -793,6 +808,8 @@ def main(port=None, board=None, log=None, until=None, timeout=None, jsonl=None, 
         print(json.dumps(m.summary(), indent=1, sort_keys=True))
     if pattern is not None and hit is None and replay is None:
         raise UserError("no line matched --until %r within %g s" % (until, timeout or 0))
+    if replay is not None:
+        _judge_capture(m, replay)
     if m.cmd_refused and replay is None:  # its line ("serve: resume refused: ...") was shown above
         raise UserError("the board refused the %s (its reason is the serve line above)" % " and the ".join(m.cmd_refused), 1)
     if until_done and m.done_events < until_done and replay is None and m.serve_ended is not None:

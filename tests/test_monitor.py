@@ -737,3 +737,19 @@ def test_the_interactive_monitor_decodes_frames_while_keys_are_typed(tmp_path):
                 p.kill()
                 p.wait()
             os.close(fd)
+
+
+def test_an_empty_or_random_capture_is_one_line_and_exit_1(tmp_path):
+    # were exit 0 with thousands of escaped lines; a text-only capture (a serial log) stays fine
+    import random
+
+    (tmp_path / "e.bin").write_bytes(b"")
+    rnd = random.Random(1)
+    (tmp_path / "r.bin").write_bytes(bytes(rnd.randrange(256) for _ in range(20000)))
+    (tmp_path / "t.bin").write_bytes(b"boot\r\n" * 20)
+    r = kv("monitor", "--replay", str(tmp_path / "e.bin"), "--plain")
+    assert r.returncode == 1 and one_line_error(r) and "is empty" in r.stderr, r.stderr
+    r = kv("monitor", "--replay", str(tmp_path / "r.bin"), "--plain")
+    assert r.returncode == 1 and one_line_error(r) and "not a capture of a kvrtos board" in r.stderr, r.stderr
+    r = kv("monitor", "--replay", str(tmp_path / "t.bin"), "--plain", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["lines"] == 20, r.stdout + r.stderr
