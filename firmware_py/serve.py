@@ -100,6 +100,7 @@ class Server:
         self.going_on = False  # True after a resume: prompts go on from the conversation
         self.resume_failed = False  # the last resume was refused: the next prompt is too
         self.save_as = ""  # a save asked while a request ran: made when it ends
+        self.saving = ""  # the save the request's task is writing now
         self.tm = tm.Telemetry(write, kernel=self.k, link_bps=link_bps, rate_hz=rate_hz, thermal=self.guard,
                                meta={"model": model, "board": _board_name(), "cpu.mhz": _cpu_mhz()})
         self.bw = None  # the bandwidth tracker the config's tasks and the decode's traffic share, or None
@@ -171,6 +172,8 @@ class Server:
 
     def command(self, ftype, body, seq):
         st = OK
+        if ftype != tm.T_CMD_PROMPT and ftype != tm.T_CMD_RESUME:
+            self.resume_failed = False  # it holds only for the prompt sent right after the resume
         if ftype == tm.T_CMD_PROMPT:
             try:
                 n, off = tm.get_varint(body, 0)
@@ -232,8 +235,12 @@ class Server:
         try:
             if s is None:
                 raise snapshot.SnapshotError("no conversation to save: run a request first")
-            for _ in snapshot.save_steps(s, name, out=i):
-                yield OK
+            g = snapshot.save_steps(s, name, out=i)
+            try:
+                for _ in g:
+                    yield OK
+            finally:
+                g.close()
         except (snapshot.SnapshotError, MemoryError) as e:
             self.out("serve: save refused: %s" % e)
             yield E_RANGE
@@ -251,11 +258,15 @@ class Server:
             self.out("serve: resume refused: a request is running (stop it first)")
             return E_STATE
         try:
-            s = self.session if self.session is not None else self._session()
+            s = self.session
+            if s is None or self._boot() != self.booted:  # a config sent before it: a Session booted with it
+                s = self._session()
             d = snapshot.resume(s, name)
         except (snapshot.SnapshotError, decode.DecodeError, MemoryError) as e:
             self.out("serve: resume refused: %s" % e)
             self.resume_failed = True  # the prompt sent after it is not run as a new conversation
+            if self.session is not None and self.session.pending < 0:
+                self.going_on = False  # its conversation was lost (the line says so): nothing to go on from
             return E_RANGE
         self.resume_failed = False
         self.going_on = True
@@ -428,15 +439,25 @@ class Server:
             yield from s.task(self.k, ids, n, t.text)
             reason = tm.DONE_OK if not s.stop else (tm.DONE_FULL if s.stop == "full" else tm.DONE_ERROR)
             self.report(s)
-            if self.save_as:  # asked during the request: saved now, in its task, before its done event
-                name = self.save_as
+            while self.save_as:  # asked during the request (or during its save): saved now, in its task
+                self.saving = self.save_as
                 self.save_as = ""
                 st = OK
-                for x in self._save_steps(name):
-                    st = x
-                    yield
+                g = self._save_steps(self.saving)
+                try:
+                    for x in g:
+                        st = x
+                        yield
+                finally:
+                    g.close()  # (MicroPython closes no generator a for loop leaves: its file and .tmp go now)
+                self.saving = ""
                 t.event(tm.EV_ACK, tm.T_CMD_SAVE, st, req)
         finally:
+            if self.saving:  # stopped inside its save: the previous snapshot of that name is kept
+                self.out("serve: save refused: %s was stopped while it was written; the previous one of that name is "
+                         "kept" % self.saving)
+                t.event(tm.EV_ACK, tm.T_CMD_SAVE, E_RANGE, req)
+                self.saving = ""
             self._ended(req, s.n_new, reason)
 
     # after a request: the decode's summary line and, with a config's tasks, their stats

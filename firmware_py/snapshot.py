@@ -320,8 +320,12 @@ def _tokens_of(s):
 # written so far and the file's size (tests cut a save short there)
 def save(s, name, folder=DIR, hook=None):
     out = {}
-    for _ in save_steps(s, name, folder, hook, out):
-        pass
+    g = save_steps(s, name, folder, hook, out)
+    try:
+        for _ in g:
+            pass
+    finally:
+        g.close()
     return out
 
 

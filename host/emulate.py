@@ -539,9 +539,16 @@ def _turns(n, em, rep, progress):
     dec = em.cfg_app["decode"]
     sleep_ms = dec.get("sleep_ms", 0)
     out = {"sleep_ms": sleep_ms, "turns": [], "flash": {"write_bytes_per_s": wr, "read_bytes_per_s": rd}}
+    # a wake boots the board again: the weights read into RAM again (unless read from flash
+    # in place), the model and the tokenizer hashed for the snapshot's identity check (the
+    # hashes were in the RAM that was lost), the snapshot read back
+    wbytes = em.mlay.memory_bytes() if em.w_tier != fl[0].name else 0
+    hbytes = os.path.getsize(em.mfile) + os.path.getsize(n["tokenizer"])
+    load_ms, hash_ms = wbytes * 1000.0 / rd, hbytes * 1000.0 / rd
+    out.update({"weights_load_ms": round(load_ms, 2), "hash_ms": round(hash_ms, 2)})
     with tempfile.TemporaryDirectory(prefix="kvrtos-emulate-sleep-") as d:
         prev = em
-        timeline_ms = rep["elapsed_ms"]
+        timeline_ms = rep["decode_ms"]  # to the first answer's last token
         for i, t in enumerate(dec["turns"]):
             try:
                 info = snapshot.save(prev.s, SNAPSHOT, d)
@@ -550,16 +557,22 @@ def _turns(n, em, rep, progress):
                 break
             save_ms = info["bytes"] * 1000.0 / wr + info["erases"] * ERASE_US / 1000.0
             restore_ms = 2 * info["bytes"] * 1000.0 / rd  # read twice: the check, then the load
+            wake_ms = load_ms + hash_ms + restore_ms
             n2 = dict(n, prompt=t.get("prompt", ""), tokens=min(t.get("tokens", n["tokens"]), n["tokens"]))  # as a chat's
-            em2 = _Emulation(n2, progress, resume=(d, SNAPSHOT))
+            try:
+                em2 = _Emulation(n2, progress, resume=(d, SNAPSHOT))
+            except UserError as e:  # the resume refused (e.g. the conversation passes its budget)
+                out["error"] = "turn %d: %s" % (i + 1, e)
+                break
             em2.drive()
             r2 = em2.report()
-            timeline_ms += save_ms + sleep_ms + restore_ms + r2["elapsed_ms"]
+            timeline_ms += save_ms + sleep_ms + wake_ms + r2["decode_ms"]
             out["turns"].append({
                 "turn": i + 1, "prompt": n2["prompt"], "tokens": r2["tokens"], "tokens_requested": n2["tokens"],
+                "stop_reason": r2["stop_reason"], "stop": r2["stop"],
                 "resumed_positions": em2.resumed, "snapshot_bytes": info["bytes"], "erases": info["erases"],
-                "save_ms": round(save_ms, 1), "restore_ms": round(restore_ms, 2), "tok_s": r2["tok_s"],
-                "ttft_ms": r2["ttft_ms"], "wake_to_first_token_ms": round(restore_ms + r2["ttft_ms"], 2),
+                "save_ms": round(save_ms, 1), "restore_ms": round(restore_ms, 2), "wake_ms": round(wake_ms, 2),
+                "tok_s": r2["tok_s"], "ttft_ms": r2["ttft_ms"], "wake_to_first_token_ms": round(wake_ms + r2["ttft_ms"], 2),
                 "deadline_misses": r2["deadline_misses"], "verdict_ok": r2["verdict"]["ok"],
                 "verdict_line": r2["verdict"].get("line", ""), "text": r2.get("text", "")})
             out["turns"][-1]["invariants_ok"] = r2["invariants"]["ok"]
@@ -569,8 +582,11 @@ def _turns(n, em, rep, progress):
                     k: v for k, v in r2["invariants"].items() if isinstance(v, dict) and not v.get("ok", True)}}
             if not r2["verdict"]["ok"] and rep["verdict"]["ok"]:
                 rep["verdict"] = dict(r2["verdict"], line="turn %d: %s" % (i + 1, r2["verdict"].get("line", "")))
+            if r2["stop_reason"] == STOP_TIME_LIMIT:  # cut as a first request would be: the run says so
+                out["error"] = "turn %d: %s" % (i + 1, r2["stop"])
+                break
             prev = em2
-    out["timeline_ms"] = round(timeline_ms, 1)  # first request, then per turn: save, sleep, restore, the turn
+    out["timeline_ms"] = round(timeline_ms, 1)  # first answer, then per turn: save, sleep, wake, the answer
     out["erases"] = sum(x["erases"] for x in out["turns"])
     out["deadline_misses"] = rep["deadline_misses"] + sum(x["deadline_misses"] for x in out["turns"])
     rep["sleep"] = out
@@ -1104,9 +1120,12 @@ def _invariants(rep, bwr, q, k, w_tier, kv_tier, loads, counted):
 
     desc = bwr[q.bw.names[q.desc_tier]]["dma"]["bytes"]
     # where the run ends (its requests done, or the board-time limit), the engine may have
-    # finished a transfer whose mover has not run since to count it: at most one burst each
+    # finished a transfer whose mover has not run since to count it: at most one of each
+    # mover's own (an audio period's bytes, a Wi-Fi packet, a sensor read)
     seen = submitted
-    if 0 < qs["bytes"] - submitted <= len(movers) * getattr(q, "max_burst", dma_mod.DEFAULT_MAX_BURST):
+    one = sum(max(wl[nm].get("period_bytes", 0), wl[nm].get("packet_bytes", 0), wl[nm].get("read_bytes", 0)) or
+              getattr(q, "max_burst", dma_mod.DEFAULT_MAX_BURST) for nm in movers)
+    if 0 < qs["bytes"] - submitted <= one:
         seen = qs["bytes"]
     out["dma_bytes_charged"] = {"ok": seen == qs["bytes"] and charged - reads == 2 * seen and
                                 desc == qs["links"] * dma_mod.DESC_BYTES,
@@ -1274,11 +1293,15 @@ def summary(rep):
                  "answer%s" % (len(sl["turns"]), "" if len(sl["turns"]) == 1 else "s", "{:,}".format(sl["sleep_ms"]),
                                sl["erases"], "{:,}".format(round(sl["timeline_ms"])),
                                "; " + sl["error"] if sl.get("error") else ""))
+        L.append("  wake        each wake: the weights read again %.1f ms, the model and tokenizer hashed %.1f ms, then "
+                 "the snapshot read back" % (sl["weights_load_ms"], sl["hash_ms"]))
         for x in sl["turns"]:
-            L.append("  turn %-6d %d positions resumed (%s B: save %.0f ms, %d erases; read back %.2f ms), %d tokens at "
-                     "%.2f tok/s, wake to first token %.0f ms, deadline misses %d" % (
+            L.append("  turn %-6d %d positions resumed (%s B: save %.0f ms, %d erases; read back %.2f ms), %d of %d tokens "
+                     "at %.2f tok/s%s, wake to first token %.0f ms, deadline misses %d" % (
                          x["turn"], x["resumed_positions"], "{:,}".format(x["snapshot_bytes"]), x["save_ms"], x["erases"],
-                         x["restore_ms"], x["tokens"], x["tok_s"], x["wake_to_first_token_ms"], x["deadline_misses"]))
+                         x["restore_ms"], x["tokens"], x["tokens_requested"], x["tok_s"],
+                         "" if x["stop_reason"] == "done" else " (%s)" % x["stop_reason"], x["wake_to_first_token_ms"],
+                         x["deadline_misses"]))
     for end, b in sorted(rep.get("band", {}).items(), reverse=True):
         L.append("  band        %-4s end (board-speed factor %s): %.2f tok/s, deadline misses %d%s" % (
             end, ", ".join("%s %.1f" % kv for kv in sorted(b["factors"].items())), b["tok_s"], b["deadline_misses"],

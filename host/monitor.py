@@ -166,6 +166,15 @@ class Keys:
         new[6][termios.VTIME] = 0
         termios.tcsetattr(fd, termios.TCSANOW, new)
         self.menu = False  # Ctrl-T was the last key
+        import signal
+
+        def restore_and_end(signum, frame):  # killed (SIGTERM, a closed terminal): the terminal as it was
+            self.close()
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, restore_and_end)
 
     # the bytes typed since the last call (b"" when none), never waiting
     def read(self):
@@ -223,6 +232,7 @@ class Monitor:
         self.prompts_refused = 0  # prompt commands the board refused
         self.prompts_sent = 0  # prompt commands sent
         self.not_text = 0  # bytes of the text that a board's text never holds (controls: a random file)
+        self.left = False  # interactive: the user left (Ctrl-])
         self.cmd_seq = 0  # sequence number of the next command sent
         self.on_frame = None  # fn(frame dict) after each frame, or None (tests, tools)
         self.quiet = False  # --until matched: what follows is still logged, no longer shown
@@ -513,6 +523,9 @@ class Monitor:
     def _wait_for_port(self, deadline):
         t0 = time.monotonic()
         while deadline is None or time.monotonic() < deadline:
+            if self.keys is not None and self.keys_poll():  # Ctrl-] while the port is gone
+                self.left = True
+                return False
             if os.path.exists(self.port):
                 try:
                     self.ser = _open(self.port, self.baud)
@@ -647,6 +660,39 @@ def _is_tty(f):
         return False
 
 
+def _foreground():
+    # this process runs in the terminal's foreground (a background job that set the terminal's
+    # modes would be stopped by SIGTTOU)
+    try:
+        return os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
+    except OSError:
+        return False
+
+
+def _board_of(port, board):
+    # the profile of the board on `port`: the one whose USB vendor id the port has (a given
+    # --port: its USB-UART bridge or native USB decides the reset and the baud), else `board`'s
+    from host import boards  # noqa: PLC0415
+
+    if port and not link.is_virtual(port):
+        try:
+            from serial.tools import list_ports
+
+            real = os.path.realpath(port)
+            vid = next((p.vid for p in list_ports.comports() if os.path.realpath(p.device) == real), None)
+        except Exception:  # noqa: BLE001 - no port listing on this host: the named profile
+            vid = None
+        if vid is not None:
+            for name in boards.names():
+                try:
+                    b = boards.load(name)
+                except UserError:
+                    continue
+                if b.usb_vid == vid:
+                    return b
+    return boards.load(board)
+
+
 def _given(v, *defaults):
     # an option the user typed: not None / "" and not its default (tasks.py hands the
     # defaults over as they are, int or text)
@@ -756,10 +802,8 @@ def main(port=None, board=None, log=None, until=None, timeout=None, jsonl=None, 
         link.check_port(port)
     out = out if out is not None else sys.stdout
     if keys is None:
-        keys = replay is None and not as_json and _is_tty(sys.stdin)
-    from host import boards  # noqa: PLC0415
-
-    brd = boards.load(board)
+        keys = replay is None and not as_json and _is_tty(sys.stdin) and _is_tty(out) and _foreground()
+    brd = _board_of(port, board)
     baud = brd.console_baud if baud is None else options.whole(baud, "--baud", 1200, 4000000)
     view = "plain" if plain or as_json or keys else "auto"
     m = Monitor(port or replay, log_path=log, out=out if not as_json else sys.stderr, jsonl_path=jsonl,
@@ -802,7 +846,7 @@ def main(port=None, board=None, log=None, until=None, timeout=None, jsonl=None, 
         if m.keys is not None:
             m.keys.close()
         m.close()
-    if hit == "exit":  # left with Ctrl-]
+    if hit == "exit" or m.left:  # left with Ctrl-]
         return m
     if as_json:
         print(json.dumps(m.summary(), indent=1, sort_keys=True))

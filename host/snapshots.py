@@ -142,21 +142,28 @@ def pull(t, name, dest, out=print):
     if hashlib.sha256(data).hexdigest() != want:
         raise UserError("snapshot %s: the copy's sha256 differs from the board's (the link lost bytes): run it again" % name, 1)
     d = _check_bytes(data, "snapshot %s" % name)
-    try:  # a new file only (O_EXCL): one made since the check is never overwritten
-        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except FileExistsError:
-        raise UserError("%s exists: pull writes a new file (remove it or pick another name)" % dest, 2) from None
+    import tempfile
+
+    # written whole beside it, then linked in as a new name (link never replaces: a file made
+    # since the check is never overwritten, and an interrupted pull leaves no partial file)
+    try:
+        fd, part = tempfile.mkstemp(prefix=".kvrtos-pull-", dir=os.path.dirname(os.path.abspath(dest)))
     except OSError as e:
         raise UserError("cannot write %s: %s" % (dest, e.strerror or e), 2) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        os.chmod(part, 0o644)
+        os.link(part, dest)
+    except FileExistsError:
+        raise UserError("%s exists: pull writes a new file (remove it or pick another name)" % dest, 2) from None
     except OSError as e:
+        raise UserError("cannot write %s: %s" % (dest, e.strerror or e), 2) from None
+    finally:
         try:
-            os.remove(dest)
+            os.remove(part)
         except OSError:
             pass
-        raise UserError("cannot write %s: %s" % (dest, e.strerror or e), 2) from None
     out("snapshot: pulled %s to %s: %d B, %d positions, %d tokens, %s KV, sha256 %s verified" % (
         name, dest, len(data), d["state"][1], d["n_tokens"], d["dtype"], want[:16]))
     return d

@@ -718,3 +718,17 @@ def test_bad_turns_are_one_line(decode, match):
 
     with pytest.raises(appcfg.AppConfigError, match=match):
         appcfg.load({"decode": decode})
+
+
+def test_a_turn_that_cannot_go_on_fails_the_run_in_one_line():
+    # a pool of 3 blocks (48 positions): the second turn's text passes the conversation's
+    # budget; the run says which turn and why, as its verdict (./kv emulate exits 1)
+    from host import emulate as emu
+
+    rep = emu.run(emu.spec_from_options(scenario="voice-assistant-sleep", kv_blocks=3))
+    sl = rep["sleep"]
+    assert len(sl["turns"]) == 1 and sl["error"].startswith("turn 2: ") and "pass its KV budget" in sl["error"]
+    assert not rep["verdict"]["ok"] and rep["verdict"]["line"] == sl["error"]
+    t = sl["turns"][0]
+    assert t["wake_ms"] == round(sl["weights_load_ms"] + sl["hash_ms"] + t["restore_ms"], 2) or \
+        abs(t["wake_ms"] - (sl["weights_load_ms"] + sl["hash_ms"] + t["restore_ms"])) < 0.02

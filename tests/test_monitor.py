@@ -667,8 +667,15 @@ def _pty_monitor(*args):
     master, slave = pty_mod.openpty()
     env = dict(os.environ)
     env.pop("KVRTOS_CALLER_CWD", None)
+    def controlling():  # the pty is its terminal, and it runs in that terminal's foreground
+        import fcntl
+        import termios
+
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
     p = subprocess.Popen([sys.executable, "-m", "host.cli", "monitor", *args], cwd=ROOT, stdin=slave, stdout=slave,
-                         stderr=slave, env=env, start_new_session=True)
+                         stderr=slave, env=env, preexec_fn=controlling)
     os.close(slave)
     return p, master
 

@@ -542,3 +542,26 @@ def test_names_are_ascii_on_every_interpreter():
     for bad in ("chät", "ß", "a b"):
         with pytest.raises(snapshot.SnapshotError, match="ASCII letters"):
             snapshot.path_of(bad)
+
+
+def test_a_stop_inside_the_end_of_request_save_keeps_the_previous_snapshot_and_says_so(tmp_path, monkeypatch):
+    from firmware_py import telemetry as tm
+
+    monkeypatch.chdir(tmp_path)
+    lines = []
+    srv = _server(lines)
+    _request(srv, "Once upon a time", 4)
+    assert srv.save("c") == 0
+    size = os.path.getsize("snapshots/c.kvs")
+    # the request's task driven by hand to inside its save (the save takes no board time in
+    # this run), then closed as the kernel's kill closes it
+    s = srv._session()
+    srv.save_as = "c"
+    g = srv._request(s, s.encode("Once upon a time"), 40, 9)  # 44 positions: 3 blocks
+    while not srv.saving:
+        next(g)  # (its first block is written when the save is first seen)
+    assert os.path.exists("snapshots/c.kvs.tmp")
+    g.close()
+    assert any("c was stopped while it was written; the previous one of that name is kept" in x for x in lines), lines
+    assert os.path.getsize("snapshots/c.kvs") == size and not os.path.exists("snapshots/c.kvs.tmp")
+    assert srv.saving == "" and tm
