@@ -38,12 +38,10 @@ DECODE_KEYS = {
     "temperature": (float, 0.0, TEMPERATURE_MAX), "top_p": (float, 0.0, 1.0), "priority": (int, 0, 7),
     "piece_bytes": (int, 0, 1 << 24), "kv_blocks": (int, 0, 1 << 20), "prefix": (str, None, None), "chats": (list, None, None),
     "slice_us": (int, 0, 10000000),
-    # the emulator's deep-sleep conversation: after the first request the board saves its
-    # KV snapshot and deep-sleeps sleep_ms, then wakes, resumes it and answers each turn
+    # the emulator's deep-sleep conversation (host/emulate.py checks the turns)
     "turns": (list, None, None), "sleep_ms": (int, 0, 86400000),
     "comment": (str, None, None),
 }
-TURN_KEYS = {"prompt": (str, None, None), "tokens": (int, 1, 1 << 20), "comment": (str, None, None)}
 CHAT_KEYS = {"name": (str, None, None), "prompt": (str, None, None), "tokens": (int, 1, 1 << 20),
              "priority": (int, 0, 7), "seed": (int, 0, SEED_MAX), "comment": (str, None, None)}
 OPEN_LO = ("top_p",)  # keys whose lower bound is excluded (top_p 0 keeps nothing)
@@ -74,11 +72,10 @@ PARAMS = {
     # e.g. ./kv boardtime's prediction for the function a step runs: the emulator charges it
     # to its virtual clock before each step; on a board the clock is real and it is not charged.
     # step_emitter: the code's emitter (bytecode, native, viper: boardtime's), whose factor's
-    # band the emulator's runs at the band's ends scale step_us by
+    # band the emulator's runs at the band's ends scale step_us by (host/emulate.py checks it)
     "module": {"module": (str, None, None), "factory": (str, None, None), "args": (dict, None, None),
                "step_us": (int, 0, 10000000), "step_emitter": (str, None, None)},
 }
-EMITTERS = ("bytecode", "native", "viper")  # a module task's step_emitter
 PRIORITY = {"audio": 7, "wakeword": 5, "sensor": 5, "wifi": 4, "module": 3}  # default priorities
 DECODE_PRIORITY = 1  # the decode always has work: lowest, so it never starves the others
 DMA_PRIORITY = 6
@@ -173,17 +170,7 @@ def load(src):
         dec["chats"] = chats
     elif "prefix" in dec:
         _err("decode: prefix is the shared start of chats: give chats too")
-    if "turns" in dec:
-        if "chats" in dec:
-            _err("decode: turns are one conversation's: not with chats")
-        if not 1 <= len(dec["turns"]) <= 16:
-            _err("decode: turns lists 1..16 turns, got %d" % len(dec["turns"]))
-        for i, c in enumerate(dec["turns"]):
-            if c.__class__ is not dict:
-                _err("decode: turns[%d] must be an object" % i)
-            _check("decode: turns[%d]" % i, c, TURN_KEYS)
-    elif "sleep_ms" in dec:
-        _err("decode: sleep_ms is the sleep between turns: give turns too")
+
     dec.setdefault("priority", DECODE_PRIORITY)
     out["decode"] = dec
     dma = dict(_check("dma", cfg.get("dma", {}), DMA_KEYS))
@@ -237,10 +224,6 @@ def _task(i, t, names):
         _err("%s: budget_permille applies to tasks that move bytes in their own category (audio, wifi, sensor)" % where)
     if kind == "module" and ("module" not in t or "factory" not in t):
         _err("%s: a module task names its module and factory" % where)
-    if t.get("step_emitter", "bytecode") not in EMITTERS:
-        _err("%s: step_emitter must be one of %s, got %r" % (where, ", ".join(EMITTERS), t["step_emitter"]))
-    if "step_emitter" in t and not t.get("step_us"):
-        _err("%s: step_emitter says how step_us scales: give step_us too" % where)
     out = dict(t)
     out.setdefault("priority", PRIORITY[kind])
     return out

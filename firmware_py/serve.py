@@ -198,81 +198,27 @@ class Server:
         elif ftype == tm.T_CMD_LAYOUT:
             self.tm.request_layout()
         elif ftype == tm.T_CMD_SAVE or ftype == tm.T_CMD_RESUME:
-            try:
-                name = body.decode()
-            except UnicodeError:
-                name = ""
-            if ftype == tm.T_CMD_RESUME:
-                st = self.resume(name)
-            elif self.task is not None:  # saved when the running request ends (between tokens)
-                if self.save_as:
-                    self.out("serve: save %s replaces the save of %s asked during this request" % (name, self.save_as))
-                self.save_as = name
-            else:
-                st = self.save(name)
+            from firmware_py import snapshot  # noqa: PLC0415 - only when asked
+
+            st = snapshot.serve_command(self, ftype, body)
         else:
             st = E_RANGE
         self.tm.event(tm.EV_ACK, ftype, st, self.req)
         return st
 
-    # --- snapshots (firmware_py/snapshot.py, imported only when used) -------------------
+    # --- snapshots: the commands' code is firmware_py/snapshot.py's, imported only when used ---
 
     # save the conversation as `name`; OK, or E_RANGE with the reason printed
     def save(self, name):
-        st = OK
-        for x in self._save_steps(name):
-            st = x
-        return st
-
-    # save() as the steps of the task that runs it (the request's, for a save asked during
-    # it: a yield after each block written, so the tasks beside it run between the flash
-    # writes); its last value is the status
-    def _save_steps(self, name):
         from firmware_py import snapshot  # noqa: PLC0415 - only when asked
 
-        s = self.session
-        i = {}
-        try:
-            if s is None:
-                raise snapshot.SnapshotError("no conversation to save: run a request first")
-            g = snapshot.save_steps(s, name, out=i)
-            try:
-                for _ in g:
-                    yield OK
-            finally:
-                g.close()
-        except (snapshot.SnapshotError, MemoryError) as e:
-            self.out("serve: save refused: %s" % e)
-            yield E_RANGE
-            return
-        self.out("serve: saved %s: %d B, %d positions, %d tokens, %d blocks, %d sectors" % (
-            name, i["bytes"], i["positions"], i["tokens"], i["blocks"], i["sectors"]))
-        yield OK
+        return snapshot.serve_save(self, name)
 
-    # the next prompts go on from snapshot `name`; OK, or E_STATE (a request runs) / E_RANGE
-    # with the reason printed (the conversation on the board is kept)
+    # the next prompts go on from snapshot `name`; OK, or E_STATE / E_RANGE with the reason printed
     def resume(self, name):
         from firmware_py import snapshot  # noqa: PLC0415 - only when asked
 
-        if self.task is not None:
-            self.out("serve: resume refused: a request is running (stop it first)")
-            return E_STATE
-        try:
-            s = self.session
-            if s is None or self._boot() != self.booted:  # a config sent before it: a Session booted with it
-                s = self._session()
-            d = snapshot.resume(s, name)
-        except (snapshot.SnapshotError, decode.DecodeError, MemoryError) as e:
-            self.out("serve: resume refused: %s" % e)
-            self.resume_failed = True  # the prompt sent after it is not run as a new conversation
-            if self.session is not None and self.session.pending < 0:
-                self.going_on = False  # its conversation was lost (the line says so): nothing to go on from
-            return E_RANGE
-        self.resume_failed = False
-        self.going_on = True
-        self._attach(s, d["state"][2])
-        self.out("serve: resumed %s: %d positions; the next prompt goes on from it" % (name, s.pos0))
-        return OK
+        return snapshot.serve_resume(self, name)
 
     # start a request: prompt text, n new tokens. OK, or E_STATE (one is running) /
     # E_RANGE (refused: the reason is printed as one line), with a refused event
@@ -283,28 +229,19 @@ class Server:
         if n.__class__ is not int or n < 1 or n > 100000:
             self.tm.event(tm.EV_REFUSED, E_RANGE, 1, self.req)
             return E_RANGE
-        if self.resume_failed:  # it was to go on from the refused resume: not run as something else
-            self.resume_failed = False
-            self.out("serve: request refused: the resume before it was refused, so it was not run (send it again to "
-                     "start a new conversation)")
-            self.tm.event(tm.EV_REFUSED, E_RANGE, 1, self.req)
-            return E_RANGE
         try:
-            if self.going_on:  # a resumed conversation (and every prompt after it) goes on
+            if self.going_on or self.resume_failed:  # after a resume: the conversation goes on (snapshot.py)
                 from firmware_py import snapshot  # noqa: PLC0415 - resumed: it is in already
 
                 s = self.session
-                try:
-                    ids = snapshot.continue_ids(s, text)
-                except snapshot.SnapshotError as e:
-                    raise decode.DecodeError(str(e))
+                ids = snapshot.serve_continue(self, text)
             else:
                 s = self.session
-                if s is not None and self._boot() == self.booted:
+                if s is not None and self.boot_options() == self.booted:
                     ids = s.encode(text)  # before its sequence is reopened: a refused prompt keeps the conversation
-                    s = self._session()
+                    s = self.session_next()
                 else:
-                    s = self._session()
+                    s = self.session_next()
                     ids = s.encode(text)
             s.piece_bytes = self.opts.get("piece_bytes", 0)  # weights read in pieces of this size (with traffic)
         except (decode.DecodeError, MemoryError) as e:
@@ -325,7 +262,7 @@ class Server:
     # the first request boots again (and refuses with that line)
     def boot(self):
         try:
-            self._session()
+            self.session_next()
         except (decode.DecodeError, MemoryError) as e:
             was = compat.gc_threshold(-1)  # the import threshold ends here, as the boot would have ended it
             if was is not None and was != -1 and was != decode.BOOT_GC_BYTES:
@@ -357,9 +294,9 @@ class Server:
 
     # the Session for the next request: the last one when its options still hold (its
     # sequence reopened), else a new one (the old one freed first)
-    def _session(self):
+    def session_next(self):
         s = self.session
-        boot = self._boot()
+        boot = self.boot_options()
         if s is not None and boot == self.booted:
             s.cache.close(s.h)
             cap = self._budget(s.cap, s.policy)
@@ -369,7 +306,7 @@ class Server:
             s.pending = -1
             s.last_ids = s.snap_tokens = None
             s.snap_dropped = 0
-            self._attach(s, cap)
+            self.attach(s, cap)
             return s
         self.session = None
         self.tm.attach()  # let go of the old pool and cache before a new one is made
@@ -394,11 +331,11 @@ class Server:
             s.h = s.cache.open(s.region, s.policy, cap, boot.get("sinks", kv.SINKS))
         self.session = s
         self.booted = boot
-        self._attach(s, cap)
+        self.attach(s, cap)
         return s
 
     # the options a Session is booted with (the next request's)
-    def _boot(self):
+    def boot_options(self):
         return {k: self.opts[k] for k in BOOT_KEYS if k in self.opts}
 
     # the KV budget a request opens with: cap, or the thermal guard's share of it when hot
@@ -414,7 +351,7 @@ class Server:
         return b if b >= low else low
 
     # telemetry watches session s's sequence, opened with a budget of cap tokens
-    def _attach(self, s, cap):
+    def attach(self, s, cap):
         self.tm.attach(pool=s.pool, cache=s.cache, bw=getattr(s, "bw", None) or self.bw,
                        dma=getattr(s, "dma", None) or self.dma)
         self.tm.watch_seq(s.h, cap)
@@ -439,25 +376,19 @@ class Server:
             yield from s.task(self.k, ids, n, t.text)
             reason = tm.DONE_OK if not s.stop else (tm.DONE_FULL if s.stop == "full" else tm.DONE_ERROR)
             self.report(s)
-            while self.save_as:  # asked during the request (or during its save): saved now, in its task
-                self.saving = self.save_as
-                self.save_as = ""
-                st = OK
-                g = self._save_steps(self.saving)
+            if self.save_as:  # asked during the request: saved now, in its task, before its done event
+                from firmware_py import snapshot  # noqa: PLC0415 - only when asked
+
+                g = snapshot.serve_saves(self, req)
                 try:
-                    for x in g:
-                        st = x
-                        yield
+                    yield from g
                 finally:
-                    g.close()  # (MicroPython closes no generator a for loop leaves: its file and .tmp go now)
-                self.saving = ""
-                t.event(tm.EV_ACK, tm.T_CMD_SAVE, st, req)
+                    g.close()  # (MicroPython closes no generator a loop leaves: its file and .tmp go now)
         finally:
-            if self.saving:  # stopped inside its save: the previous snapshot of that name is kept
-                self.out("serve: save refused: %s was stopped while it was written; the previous one of that name is "
-                         "kept" % self.saving)
-                t.event(tm.EV_ACK, tm.T_CMD_SAVE, E_RANGE, req)
-                self.saving = ""
+            if self.saving:  # stopped inside its save
+                from firmware_py import snapshot  # noqa: PLC0415 - it is in already
+
+                snapshot.serve_save_stopped(self, req)
             self._ended(req, s.n_new, reason)
 
     # after a request: the decode's summary line and, with a config's tasks, their stats
@@ -508,8 +439,7 @@ class Server:
         s = self.session
         if self.going_on and s is not None and s.pending < 0:  # stopped inside a token: nothing to go on from
             self.going_on = False
-            self.out("serve: the conversation cannot go on (its request stopped inside a token): the next prompt "
-                     "starts a new one")
+            self.out("serve: the conversation cannot go on: the next prompt starts a new one")
         t.event(tm.EV_DONE, req, made, reason)
         t.text(b"\n")
         self.done += 1

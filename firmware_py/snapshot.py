@@ -42,6 +42,7 @@ except ImportError:  # pragma: no cover - every port kvrtos runs on has them
 from firmware_py import kv
 from firmware_py.flashkv import ERASE_US, SECTOR_BYTES
 from firmware_py.pool import get32
+from firmware_py.status import E_RANGE, E_STATE, OK
 
 MAGIC = b"KVSN"
 END = b"KVSE"
@@ -767,6 +768,134 @@ def resume_prefix(s, kernel, name, folder=DIR):
     s.prefix_done = True
     s.ready.set(1)
     return d
+
+
+# --- serve's save and resume commands (firmware_py/serve.py's Server srv; here, so that
+# the board's boot does not carry their code) ----------------------------------------------
+
+# save srv's conversation as `name`; OK, or E_RANGE with the reason printed
+def serve_save(srv, name):
+    st = OK
+    g = serve_save_steps(srv, name)
+    try:
+        for x in g:
+            st = x
+    finally:
+        g.close()
+    return st
+
+
+# serve_save() as the steps of the task that runs it (the request's, for a save asked during
+# it: a yield after each block written, so the tasks beside it run between the flash
+# writes); its last value is the status
+def serve_save_steps(srv, name):
+    s = srv.session
+    i = {}
+    try:
+        if s is None:
+            raise SnapshotError("no conversation to save: run a request first")
+        g = save_steps(s, name, out=i)
+        try:
+            for _ in g:
+                yield OK
+        finally:
+            g.close()
+    except (SnapshotError, MemoryError) as e:
+        srv.out("serve: save refused: %s" % e)
+        yield E_RANGE
+        return
+    srv.out("serve: saved %s: %d B, %d positions, %d tokens, %d blocks, %d sectors" % (
+        name, i["bytes"], i["positions"], i["tokens"], i["blocks"], i["sectors"]))
+    yield OK
+
+
+# serve's save and resume command frames (body: the snapshot's name); the status to ack
+def serve_command(srv, ftype, body):
+    from firmware_py import telemetry as tm  # noqa: PLC0415
+
+    try:
+        name = body.decode()
+    except UnicodeError:
+        name = ""
+    if ftype == tm.T_CMD_RESUME:
+        return serve_resume(srv, name)
+    if srv.task is not None:  # saved when the running request ends (between tokens)
+        if srv.save_as:
+            srv.out("serve: save %s replaces the save of %s asked during this request" % (name, srv.save_as))
+        srv.save_as = name
+        return OK
+    return serve_save(srv, name)
+
+
+# the ids of a prompt that goes on from srv's resumed conversation; DecodeError (the request
+# refused with its line) when it cannot, or when the resume sent before it was refused (it
+# is not run as a new conversation: sent again, it is)
+def serve_continue(srv, text):
+    from firmware_py import decode  # noqa: PLC0415
+
+    if srv.resume_failed:
+        srv.resume_failed = False
+        raise decode.DecodeError("the resume before it was refused, so it was not run (send it again to start a new "
+                                 "conversation)")
+    try:
+        return continue_ids(srv.session, text)
+    except SnapshotError as e:
+        raise decode.DecodeError(str(e))
+
+
+# the saves asked during request req of srv (one after another: one asked during a save is
+# made after it), as steps of the request's task, each acked with its status
+def serve_saves(srv, req):
+    from firmware_py import telemetry as tm  # noqa: PLC0415
+
+    while srv.save_as:
+        srv.saving = srv.save_as
+        srv.save_as = ""
+        st = OK
+        g = serve_save_steps(srv, srv.saving)
+        try:
+            for x in g:
+                st = x
+                yield
+        finally:
+            g.close()
+        srv.saving = ""
+        srv.tm.event(tm.EV_ACK, tm.T_CMD_SAVE, st, req)
+
+
+# request req of srv was stopped inside its save: the previous snapshot of that name is kept
+def serve_save_stopped(srv, req):
+    from firmware_py import telemetry as tm  # noqa: PLC0415
+
+    srv.out("serve: save refused: %s was stopped while it was written; the previous one of that name is kept" % srv.saving)
+    srv.tm.event(tm.EV_ACK, tm.T_CMD_SAVE, E_RANGE, req)
+    srv.saving = ""
+
+
+# the next prompts of srv go on from snapshot `name`; OK, or E_STATE (a request runs) /
+# E_RANGE with the reason printed (the conversation on the board is kept)
+def serve_resume(srv, name):
+    from firmware_py import decode  # noqa: PLC0415
+
+    if srv.task is not None:
+        srv.out("serve: resume refused: a request is running (stop it first)")
+        return E_STATE
+    try:
+        s = srv.session
+        if s is None or srv.boot_options() != srv.booted:  # a config sent before it: a Session booted with it
+            s = srv.session_next()
+        d = resume(s, name)
+    except (SnapshotError, decode.DecodeError, MemoryError) as e:
+        srv.out("serve: resume refused: %s" % e)
+        srv.resume_failed = True  # the prompt sent after it is not run as a new conversation
+        if srv.session is not None and srv.session.pending < 0:
+            srv.going_on = False  # its conversation was lost (the line says so): nothing to go on from
+        return E_RANGE
+    srv.resume_failed = False
+    srv.going_on = True
+    srv.attach(s, d["state"][2])
+    srv.out("serve: resumed %s: %d positions; the next prompt goes on from it" % (name, s.pos0))
+    return OK
 
 
 # [(name, bytes)] of the snapshots in folder, by name

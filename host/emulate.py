@@ -777,11 +777,42 @@ class _Emulation:
                        self.marks, self.elapsed, self.reads, self.seen, self.made, self.mfile)
 
 
+EMITTERS = ("bytecode", "native", "viper")  # a module task's step_emitter
+TURN_KEYS = {"prompt": (str, None, None), "tokens": (int, 1, 1 << 20), "comment": (str, None, None)}
+
+
 def _app_config(n):
-    # the scenario's config (appcfg), or an empty one: the decode alone
-    if n["scenario"]:
-        return load_scenario(n["scenario"])[1]
-    return appcfg.load({})
+    # the scenario's config (appcfg), or an empty one: the decode alone; with the checks of
+    # what only the emulator runs (the board ignores them): deep-sleep turns, step_emitter
+    if not n["scenario"]:
+        return appcfg.load({})
+    cfg = load_scenario(n["scenario"])[1]
+    where = "scenario %s" % os.path.basename(n["scenario"])
+    dec = cfg["decode"]
+    if "turns" in dec:
+        if "chats" in dec:
+            _bad("%s: decode: turns are one conversation's: not with chats" % where)
+        if not 1 <= len(dec["turns"]) <= 16:
+            _bad("%s: decode: turns lists 1..16 turns, got %d" % (where, len(dec["turns"])))
+        for i, c in enumerate(dec["turns"]):
+            if c.__class__ is not dict:
+                _bad("%s: decode: turns[%d] must be an object" % (where, i))
+            for key, v in c.items():
+                if key not in TURN_KEYS:
+                    _bad("%s: decode: turns[%d]: unknown key %r (known: %s)" % (where, i, key, ", ".join(sorted(TURN_KEYS))))
+                typ, lo, hi = TURN_KEYS[key]
+                if v.__class__ is not typ or (lo is not None and not lo <= v <= hi):
+                    _bad("%s: decode: turns[%d]: %s must be %s, got %r" % (
+                        where, i, key, "a string" if typ is str else "a whole number in %d..%d" % (lo, hi), v))
+    elif "sleep_ms" in dec:
+        _bad("%s: decode: sleep_ms is the sleep between turns: give turns too" % where)
+    for t in cfg["tasks"]:
+        if t.get("step_emitter", "bytecode") not in EMITTERS:
+            _bad("%s: task %r: step_emitter must be one of %s, got %r" % (where, t["name"], ", ".join(EMITTERS),
+                                                                           t["step_emitter"]))
+        if "step_emitter" in t and not t.get("step_us"):
+            _bad("%s: task %r: step_emitter says how step_us scales: give step_us too" % (where, t["name"]))
+    return cfg
 
 
 def _band_steps(cfg, brd, speed):

@@ -713,11 +713,15 @@ def test_the_deep_sleep_scenario_saves_sleeps_and_resumes_its_conversation(tmp_p
     ({"turns": [{"prompt": 3}]}, r"turns\[0\]: prompt must be a string"),
     ({"turns": ["x"]}, r"turns\[0\] must be an object"),
 ])
-def test_bad_turns_are_one_line(decode, match):
-    from firmware_py import appcfg
+def test_bad_turns_are_one_line(decode, match, tmp_path):
+    import json
 
-    with pytest.raises(appcfg.AppConfigError, match=match):
-        appcfg.load({"decode": decode})
+    from host import emulate as emu
+    from host.errors import UserError
+
+    (tmp_path / "s.json").write_text(json.dumps({"decode": decode}))
+    with pytest.raises(UserError, match=match):
+        emu.run(emu.spec_from_options(scenario=str(tmp_path / "s.json"), tokens=2))
 
 
 def test_a_turn_that_cannot_go_on_fails_the_run_in_one_line():

@@ -555,7 +555,7 @@ def test_a_stop_inside_the_end_of_request_save_keeps_the_previous_snapshot_and_s
     size = os.path.getsize("snapshots/c.kvs")
     # the request's task driven by hand to inside its save (the save takes no board time in
     # this run), then closed as the kernel's kill closes it
-    s = srv._session()
+    s = srv.session_next()
     srv.save_as = "c"
     g = srv._request(s, s.encode("Once upon a time"), 40, 9)  # 44 positions: 3 blocks
     while not srv.saving:

@@ -122,7 +122,7 @@ def main(argv):
                     raise ValueError("%s: cannot be read" % o["config"])
             srv = serve.Server(_sink, model=o["model"], tokenizer=o["tokenizer"], max_requests=1, app=app, board=brd,
                                out=_drop_line, kv_dtype=o["kv_dtype"], kv_blocks=blocks, temperature=temp, seed=seed)
-            s = srv._session()  # the boot, before the ballast
+            s = srv.session_next()  # the boot, before the ballast
             _ballast(leave, keep)
             if srv.start(o["prompt"], k) != 0:
                 raise RuntimeError("the request was refused")
