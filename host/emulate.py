@@ -1152,11 +1152,15 @@ def _invariants(rep, bwr, q, k, w_tier, kv_tier, loads, counted):
     desc = bwr[q.bw.names[q.desc_tier]]["dma"]["bytes"]
     # where the run ends (its requests done, or the board-time limit), the engine may have
     # finished a transfer whose mover has not run since to count it: at most one of each
-    # mover's own (an audio period's bytes, a Wi-Fi packet, a sensor read)
+    # mover's own, whole (an audio period's bytes, a Wi-Fi packet, a sensor read), so the
+    # difference must be a sum of such transfers, one per mover at most
     seen = submitted
-    one = sum(max(wl[nm].get("period_bytes", 0), wl[nm].get("packet_bytes", 0), wl[nm].get("read_bytes", 0)) or
-              getattr(q, "max_burst", dma_mod.DEFAULT_MAX_BURST) for nm in movers)
-    if 0 < qs["bytes"] - submitted <= one:
+    sums = {0}
+    for nm in movers:
+        u = max(wl[nm].get("period_bytes", 0), wl[nm].get("packet_bytes", 0), wl[nm].get("read_bytes", 0))
+        if u > 0:
+            sums |= {x + u for x in sums}
+    if qs["bytes"] - submitted in sums:
         seen = qs["bytes"]
     out["dma_bytes_charged"] = {"ok": seen == qs["bytes"] and charged - reads == 2 * seen and
                                 desc == qs["links"] * dma_mod.DESC_BYTES,
