@@ -52,9 +52,10 @@ FIRMWARE_FLASH_BYTES = {
 # files (178,485 B in 38 files, measured: host.flash.build() of esp32s3_n8r8 at af99d5e;
 # 282,624 B with the tokenizer when every file takes whole 4 KiB LittleFS blocks), the
 # tokenizer (tok512.bin: 6,227 B), board.json, LittleFS's directory metadata: an ESTIMATE,
-# 384 KiB (tests/test_budget.py checks the build stays under it)
-FS_FIXED_BYTES = 384 * 1024
-FS_FIXED_SOURCE = ("estimate: 384 KiB for the firmware's .mpy files (178,485 B measured, 282,624 B in whole 4 KiB blocks "
+# 448 KiB (tests/test_budget.py checks the build stays under it; at dcefa6c, with the KV
+# snapshot module, the build and the tokenizer took 393,216 B in whole 4 KiB blocks)
+FS_FIXED_BYTES = 448 * 1024
+FS_FIXED_SOURCE = ("estimate: 448 KiB for the firmware's .mpy files (178,485 B measured, 282,624 B in whole 4 KiB blocks "
                    "with the tokenizer), the tokenizer, board.json and LittleFS metadata")
 FLASH_BATCH = 16  # tiers.BATCH: write-back batch, tokens (the source documents' "flush after 16 tokens")
 
