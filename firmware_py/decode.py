@@ -394,6 +394,11 @@ class Session:
             yield from self.task(kernel, ids[:-1], 1, out, True)
         else:
             self.t_start = self.t_end = kernel.now()
+        self.fork_chats()
+
+    # the prefix is in self.h (fed by the prefix task, or restored: snapshot.resume_prefix):
+    # chat 0 goes on in it, every other chat forks it; then the chats go on
+    def fork_chats(self):
         self.n_shared = self.cache.length(self.h) if not self.stop else 0
         self.shared_blocks = self.pool.blocks_used
         for c in self.chats:

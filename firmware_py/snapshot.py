@@ -754,19 +754,7 @@ def resume_prefix(s, kernel, name, folder=DIR):
         c.pos0 = s.pos0
     s.ready = EventFlags(kernel)
     s.t_start = s.t_end = kernel.now()
-    s.n_shared = s.cache.length(s.h)
-    s.shared_blocks = s.pool.blocks_used
-    for c in s.chats:
-        if c.index == 0:
-            c.h = s.h
-        else:
-            h = s.cache.fork(s.h)
-            if h < 0:
-                c.stop = "fork %d" % h
-            else:
-                c.h = h
-    s.prefix_done = True
-    s.ready.set(1)
+    s.fork_chats()
     return d
 
 
