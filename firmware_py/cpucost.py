@@ -190,9 +190,10 @@ class Meter:
     # the step does that work; the fixed costs (layers x layer_mcyc + token_mcyc: what a
     # step costs beyond its priced parts, glue spread through the code) spread evenly over
     # the step's multiply-adds, so no unit carries a lump the board does not have. Sampling
-    # (vocab x sample_el_mcyc) is charged only for a token that is sampled; the integer
-    # path's rope "cache" ranks (U_RANK) on top, at the elementwise figure (token_ns has
-    # no figure for them). Runs on
+    # (vocab x sample_el_mcyc) is charged only for a token that is sampled. On top of
+    # token_ns (it has no figure for them), with rope "cache": the slots' ranks (U_RANK,
+    # both paths) at the elementwise figure, and the plain path's table of rotations (its
+    # step's U_ROPE units before the first layer) at RoPE's. Runs on
     # CPython (big ints): the emulator's; a board slices by its own clock
     def __init__(self, cost, kernel, slice_us):
         from firmware_py.slicer import Slicer  # noqa: PLC0415 - the emulator's only
@@ -246,9 +247,7 @@ class Meter:
             return a * (b * self.p_mac + self.p_row)
         if kind == 11:  # U_COLS: a columns of a row; b 1: its last (the row's price)
             return a * self.p_mac + b * self.p_row
-        if kind == 6:  # U_ATT: a head-slot-passes (the plain path's units)
-            return a * self.p_atth
-        if kind == 10:  # U_ATTH: a head-slot-passes (one head over one slot, one pass)
+        if kind == 6 or kind == 10:  # U_ATT (the plain path's units), U_ATTH (one head): a head-slot-passes, one price each
             return a * self.p_atth
         if kind == 2:  # U_CALL
             return self.p_call[0 if a else 1]

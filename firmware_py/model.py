@@ -416,7 +416,7 @@ class Model:
             # units: p 0 and 1 PLAIN_EL slots, p 2 PLAIN_EL merge moves, p 3 PLAIN_EL / 2 pairs
             u = PLAIN_EL >> 1 if p == 3 else PLAIN_EL
             kind = U_NONE if p == 0 else (U_RANK if p < 3 else U_ROPE)
-            if sl.ahead_unit(kind):
+            if p and sl.ahead_unit(kind):  # p 0 starts the step: nothing of its own to foresee (U_NONE's history is the memory pieces')
                 yield SLICE
             m = kernels.begin_len(n, self.cfg.head_dim, p)
             s = 0

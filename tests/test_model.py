@@ -687,7 +687,7 @@ def test_the_plain_sliced_step_splits_a_wide_slot_the_store_and_the_slot_table(d
     import test_llama2c as L2
     from firmware_py import kv, llama2c, pool, quant
     from firmware_py.model import Model
-    from firmware_py.slicer import PLAIN_EL, U_ATT, U_KVW, U_RANK, U_ROPE, Slicer
+    from firmware_py.slicer import PLAIN_EL, U_ATT, U_KVW, U_NONE, U_RANK, U_ROPE, Slicer
     from firmware_py.sched import Kernel
 
     hdr, w = L2.random_model(dim=128, hidden=64, layers=2, heads=4, kv_heads=2, vocab=32, seq_len=64, seed=5)
@@ -710,6 +710,12 @@ def test_the_plain_sliced_step_splits_a_wide_slot_the_store_and_the_slot_table(d
                 assert kind != U_ATT or a <= 2, (kind, a, b)
                 assert kind not in (U_KVW, U_ROPE, U_RANK) or a <= PLAIN_EL, (kind, a, b)
                 return Slicer.step(self, kind, a, b)
+
+            def ahead_unit(self, kind):
+                # the step's start foresees nothing: U_NONE's history is the memory pieces'
+                # (a long piece made the next step yield before doing anything)
+                assert kind != U_NONE
+                return Slicer.ahead_unit(self, kind)
 
         def task(k=k, sliced=sliced, m=m, h=h, got=got, c=c):
             m.slicer = Counting(k, 1) if sliced else None
