@@ -23,6 +23,7 @@ import serial
 
 from firmware_py import telemetry as tm
 from host import console as con
+from host import dashboard
 from host import link, options, paths
 from host.errors import UserError
 
@@ -213,7 +214,7 @@ class Monitor:
         self.losses = 0  # times the port went away
         self.ser = None  # the open pyserial port, or None while lost
         self.decoder = con.StreamDecoder()  # frames out of the byte stream
-        self.state = con.State()  # the board's figures as the frames update them
+        self.state = dashboard.State()  # the board's figures as the frames update them
         self.jsonl_path = jsonl_path
         self.jsonl = _open_append(jsonl_path, "--jsonl", binary=False) if jsonl_path else None  # a line per frame
         self.capture_path = capture_path
@@ -238,6 +239,8 @@ class Monitor:
         self.quiet = False  # --until matched: what follows is still logged, no longer shown
         self.serve_ended = None  # why serve on the board has ended (its error line), once seen
         self.serve_line = None  # the last "serve: ..." line the board printed
+        self.layout_asked = False  # the layout was asked for (attached to a running serve), once
+        self.layout_start = False  # a layout's start (its part 1, or a whole one) was seen
         self.error_line = None  # the last line of a traceback the board printed
         self._traceback = False  # inside a traceback: its first unindented line is the error
         self.keys = None  # Keys while interactive: typed keys go to the board, its text shows as it comes
@@ -302,6 +305,18 @@ class Monitor:
                 self.jsonl = None
                 raise UserError("--jsonl %s cannot be written: %s" % (self.jsonl_path, e.strerror or e)) from None
         self.state.update(f)
+        if f.get("type") == "layout":
+            part = con.layout_part(f.get("layout", {}))
+            self.layout_start = self.layout_start or part is None or part[0] == 1
+        if not self.layout_asked and not self.layout_start and self.ser is not None:
+            # attached to a serve already running: its layout (the tasks' and tiers' names, the
+            # pool's size), or its first part, went by before; a good frame says serve reads
+            # commands, so ask for it again (once)
+            self.layout_asked = True
+            try:
+                self.send_command("layout")
+            except (serial.SerialException, OSError):
+                pass  # the port went: the read loop sees it
         if f.get("restart"):
             self.last_status_ms = None  # a new run of the board: its first status line at once
         if f.get("type") == "event":
@@ -313,7 +328,7 @@ class Monitor:
                 elif e.get("event") == "ack" and e.get("status", 0) < 0 and e.get("type") == tm.T_CMD_PROMPT:
                     self.prompts_refused += 1
                 if self.view == "plain":
-                    self._plain(con.event_line(e, self.state), "event")
+                    self._plain(dashboard.event_line(e, self.state), "event")
         elif f.get("type") == "text" and self.view == "plain":
             self.gen_line += f.get("text", "")
             while "\n" in self.gen_line:
@@ -356,7 +371,9 @@ class Monitor:
 
             self.live = Live(console=Console(file=self.out), auto_refresh=False, transient=False)
             self.live.start()
-        self.live.update(con.render(self.state, self.decoder.counts(), self.board_text[-6:]), refresh=True)
+        w, h = self.live.console.size  # the terminal's, now (it may have been resized): the dashboard fits it
+        self.live.update(dashboard.render(self.state, self.decoder.counts(), self.board_text[-6:], width=w, height=h),
+                         refresh=True)
 
     # send a command frame to the board (console.command's kinds: prompt, stop, config, layout)
     def send_command(self, kind, **kw):

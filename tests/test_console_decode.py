@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from firmware_py import telemetry as tm
-from host import console
+from host import console, dashboard
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import telemetry_indep  # noqa: E402  (written from docs/telemetry.md alone)
@@ -417,7 +417,7 @@ def test_the_board_time_wrap_is_no_restart_and_is_unwrapped():
         assert [e["ms"] for e in frames[6]["events"]] == [W - 50, W + 240]
         assert not any(f.get("restart") for f in frames)
         assert b"".join(v for k, v in out if k == "text") == b"".join(b"line %d\n" % i for i in range(6))
-        st = console.State()
+        st = dashboard.State()
         cpu, mbs = [], []
         for f in frames[:6]:
             st.update(f)
@@ -434,7 +434,7 @@ def test_the_board_time_wrap_is_no_restart_and_is_unwrapped():
     frames = [v for k, v in out if k == "frame"]
     assert d.restarts == 1 and d.dropped == 0, d.counts()
     assert [f["ms"] for f in frames[-3:]] == [0, 100, 200] and frames[-3].get("restart") is True
-    st = console.State()
+    st = dashboard.State()
     for f in frames:
         st.update(f)
     assert st.tasks[0]["cpu_pct"] == 50.0  # over the new run's rows only

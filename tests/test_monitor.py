@@ -518,14 +518,14 @@ def test_the_dashboard_rates_start_again_at_every_restart_the_decoder_sees():
     # rebooted while the port was away for 90 s, its seq went back (100 -> 50) and its
     # time forward; the old rule computed the task's CPU % across the two runs
     from firmware_py import telemetry as tm
-    from host import console
+    from host import console, dashboard
 
     def task_row(run_ms):
         vals = bytes([0, 1, 1]) + console._varint(run_ms) + bytes([1, 0, 0, 0, 0, 0])
         return bytes([tm.R_TASK, len(vals)]) + vals
 
     d = console.StreamDecoder()
-    st = console.State()
+    st = dashboard.State()
     frames = []
     for seq, ms, run_ms in ((99, 1000, 500), (100, 2000, 1000), (50, 90000, 80000), (51, 91000, 80100)):
         for _kind, f in d.feed(_frame(tm.T_PERIODIC, seq, ms, task_row(run_ms))):

@@ -13,7 +13,7 @@ import pytest
 from conftest import FIRMWARE_TESTS, ROOT, mp32_or_skip, run_firmware
 from firmware_py import decode, serve, telemetry as tm
 from firmware_py.clock import VirtualClock
-from host import console, monitor, trace
+from host import console, dashboard, monitor, trace
 
 TINY = os.path.join(ROOT, "models", "kvrtos-tiny")
 MODEL = os.path.join(TINY, "model.bin")
@@ -139,19 +139,92 @@ def test_trace_and_plots(full_run, tmp_path):
         assert os.path.getsize(p) > 1000 and open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
 
 
-def test_dashboard_renders_from_the_frames(full_run):
+def _dashboard(st, width, height, counts=None, board_text=()):
     from rich.console import Console
 
+    con = Console(file=io.StringIO(), width=width, height=height, record=True)
+    con.print(dashboard.render(st, counts, board_text, width=width, height=height))
+    return con.export_text().rstrip("\n").split("\n")
+
+
+def test_dashboard_renders_from_the_frames(full_run):
     _, frames = full_run.decoded()
-    st = console.State()
+    st = dashboard.State()
     for f in frames:
         st.update(f)
-    con = Console(file=io.StringIO(), width=140, record=True)
-    con.print(console.render(st, {"good": 5, "corrupt": 1, "dropped": 0, "skipped": 0}, ["board says hi"]))
-    out = con.export_text()
+    out = "\n".join(_dashboard(st, 160, 50, {"good": 5, "corrupt": 1, "dropped": 0, "skipped": 0}, ["board says hi"]))
     for want in ("tasks", "telemetry", "decode", "pool blocks", "KV seq 0", "generated text", "recent events",
-                 "done", "Once upon a time", "board says hi", "frames good 5 corrupt 1"):
+                 "done", "Once upon a time", "board says hi", "frames good 5 corrupt 1", "deadlines",
+                 "memory and bandwidth"):
         assert want in out, want
+
+
+def test_the_dashboard_fits_its_terminal_with_what_matters_first(full_run):
+    # 80x24 (the issue's size): tok/s, the text's tail, pool and KV, the heap, the worst
+    # deadline, the last events and the tasks, in 23 lines of at most 80 columns; at any
+    # size it is never taller than the terminal less a line, so its last frame (drawn
+    # whole when the monitor ends) keeps the header on the screen
+    _, frames = full_run.decoded()
+    st = dashboard.State()
+    for f in frames:
+        st.update(f)
+    counts = {"good": 5, "corrupt": 0, "dropped": 0, "skipped": 0}
+    small = _dashboard(st, 80, 24, counts, ["board says hi"])
+    assert len(small) <= 23 and max(len(x) for x in small) <= 80, small
+    text = "\n".join(small)
+    assert small[0].startswith("kvrtos telemetry") and "tok/s" in small[0]
+    for want in ("pool blocks", "KV seq 0", "deadlines:", "generated text", "recent events",
+                 "done", "tasks", "decode"):
+        assert want in text, (want, text)
+    assert st.text.rstrip()[-20:].split()[-1] in text  # the newest text, not the oldest
+    for w in (40, 60, 79, 100, 119, 120, 160, 240):
+        for h in (8, 12, 24, 50, 80):
+            lines = _dashboard(st, w, h, counts, ["a board line " * 12] * 6)
+            assert len(lines) <= h - 1 and max(len(x) for x in lines) <= w, (w, h, lines)
+            assert lines[0].startswith("kvrtos telemetry"), (w, h)
+    # a taller terminal shows every task row (80x24 has room for the busiest two)
+    tall = "\n".join(_dashboard(st, 80, 50, counts, ["board says hi"]))
+    assert all(t["name"] in tall for t in st.tasks.values()) and not all(t["name"] in text for t in st.tasks.values())
+    # before any frame: something to look at, still within the size
+    empty = _dashboard(dashboard.State(), 80, 24)
+    assert 1 < len(empty) <= 23 and "(no text yet)" in "\n".join(empty)
+
+
+def test_attaching_to_a_running_serve_asks_for_its_layout():
+    # the console attached after the boot's layout went by showed task0..task5 and "pool
+    # n/?": at its first good frame it now asks serve for the layout (once), and the names
+    # come back
+    b = Board(max_requests=0)
+    b.send("prompt", text="Once upon a time", tokens=400)
+    b.run(400000)  # the boot's layout, and the one the request's tasks made, went out in the first 200 ms
+    cut = len(b.cap)
+    b.run(400000)
+
+    class Port:
+        in_waiting = 0
+        written = b""
+
+        def write(self, data):
+            self.written += data
+            b.cmds.append(data)
+
+        def flush(self):
+            pass
+
+    m = monitor.Monitor("fake", out=io.StringIO(), view="quiet")
+    m.ser = Port()
+    m.feed(bytes(b.cap[cut:]))
+    assert "task.0" not in m.state.layout and m.state.tasks  # the boot's layout (or its first part) went by
+    assert all(t["name"].startswith("task") for t in m.state.tasks.values())
+    assert m.ser.written.count(b"\x00") == 2  # one command frame, the layout request
+    sent = len(m.ser.written)
+    cut = len(b.cap)
+    b.run(400000)
+    m.feed(bytes(b.cap[cut:]))
+    assert len(m.ser.written) == sent  # asked once
+    assert "task.0" in m.state.layout and m.state.layout.get("pool.blocks")
+    names = {t["name"] for t in m.state.tasks.values()}
+    assert "decode" in names and not any(n.startswith("task") and n[4:].isdigit() for n in names), names
 
 
 def test_monitor_replays_a_capture_with_the_dashboard(full_run, tmp_path):
@@ -502,7 +575,7 @@ def test_a_layout_with_every_record_is_sent_whole_in_parts_and_decoded_with_ever
     tiers = [r for f in frames if f["type"] == "periodic" for r in f.get("tiers", ())]
     assert tiers and max(r["kb"] for r in tiers) > 0
     # the dashboard's state shows tier MB/s from the named rows, and names every task
-    st = console.State()
+    st = dashboard.State()
     for f in frames:
         st.update(f)
     assert {st.name("task", i) for i in range(8)} >= {"telemetry", "decode", "mic", "meter", "thermal"}
