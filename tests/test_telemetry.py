@@ -227,6 +227,40 @@ def test_attaching_to_a_running_serve_asks_for_its_layout():
     assert "decode" in names and not any(n.startswith("task") and n[4:].isdigit() for n in names), names
 
 
+def test_the_link_budget_is_what_the_docs_say(full_run):
+    # docs/telemetry.md's link budget: the share of a 115,200-baud link each frame type
+    # took in full_run's request (deterministic: a VirtualClock), recomputed from the wire
+    # bytes; the periodic frames within share_pct; all of it within the link. And below the
+    # 64-byte floor the layout's frame_max is the floor, as the page says
+    import collections
+
+    data = bytes(full_run.cap)
+    _, frames = full_run.decoded()
+    secs = (frames[-1]["ms"] - frames[0]["ms"]) / 1000.0
+    names = {tm.T_LAYOUT: "layout", tm.T_PERIODIC: "periodic", tm.T_TEXT: "text", tm.T_EVENT: "event"}
+    wire = collections.Counter()
+    for run in data.split(b"\x00"):
+        if run:
+            wire[names[console.cobs_decode(run)[2]]] += len(run) + 2  # the frame's two delimiters
+    assert sum(wire.values()) == len(data)  # nothing but frames on this link
+    link = tm.DEFAULT_LINK_BPS * secs
+    rows = {k: (v, "%.1f %%" % (100.0 * v / link)) for k, v in wire.items()}
+    rows["all"] = (len(data), "%.1f %%" % (100.0 * len(data) / link))
+    assert wire["periodic"] <= link * tm.DEFAULT_SHARE_PCT / 100 and len(data) <= link
+    page = open(os.path.join(ROOT, "docs", "telemetry.md"), encoding="utf-8").read()
+    table = page.split("<!-- link-budget -->")[1].split("<!-- /link-budget -->")[0]
+    got = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[1][:1].isdigit():
+            got[cells[0].split(" (")[0]] = (int(cells[1].replace(",", "")), cells[2])
+    assert got == rows, (got, rows)
+    assert "(3: at boot" in table and sum(1 for f in frames if f["type"] == "layout") == 3 * 2  # 3 layouts of 2 parts
+    t = tm.Telemetry(lambda b, n: None, clock=VirtualClock(), heap=False, link_bps=2000)
+    assert t.frame_max == tm.MIN_FRAME == 64 and 2000 * tm.DEFAULT_SHARE_PCT // 100 // tm.DEFAULT_RATE_HZ == 20
+    assert "`--link-bps 2000` and 10 Hz the layout says `frame_max=64`" in page and "640 B/s, 32 %" in page
+
+
 def test_monitor_replays_a_capture_with_the_dashboard(full_run, tmp_path):
     cap = tmp_path / "c.bin"
     cap.write_bytes(bytes(full_run.cap))
