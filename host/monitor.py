@@ -813,6 +813,12 @@ def main(port=None, board=None, log=None, until=None, timeout=None, jsonl=None, 
             if path is not None and os.path.exists(path) and os.path.samefile(path, replay):
                 # --capture appended the bytes it read to the file it read: it never ended
                 raise UserError("%s %s is the --replay file; write to another file" % (opt, path), 2)
+        # judged first, with nothing shown or written: a file that is no capture of a board
+        # (empty, random bytes) is one line, not its bytes escaped line by line, nor empty logs
+        with open(os.devnull, "w") as sink:
+            pre = Monitor(replay, out=sink, view="quiet", timestamps=False)
+            pre.replay(replay)
+            _judge_capture(pre, replay)
     elif port is None:
         port = link.port_of(None, board)
     if replay is None:

@@ -496,3 +496,40 @@ def test_text_split_inside_a_character_is_joined_before_decoding():
     d, out = decode(frame_bytes(0, 4, b"\x01ab\xff\xfecd"))
     text = [v for k, v in out if k == "frame"][0]["text"]
     assert text == "ab\ufffd\ufffdcd" and text.encode("utf-8")
+
+
+def test_the_reason_counted_and_the_jsonl_keys_are_the_pages():
+    # docs/telemetry.md: the checks' order (a candidate whose magic and CRC are both wrong
+    # counts as CRC; a good CRC over a wrong magic as magic/version), and the JSONL keys of
+    # the kernel, heap, temp, dma and bwcat records and of the events' arguments
+    def rec(rid, *vals):
+        body = b"".join(console._varint(v) for v in vals)
+        return bytes([rid, len(body)]) + body
+
+    pay = console.payload(tm.T_PERIODIC, rec(tm.R_CORE, 1), seq=1, ms=5)
+    ver = bytes([tm.MAGIC, tm.PROTO + 1]) + pay[2:]  # another version
+    both = bytearray(console.encode_frame(ver))
+    both[-2] ^= 0x01  # and a CRC byte flipped: both wrong
+    nomagic = bytearray(console.encode_frame(pay))
+    nomagic[2] = 0xFC  # the magic (the run's second byte) wrong: no candidate, text
+    for run, why in ((bytes(both), {"CRC": 1}), (console.encode_frame(ver), {"magic/version": 1}), (bytes(nomagic), {})):
+        d = console.StreamDecoder()
+        out = d.feed(b"x\n" + run) + d.flush()
+        assert d.counts()["rejected"] == why and d.counts()["corrupt"] == sum(why.values()), (why, out)
+    assert d.counts()["text_bytes"] == 2 + len(nomagic) - 2  # "x\n" and the run between its two 0x00, as text
+    body = (rec(tm.R_KERNEL, 1, 2, 3, 4, 5, 6, 7, 8) + rec(tm.R_HEAP, 100, 200) + rec(tm.R_TEMP, 2 * 455, 1, 2 * 500 + 1)
+            + rec(tm.R_DMA, 1, 2, 3, 4, 5) + rec(tm.R_BWCAT, 0, 1, 2, 3, 4, 5) + rec(tm.R_BWCAT, 1, 0, 0, 0, 0, 0))
+    f = console.to_dict(tm.T_PERIODIC, 1, 5, body)
+    assert f["kernel"] == {"busy_ms": 1, "idle_ms": 2, "tasks": 3, "misses": 4, "faults": 5, "overruns": 6, "bites": 7,
+                           "switches": 8}
+    assert f["heap"] == {"free": 100, "alloc": 200}
+    assert f["temp"] == {"deci_c": 455, "state": 1, "peak_deci_c": -501}
+    assert f["dma"] == {"depth": 1, "max_depth": 2, "in_flight": 3, "stalls": 4, "full": 5}
+    assert f["bwcats"][0] == {"tier": 0, "category": 1, "util_permille": 2, "kb": 3, "waits": 4, "refused": 5}
+    assert len(f["bwcats"]) == 2 and "bwcat" not in f
+    e = console.to_dict(tm.T_EVENT, 1, 5, bytes([tm.EV_FAULT, 4]) + bytes([9, 4, 6, 0]))["events"][0]
+    assert e == {"event": "fault", "ms": 9, "task": 2, "faults": 3, "_": 0}
+    e = console.to_dict(tm.T_EVENT, 1, 5, bytes([tm.EV_DONE, 4]) + bytes([9, 2, 8, 4]))["events"][0]
+    assert e == {"event": "done", "ms": 9, "request": 1, "tokens": 4, "reason": 2, "reason_name": "full"}
+    e = console.to_dict(tm.T_EVENT, 1, 5, bytes([99, 4]) + bytes([9, 2, 8, 4]))["events"][0]
+    assert e == {"event": "event_99", "ms": 9, "arg_0": 1, "arg_1": 4, "arg_2": 2}

@@ -4,6 +4,7 @@
 # encoder streams between its text lines.
 import json
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -760,3 +761,27 @@ def test_an_empty_or_random_capture_is_one_line_and_exit_1(tmp_path):
     assert r.returncode == 1 and one_line_error(r) and "not a capture of a kvrtos board" in r.stderr, r.stderr
     r = kv("monitor", "--replay", str(tmp_path / "t.bin"), "--plain", "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["lines"] == 20, r.stdout + r.stderr
+
+
+def test_replays_exit_status_is_what_the_telemetry_page_says(tmp_path):
+    # docs/telemetry.md, "--replay's exit status": 0 for a capture (good frames, damaged ones
+    # among them; text a board could print), 1 for an empty file, random bytes, or only
+    # damaged frames; 2 for what is not a regular file
+    from firmware_py import telemetry as tm
+    from host import console as con
+
+    good = con.encode_frame(con.payload(tm.T_PERIODIC, bytes([tm.R_CORE, 1, 5]), seq=1, ms=10))
+    damaged = bytearray(con.encode_frame(con.payload(tm.T_PERIODIC, bytes([tm.R_CORE, 1, 6]), seq=2, ms=20)))
+    damaged[5] ^= 0x40
+    rnd = random.Random(7)
+    cases = [(b"boot\n" + good + bytes(damaged) + b"more\n", 0), (b"hi\nthere\n", 0), (b"", 1),
+             (bytes(rnd.randrange(256) for _ in range(5000)), 1), (bytes(damaged) * 3, 1)]
+    for i, (data, code) in enumerate(cases):
+        p = tmp_path / ("c%d.bin" % i)
+        p.write_bytes(data)
+        log = tmp_path / ("c%d.log" % i)
+        r = kv("monitor", "--replay", str(p), "--json", "--log", str(log))
+        assert r.returncode == code, (i, r.returncode, r.stderr)
+        assert code == 0 or (one_line_error(r) and not log.exists()), (i, r.stderr)  # no escaped lines, no empty log
+    r = kv("monitor", "--replay", str(tmp_path))
+    assert r.returncode == 2 and one_line_error(r) and "not a file" in r.stderr, r.stderr
