@@ -1,37 +1,54 @@
 # Minimal check helpers for firmware test scripts. A script imports these, runs its
 # checks and calls done(); it runs unchanged under MicroPython and CPython, and
-# tests/test_firmware.py runs it under both. A failed check raises, so the script
-# exits non-zero with the traceback; done() prints the closing "PASS n checks".
+# tests/test_firmware.py runs it under both. A failed check prints "FAIL <what>" and the
+# script goes on (every failed check is reported, not only the first; a check whose
+# failure leaves nothing sound to go on with raises in the code after it, which ends the
+# script with a traceback). done() prints the closing "PASS n checks", or "FAILED k of n
+# checks" and exits 1. A check that cannot run here prints "SKIP <why>" (reported as a
+# skipped subtest).
+import sys
+
 from firmware_py import compat
 
 _n = 0  # checks passed so far
+_failed = 0  # checks failed so far
+
+
+def _fail(msg):
+    global _failed
+    _failed += 1
+    print("FAIL " + msg)
+    return False
 
 
 def check(cond, what):
-    # one named check; raises AssertionError with the name when cond is false
+    # one named check; False (and a FAIL line) when cond is false
     global _n
     if not cond:
-        raise AssertionError("check failed: " + what)
+        return _fail("check failed: " + what)
     _n += 1
+    return True
 
 
 def eq(got, want, what):
     # got == want, with both shown when not
     global _n
     if got != want:
-        raise AssertionError("check failed: %s: got %r, want %r" % (what, got, want))
+        return _fail("check failed: %s: got %r, want %r" % (what, got, want))
     _n += 1
+    return True
 
 
 def raises(exc_type, fn, *args):
-    # fn(*args) raises exc_type; returns the exception
+    # fn(*args) raises exc_type; returns the exception (None, and a FAIL line, when it did not)
     global _n
     try:
         fn(*args)
     except exc_type as e:
         _n += 1
         return e
-    raise AssertionError("check failed: %r did not raise %s" % (fn, exc_type.__name__))
+    _fail("check failed: %r did not raise %s" % (fn, exc_type.__name__))
+    return None
 
 
 def no_alloc(what, fn):
@@ -48,7 +65,8 @@ def no_alloc(what, fn):
         fn()
     except MemoryError:
         compat.heap_unlock()
-        raise AssertionError("check failed: %s allocated with the heap locked" % what)
+        _fail("check failed: %s allocated with the heap locked" % what)
+        return
     finally:
         compat.heap_unlock()
     _n += 1
@@ -56,7 +74,10 @@ def no_alloc(what, fn):
 
 
 def done():
-    # closing line that tests/test_firmware.py looks for
+    # the closing line that tests/test_firmware.py looks for; exit 1 after any failed check
+    if _failed:
+        print("FAILED %d of %d checks" % (_failed, _failed + _n))
+        sys.exit(1)
     print("PASS %d checks" % _n)
 
 
