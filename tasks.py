@@ -420,9 +420,14 @@ def mp32(c, src=None, ref=None, repo=None):
         if not ref or not repo:
             raise UserError("--ref and --repo go together: --ref v1.20.0 --repo DIR (a clone of micropython/micropython)", 2)
         src = mp32_mod.tree_at(paths_user(repo), ref)
-        print(mp32_mod.build(src, cflags=mp32_mod.TAG_CFLAGS))
+        print(mp32_mod.build(src, cflags=mp32_mod.TAG_CFLAGS, say=_progress))
         return
-    print(mp32_mod.build(paths_user(src) if src else None))
+    print(mp32_mod.build(paths_user(src) if src else None, say=_progress))
+
+
+def _progress(line):
+    # a progress line on stderr (stdout keeps the command's answer: a path, a JSON)
+    print(line, file=sys.stderr, flush=True)
 
 
 @task(help={"board": "board profile name (a microcontroller)",

@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 
 from host import paths
 from host.errors import UserError
@@ -66,9 +67,41 @@ def cached(src=None):
     return b if os.access(b, os.X_OK) else None
 
 
-def build(src=None, log=None, cflags=""):
+PROGRESS_S = 5  # seconds between the build's progress lines
+
+
+def _make(cmd, what, say):
+    # run make, its output kept (CompletedProcess-like: returncode, stdout, stderr); with
+    # say, a line when it starts and one every 5 s with the files compiled so far
+    if say is None:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    t0 = time.monotonic()
+    say("mp32: building %s ..." % what)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines, cc, last = [], 0, t0
+    try:
+        for line in p.stdout:
+            lines.append(line)
+            cc += line.startswith("CC ")
+            now = time.monotonic()
+            if now - last >= PROGRESS_S:
+                last = now
+                say("mp32: %s: %d files compiled, %.0f s" % (what, cc, now - t0))
+            if now - t0 > 900:
+                p.kill()
+                break
+        p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    say("mp32: %s %s: %d files compiled in %.0f s" % (what, "done" if p.returncode == 0 else "failed", cc, time.monotonic() - t0))
+    return subprocess.CompletedProcess(cmd, p.returncode, "".join(lines), "")
+
+
+def build(src=None, log=None, cflags="", say=None):
     # the 32-bit binary for the source tree, built once and cached; UserError when
-    # there is no source tree or the build fails (the last compiler line says why)
+    # there is no source tree or the build fails (the last compiler line says why).
+    # say(line): progress lines while it builds (./kv mp32 prints them), none when cached
     s = source(src)
     if s is None:
         raise UserError("no MicroPython source tree: pass --src DIR, set %s, or put one at ../shared/micropython-src" % SRC_ENV, 2)
@@ -84,6 +117,8 @@ def build(src=None, log=None, cflags=""):
         if os.access(binary, os.X_OK):
             return binary
         with tempfile.TemporaryDirectory(prefix="kvrtos-mp32-") as tmp:
+            if say is not None:
+                say("mp32: copying the source tree %s (a build takes about 40 s on 2 cores; cached after)" % s)
             tree = os.path.join(tmp, "src")
             shutil.copytree(s, tree, symlinks=True, ignore=shutil.ignore_patterns("build-*"))
             for dirpath, dirnames, filenames in os.walk(tree):  # a read-only source copies read-only
@@ -103,10 +138,10 @@ def build(src=None, log=None, cflags=""):
             try:
                 # mpy-cross first, on its own: the port's make would pass its variables
                 # (the frozen manifest) down to it, which some versions reject at link time
-                r = subprocess.run(["make", "-C", os.path.join(tree, "mpy-cross"), "-j%d" % (os.cpu_count() or 2)],
-                                   capture_output=True, text=True, timeout=900)
+                r = _make(["make", "-C", os.path.join(tree, "mpy-cross"), "-j%d" % (os.cpu_count() or 2)], "mpy-cross",
+                          say)
                 if r.returncode == 0:
-                    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+                    r = _make(cmd, "the 32-bit unix port", say)
             except FileNotFoundError:
                 raise UserError("make is not installed; the 32-bit MicroPython build needs make and gcc", 1)
             if log:

@@ -4,6 +4,7 @@
 import copy
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -378,3 +379,17 @@ def test_a_config_task_carries_boardtimes_cost_into_the_emulator(tmp_path):
     del cfg["tasks"][0]["step_us"]  # without it the host's own run time of the step is not the board's: free
     (tmp_path / "cfg.json").write_text(json.dumps(cfg))
     assert emu.run({"scenario": str(tmp_path / "cfg.json"), "tokens": 4})["tasks"]["filter"]["run_us"] == 0
+
+
+def test_the_32_bit_build_says_how_far_it_is(monkeypatch):
+    # ./kv mp32 (40 s) printed nothing until its path: make's progress now comes as a line
+    # when each part starts, one every PROGRESS_S with the files compiled, and one at its end
+    monkeypatch.setattr(mp32, "PROGRESS_S", 0.2)
+    said = []
+    r = mp32._make(["sh", "-c", "for i in 1 2 3 4; do echo CC f$i.c; sleep 0.15; done; echo LINK x"], "the part",
+                   said.append)
+    assert r.returncode == 0 and r.stdout.count("CC ") == 4
+    assert said[0] == "mp32: building the part ..." and said[-1].startswith("mp32: the part done: 4 files compiled in")
+    assert any(re.match(r"mp32: the part: [1-3] files compiled, \d+ s$", s) for s in said[1:-1]), said
+    r = mp32._make(["sh", "-c", "echo CC a.c; echo 'a.c:1: error: nope'; exit 2"], "the part", said.append)
+    assert r.returncode == 2 and "error: nope" in r.stdout and said[-1].startswith("mp32: the part failed: 1 files")
