@@ -25,10 +25,10 @@ GC_BLOCKS = 2  # + this many GC blocks per part: the rounding of the largest liv
 GC_HEADROOM = {"q8": 4096, "plain": 32768}
 
 TABLE = {
-    (4, "q8"): {"decode": (3072, 256), "telemetry": (6912, 1024), "tasks": (1536, 1024)},
-    (4, "plain"): {"decode": (3072, 0), "telemetry": (6912, 1024), "tasks": (1536, 1024)},
-    (8, "q8"): {"decode": (7168, 1024), "telemetry": (9984, 1792), "tasks": (7424, 4864)},
-    (8, "plain"): {"decode": (7680, 512), "telemetry": (9984, 1792), "tasks": (7424, 4864)},
+    (4, "q8"): {"decode": (3072, 256), "telemetry": (7168, 1280), "tasks": (1536, 1024)},
+    (4, "plain"): {"decode": (3072, 0), "telemetry": (7168, 1280), "tasks": (1536, 1024)},
+    (8, "q8"): {"decode": (6912, 768), "telemetry": (9728, 1280), "tasks": (3584, 2560)},
+    (8, "plain"): {"decode": (7680, 0), "telemetry": (9728, 1280), "tasks": (3584, 2560)},
 }
 # What the boot measures, for the calculator to predict it (decode.predict_boot): per word
 # size, path and context, "residual": the firmware's own heap before the model's run state
@@ -42,10 +42,10 @@ TABLE = {
 # the board's files in one folder, .mpy modules, main.py's boot report, then serve.main),
 # "serve+tasks" the same with a config's tasks (voice-assistant's) in kvrtos.json
 FOOTPRINT = {
-    (4, "q8"): {"decode": {"residual": (251456, 48), "holes": (16235, 2096), "model_extra": (5356, 4)}, "serve": {"residual": (310320, 128), "holes": (15048, 1610), "model_extra": (5344, 0)}, "serve+tasks": {"residual": (341408, 64), "holes": (16047, 1735), "model_extra": (5344, 0)}},
-    (4, "plain"): {"decode": {"residual": (233184, 160), "holes": (11141, 44), "model_extra": (1072, 0)}, "serve": {"residual": (292208, 112), "holes": (35451, 6256), "model_extra": (1072, 0)}, "serve+tasks": {"residual": (323264, 16), "holes": (26019, 8974), "model_extra": (1072, 0)}},
-    (8, "q8"): {"decode": {"residual": (373792, 288), "holes": (14151, 690), "model_extra": (10612, 4)}, "serve": {"residual": (454592, 224), "holes": (12543, 724), "model_extra": (10600, 0)}, "serve+tasks": {"residual": (493280, 448), "holes": (12153, 115), "model_extra": (10600, 0)}},
-    (8, "plain"): {"decode": {"residual": (351008, 224), "holes": (10553, 427), "model_extra": (2240, 0)}, "serve": {"residual": (431968, 640), "holes": (9527, 305), "model_extra": (2240, 0)}, "serve+tasks": {"residual": (470400, 160), "holes": (12010, 2736), "model_extra": (2240, 0)}},
+    (4, "q8"): {"decode": {"residual": (252448, 64), "holes": (16789, 566), "model_extra": (5356, 4)}, "serve": {"residual": (312736, 128), "holes": (13470, 1050), "model_extra": (5344, 0)}, "serve+tasks": {"residual": (344048, 288), "holes": (16622, 1427), "model_extra": (5360, 16)}},
+    (4, "plain"): {"decode": {"residual": (234192, 272), "holes": (11251, 112), "model_extra": (1120, 0)}, "serve": {"residual": (294672, 176), "holes": (32485, 1693), "model_extra": (1120, 0)}, "serve+tasks": {"residual": (325808, 112), "holes": (38115, 12509), "model_extra": (1120, 0)}},
+    (8, "q8"): {"decode": {"residual": (375104, 448), "holes": (19514, 4970), "model_extra": (10612, 4)}, "serve": {"residual": (457920, 448), "holes": (12624, 86), "model_extra": (10600, 0)}, "serve+tasks": {"residual": (496800, 1088), "holes": (13344, 850), "model_extra": (10600, 0)}},
+    (8, "plain"): {"decode": {"residual": (352192, 256), "holes": (11138, 1176), "model_extra": (2336, 0)}, "serve": {"residual": (434560, 256), "holes": (24775, 7316), "model_extra": (2336, 0)}, "serve+tasks": {"residual": (474048, 992), "holes": (15143, 1337), "model_extra": (2336, 0)}},
 }
 VOCAB = 512  # vocabulary of the model the footprints were measured with
 # bytes the calculator takes off the free heap and again off its largest piece beyond the
