@@ -57,15 +57,18 @@ def one_line_errors(fn):
     return wrapper
 
 
-@task
+@task(help={"k": "run only the tests whose names match this pytest -k expression (e.g. -k 'budget and not slow')",
+            "x": "stop at the first failing test"})
 def test(c, k="", x=False):
     """Run the whole test suite: firmware under MicroPython and CPython, host tools, the virtual board."""
+    import shlex
+
     args = ["-q", "-rs"]
     if k:
         args += ["-k", k]
     if x:
         args.append("-x")
-    c.run("%s -m pytest %s" % (sys.executable, " ".join(args)), pty=False)
+    c.run("%s -m pytest %s" % (shlex.quote(sys.executable), " ".join(shlex.quote(a) for a in args)), pty=False)
 
 
 @task
@@ -74,10 +77,17 @@ def lint(c):
     c.run("%s -m ruff check ." % sys.executable)
 
 
-@task(help={"name": "what to measure: sched, kv, ...", "json": "print one JSON object",
+def _bench_names():
+    from host import bench as bench_pkg  # noqa: PLC0415 - the benchmarks' package, at help time
+
+    return bench_pkg.names()
+
+
+@task(help={"name": "what to measure: %s (./kv bench NAME --help says what each measures)" % ", ".join(_bench_names()),
+            "json": "print one JSON object",
             "model": "bench quality: a llama2.c checkpoint (default stories260K, else models/kvrtos-tiny)",
             "tokenizer": "bench quality: the tokenizer (default: beside the model)",
-            "prompt": "bench quality: a prompt (repeat for several)",
+            "prompt": "bench quality: a prompt; takes a value (--prompt TEXT), repeat the option for several",
             "c_ref": "bench model: a C decoder to time side by side (llama2.c's run.c built with -O3; default $KVRTOS_C_REF)"},
       iterable=["prompt"])
 @one_line_errors
@@ -90,12 +100,7 @@ def bench(c, name, json=False, model=None, tokenizer=None, prompt=None, c_ref=No
             raise ModuleNotFoundError(name)  # helper scripts, not benchmarks
         mod = importlib.import_module("host.bench." + name)
     except ModuleNotFoundError:
-        import pkgutil
-
-        import host.bench
-
-        known = sorted(m.name for m in pkgutil.iter_modules(host.bench.__path__) if not m.name.startswith("_"))
-        raise UserError("no benchmark %r (known: %s)" % (name, ", ".join(known)), 2)
+        raise UserError("no benchmark %r (known: %s)" % (name, ", ".join(_bench_names())), 2)
     for flag, v in (("--model", model), ("--tokenizer", tokenizer)):
         if v == "":
             raise UserError("%s needs a value (./kv bench quality --help)" % flag, 2)

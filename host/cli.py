@@ -46,7 +46,10 @@ class KvProgram(Program):
     # invoke's Program with one-line, exit-2 parse errors and one task per command line
     def run(self, argv=None, exit=True):
         running.PROGRAM = self
-        return super().run(fill_positionals(sys.argv if argv is None else argv), exit)
+        argv = fill_positionals(sys.argv if argv is None else argv)
+        if bench_help(argv):
+            return None
+        return super().run(argv, exit)
 
     def core_args(self):
         return super().core_args() + [
@@ -104,6 +107,22 @@ class KvProgram(Program):
             super().parse_cleanup()
         except ParseError as e:
             raise Exit(explain(e, self.argv), code=USAGE_EXIT) from None
+
+
+def bench_help(argv):
+    # `./kv bench NAME --help` (or -h): that benchmark's own help (what it measures, its
+    # options), not the generic one; True when it was printed. No such name: one line, exit 2
+    words = argv[1:]
+    if len(words) < 3 or words[0] != "bench" or words[1].startswith("-") or not {"--help", "-h"} & set(words[2:]):
+        return False
+    from host import bench
+
+    text = bench.describe(words[1])
+    if text is None:
+        print("kv bench: no benchmark %r (known: %s)" % (words[1], ", ".join(bench.names())), file=sys.stderr)
+        raise SystemExit(USAGE_EXIT)
+    print(text)
+    return True
 
 
 def needs_checkout(name, task, binary):

@@ -128,7 +128,8 @@ def summarize(line, workloads):
 
 def summary_line(s):
     # the one line printed at the end
-    return ("demo: summary: %d tokens, %.1f tok/s, time to first token %.1f ms, KV %d B, pool high-water %d/%d blocks "
+    return ("demo: summary: %d tokens, %.1f tok/s on this host (the virtual board runs at the host's speed; the real "
+            "board's prediction follows), time to first token %.1f ms, KV %d B, pool high-water %d/%d blocks "
             "(%d B), audio deadline misses %d of %d periods"
             % (s["tokens"], s["tok_s"], s["ttft_ms"], s["kv_bytes"], s["pool_high_water"], s["pool_blocks"],
                s["pool_high_water_bytes"], s["audio_deadline_misses"], s["audio_periods"]))

@@ -939,3 +939,19 @@ def test_kv_alone_lists_the_tasks():
     r = kv()
     assert r.returncode == 0 and "Available tasks:" in r.stdout and "emulate" in r.stdout, r.stdout + r.stderr
     assert "--prompt-for-sudo-password" not in r.stdout and "--write-pyc" not in r.stdout
+
+
+def test_bench_name_help_is_that_benchmarks_and_every_option_says_what_it_takes():
+    # `./kv bench NAME --help` showed the generic help; bench --help showed --prompt as a
+    # flag and the names as "sched, kv, ..."; test --help had no descriptions
+    r = kv("bench", "sched", "--help")
+    assert r.returncode == 0 and r.stdout.startswith("Usage: ./kv bench sched [--json]"), r.stdout + r.stderr
+    assert "switch cost" in r.stdout and "--json" in r.stdout
+    r = kv("bench", "quality", "-h")
+    assert r.returncode == 0 and "--prompt=TEXT" in r.stdout and "--model=PATH" in r.stdout, r.stdout
+    r = kv("bench", "nosuch", "--help")
+    assert r.returncode == 2 and one_line_error(r) and "no benchmark 'nosuch' (known: boardspeed" in r.stderr, r.stderr
+    r = kv("bench", "--help")
+    assert r.returncode == 0 and "takes a value (--prompt TEXT)" in r.stdout and "soak, telemetry, tiers" in r.stdout
+    r = kv("test", "--help")
+    assert r.returncode == 0 and "-k expression" in r.stdout and "stop at the first failing test" in r.stdout, r.stdout
