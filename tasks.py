@@ -292,7 +292,7 @@ def flash(c, port=None, board="esp32s3_n8r8", src=None, timeout="10", model=None
             "erase": "erase the whole flash first", "dry_run": "print the esptool commands only (no board needed)"})
 @one_line_errors
 def flash_firmware(c, bin="", port=None, board="esp32s3_n8r8", erase=False, dry_run=False):
-    """Write a MicroPython firmware image to an ESP32-S3 with esptool (--chip esp32s3 write-flash)."""
+    """Write a MicroPython firmware image to the board's ESP32 with esptool (an S3 at 0x0, a classic ESP32 at 0x1000)."""
     from host import flash as fl
 
     if not bin:

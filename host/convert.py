@@ -104,7 +104,10 @@ def convert(inp, out, fmt, group=0):
     matrix_weights = matrix_bytes = 0
     # written to a temporary file beside --out, renamed into place only when whole: a
     # failed or interrupted convert leaves no half file (and never touches the input)
-    fd, part = tempfile.mkstemp(prefix="." + os.path.basename(out) + ".", suffix=".part", dir=os.path.dirname(out))
+    try:
+        fd, part = tempfile.mkstemp(prefix="." + os.path.basename(out) + ".", suffix=".part", dir=os.path.dirname(out) or ".")
+    except OSError as e:
+        raise UserError("%s: cannot be written (%s)" % (out, e.strerror or e)) from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(header(cfg, fmt, groups))
@@ -145,9 +148,7 @@ def check_out(inp, out):
         raise UserError("--out %s is a folder; give the file to write" % out, 2)
     if os.path.exists(out) and not os.path.isfile(out):  # a FIFO or a device was replaced by a regular file
         raise UserError("--out %s is %s; give a file to write" % (out, paths.kind_of(os.stat(out).st_mode)), 2)
-    folder = os.path.dirname(out) or "."
-    if not os.path.isdir(folder):
-        raise UserError("--out %s: folder %s does not exist" % (out, folder), 2)
+    paths.new_file(out)  # its folder exists, is a folder, takes a file (not /proc, not a path through a file)
     same = os.path.samefile(inp, out) if os.path.exists(out) else os.path.realpath(inp) == os.path.realpath(out)
     if same:
         raise UserError("--out %s is the input file %s (the same file under another name); write to another file" % (out, inp), 2)

@@ -509,28 +509,51 @@ def flash(port=None, board_name=paths.DEFAULT_BOARD, src=paths.FIRMWARE, out=pri
     return (summary, ser) if keep_open else summary
 
 
-def esptool_command(bin_path, port, erase=False, baud=460800):
-    # the esptool invocations that write a MicroPython image to an ESP32-S3, as argv
-    # lists (port None: esptool looks for the chip on every serial port)
+# the chips esptool flashes, by the board profile's cpu.arch: (esptool's --chip, the
+# flash offset a MicroPython .bin from micropython.org is written at, the chip id in an
+# image's extended header, what resets it for the ROM bootloader). The classic ESP32's
+# image starts with its second-stage bootloader at 0x1000; the S3's at 0x0. A classic
+# ESP32 sits behind a USB-serial bridge (DTR/RTS: default-reset), the S3 on native USB
+ESP_CHIPS = {"xtensa-lx7": ("esp32s3", "0x0", 9, "usb-reset"), "xtensa-lx6": ("esp32", "0x1000", 0, "default-reset")}
+IMAGE_CHIP_IDS = {0: "esp32", 2: "esp32s2", 5: "esp32c3", 9: "esp32s3", 12: "esp32c2", 13: "esp32c6", 16: "esp32h2",
+                  18: "esp32p4"}  # esptool's chip ids (an image's extended header, bytes 12-13)
+
+
+def esp_chip(board):
+    # (chip, offset, chip id, reset) for a board esptool can flash; UserError (exit 2) for
+    # one it cannot (an RP2350, a Linux board)
+    chip = ESP_CHIPS.get(board.cpu_arch)
+    if chip is None:
+        raise UserError("board %s (%s) is not an ESP32: esptool cannot flash it; flash its MicroPython with its own tool "
+                        "(an RP2350: copy the .uf2 to its BOOTSEL drive, or picotool)" % (board.name, board.cpu_arch), 2)
+    return chip
+
+
+def esptool_command(bin_path, port, erase=False, baud=460800, chip=ESP_CHIPS["xtensa-lx7"]):
+    # the esptool invocations that write a MicroPython image to the chip (esp_chip(board):
+    # an ESP32-S3 by default), as argv lists (port None: esptool looks for the chip on
+    # every serial port)
     py = sys.executable
     where = ["--port", port] if port else []
-    base = [py, "-m", "esptool", "--chip", "esp32s3"] + where + ["--baud", str(baud), "--before", "usb-reset", "--after", "hard-reset"]
+    name, offset, _, before = chip
+    base = [py, "-m", "esptool", "--chip", name] + where + ["--baud", str(baud), "--before", before, "--after", "hard-reset"]
     cmds = []
     if erase:
         cmds.append(base + ["erase-flash"])
-    cmds.append(base + ["write-flash", "-z", "0x0", bin_path])
+    cmds.append(base + ["write-flash", "-z", offset, bin_path])
     return cmds
 
 
 # refuse (one line, exit 2) a file that cannot be an ESP32 firmware image: its header
 # (magic 0xE9, 1..16 segments, SPI mode 0..5: esptool's image format) and its size
-def check_esp_image(bin_path):
+def check_esp_image(bin_path, chip=None):
+    # chip: esp_chip(board): the image's chip id must be that chip's
     with open(bin_path, "rb") as f:
-        head = f.read(4)
+        head = f.read(16)
     size = os.path.getsize(bin_path)
     if head[:1] != b"\xe9":  # ESP image magic byte
         raise UserError("%s is not an ESP32 firmware image (first byte is not 0xE9)" % bin_path, 2)
-    if len(head) < 4:
+    if len(head) < 16:
         raise UserError("%s is not an ESP32 firmware image (%d B, shorter than the image header)" % (bin_path, size), 2)
     if not 1 <= head[1] <= ESP_MAX_SEGMENTS or head[2] > 5:
         raise UserError("%s is not an ESP32 firmware image (its header says %d segments, SPI mode %d)"
@@ -538,26 +561,31 @@ def check_esp_image(bin_path):
     if size < MIN_IMAGE_BYTES:
         raise UserError("%s is %d B: too small for a MicroPython image (at least %d B; a real one is about 1.5 MiB)"
                         % (bin_path, size, MIN_IMAGE_BYTES), 2)
+    cid = head[12] | head[13] << 8
+    if chip is not None and cid != chip[2]:
+        raise UserError("%s is an image for %s (its header's chip id %d), not for this board's %s: download the %s build"
+                        % (bin_path, IMAGE_CHIP_IDS.get(cid, "another chip"), cid, chip[0], chip[0].upper()), 2)
 
 
 def flash_firmware(bin_path, port=None, erase=False, board_name=paths.DEFAULT_BOARD, dry_run=False, out=print):
     # write a MicroPython firmware image to an ESP32-S3 with esptool; returns the commands
     if os.path.isdir(bin_path):
         raise UserError("firmware image %s is a folder; give the .bin file" % bin_path, 2)
-    if not os.path.isfile(bin_path):
-        raise UserError("firmware image %s does not exist" % bin_path, 2)
-    check_esp_image(bin_path)
+    paths.regular_file(bin_path, "firmware image")  # a FIFO, /dev/null: what it is, not "does not exist"
     board = boards.load(board_name)
+    chip = esp_chip(board)
+    check_esp_image(bin_path, chip)
+    label = chip[0].upper().replace("ESP32S3", "ESP32-S3")
     if port is None:
         port = link.usb_port(board)
         if port is None and not dry_run:
-            raise UserError("no ESP32-S3 found on USB (VID 0x%04X); plug one in or pass --port" % (board.usb_vid or 0))
+            raise UserError("no %s found on USB (VID 0x%04X); plug one in or pass --port" % (label, board.usb_vid or 0))
     elif not dry_run and not os.path.exists(port):
         raise UserError("no serial port at %s" % port, 2)
-    cmds = esptool_command(bin_path, port, erase=erase)
+    cmds = esptool_command(bin_path, port, erase=erase, chip=chip)
     if dry_run:
-        out("flash-firmware: would run%s:" % ("" if port else " (no ESP32-S3 on USB now: without one, or --port, the real run"
-                                               " refuses; pasted as printed, esptool searches every serial port)"))
+        out("flash-firmware: would run%s:" % ("" if port else " (no %s on USB now: without one, or --port, the real run"
+                                               " refuses; pasted as printed, esptool searches every serial port)" % label))
     for cmd in cmds:
         out(shlex.join(cmd))  # a whole shell command: pasteable as printed
         if not dry_run:

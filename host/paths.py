@@ -128,20 +128,62 @@ def out_folder(out_dir, flag="--out", make=True):
         raise UserError("%s %s is not a folder" % (flag, out_dir), 2)
     if not os.path.isdir(out_dir):
         # the deepest part of the path that exists must be a folder (not a file on the way)
+        # in which a folder can be made (not /proc, /sys, a read-only mount)
         up = os.path.dirname(os.path.abspath(out_dir))
         while not os.path.exists(up):
             up = os.path.dirname(up)
         if not os.path.isdir(up):
             raise UserError("%s %s: %s is a file, not a folder" % (flag, out_dir, up), 2)
+        why = cannot_write_in(up)
+        if why:
+            raise UserError("%s %s cannot be made: %s" % (flag, out_dir, why), 2)
         if not make:
             return out_dir
         try:
             os.makedirs(out_dir, exist_ok=True)
         except OSError as e:
             raise UserError("%s %s cannot be made: %s" % (flag, out_dir, e.strerror or e), 2) from None
-    if not os.access(out_dir, os.W_OK):
-        raise UserError("%s %s is not writable" % (flag, out_dir), 2)
+    why = cannot_write_in(out_dir)
+    if why:
+        raise UserError("%s %s cannot be written: %s" % (flag, out_dir, why), 2)
     return out_dir
+
+
+def cannot_write_in(folder):
+    # why a file cannot be made in folder (a probe file made and removed: access() says yes
+    # to root in /proc, /sys and read-only mounts), or None when it can
+    import tempfile
+
+    try:
+        fd, p = tempfile.mkstemp(dir=folder, prefix=".kvrtos-probe-")
+    except OSError as e:
+        return e.strerror or str(e)
+    os.close(fd)
+    try:
+        os.remove(p)
+    except OSError:
+        pass
+    return None
+
+
+def new_file(out, flag="--out"):
+    # out, when a file can be written there: its folder exists, is a folder, and takes a
+    # file; a folder, a FIFO or a device at out itself are the caller's to refuse. One-line
+    # UserError (exit 2) otherwise
+    from host.errors import UserError
+
+    folder = os.path.dirname(os.path.abspath(out))
+    if not os.path.isdir(folder):
+        up = folder
+        while not os.path.exists(up):
+            up = os.path.dirname(up)
+        if up != folder or not os.path.isdir(up):
+            what = "is a file, not a folder" if not os.path.isdir(up) else "does not exist"
+            raise UserError("%s %s: %s %s" % (flag, out, up if not os.path.isdir(up) else folder, what), 2)
+    why = cannot_write_in(folder)
+    if why:
+        raise UserError("%s %s cannot be written: %s" % (flag, out, why), 2)
+    return out
 
 
 @contextlib.contextmanager

@@ -10,7 +10,8 @@ from host import flash
 from vboard_util import FakeBoard, kv, one_line_error, start
 
 
-FAKE_IMAGE = b"\xe9\x03\x02\x4f" + bytes(64 * 1024)  # an ESP image header (3 segments, DIO) and a plausible size
+# an ESP32-S3 image header (3 segments, DIO; chip id 9 in its extended header) and a plausible size
+FAKE_IMAGE = b"\xe9\x03\x02\x4f" + bytes(8) + b"\x09\x00" + bytes(64 * 1024)
 
 
 def test_unknown_board():
@@ -73,7 +74,7 @@ def test_busy_port(tmp_path):
 
 def test_firmware_image_that_does_not_exist():
     r = kv("flash-firmware", "--bin", "/nonexistent/micropython.bin", "--port", "/dev/null")
-    assert one_line_error(r) and r.returncode == 2 and "does not exist" in r.stderr, r.stderr
+    assert one_line_error(r) and r.returncode == 2 and "no such file" in r.stderr, r.stderr
 
 
 def test_firmware_image_that_is_not_an_esp_image(tmp_path):
@@ -569,9 +570,9 @@ def test_mp32_src_resolves_where_kv_ran(tmp_path):
 
 @pytest.mark.parametrize("data, says", [
     (b"\xe9\x03", "is not an ESP32 firmware image (2 B, shorter than the image header)"),
-    (b"\xe9\x00\x02\x4f" + bytes(64 * 1024), "is not an ESP32 firmware image (its header says 0 segments, SPI mode 2)"),
-    (b"\xe9\x03\x09\x4f" + bytes(64 * 1024), "is not an ESP32 firmware image (its header says 3 segments, SPI mode 9)"),
-    (b"\xe9\x03\x02\x4f" + bytes(1000), "is 1004 B: too small for a MicroPython image (at least 65536 B"),
+    (b"\xe9\x00\x02\x4f" + bytes(8) + b"\x09\x00" + bytes(64 * 1024), "is not an ESP32 firmware image (its header says 0 segments, SPI mode 2)"),
+    (b"\xe9\x03\x09\x4f" + bytes(8) + b"\x09\x00" + bytes(64 * 1024), "is not an ESP32 firmware image (its header says 3 segments, SPI mode 9)"),
+    (b"\xe9\x03\x02\x4f" + bytes(8) + b"\x09\x00" + bytes(986), "is 1000 B: too small for a MicroPython image (at least 65536 B"),
 ])
 def test_flash_firmware_checks_the_image_header_and_size(tmp_path, data, says):
     (tmp_path / "tiny.bin").write_bytes(data)
@@ -955,3 +956,29 @@ def test_bench_name_help_is_that_benchmarks_and_every_option_says_what_it_takes(
     assert r.returncode == 0 and "takes a value (--prompt TEXT)" in r.stdout and "soak, telemetry, tiers" in r.stdout
     r = kv("test", "--help")
     assert r.returncode == 0 and "-k expression" in r.stdout and "stop at the first failing test" in r.stdout, r.stdout
+
+
+def test_flash_firmware_writes_each_chip_at_its_own_offset_and_refuses_what_esptool_cannot_flash(tmp_path):
+    # every board got `--chip esp32s3 ... write-flash 0x0`: a classic ESP32 needs --chip
+    # esp32 at 0x1000 behind its USB-serial bridge (default-reset); an RP2350 or a Linux
+    # board is refused; an image for another chip (its header's chip id) is refused
+    esp32 = b"\xe9\x03\x02\x20" + bytes(8) + b"\x00\x00" + bytes(70000)
+    (tmp_path / "s3.bin").write_bytes(FAKE_IMAGE)
+    (tmp_path / "esp32.bin").write_bytes(esp32)
+    r = kv("flash-firmware", "--bin", "esp32.bin", "--board", "esp32_wroom32", "--dry-run", "--port", "/dev/ttyUSB0",
+           cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    cmd = r.stdout.splitlines()[-1]
+    assert "--chip esp32 " in cmd and "write-flash -z 0x1000 " in cmd and "--before default-reset" in cmd, cmd
+    r = kv("flash-firmware", "--bin", "s3.bin", "--dry-run", "--port", "/dev/ttyACM0", cwd=str(tmp_path))
+    assert r.returncode == 0 and "--chip esp32s3 " in r.stdout and "write-flash -z 0x0 " in r.stdout, r.stdout
+    for board in ("rp2350_pico2", "apple_m1_8gb"):
+        r = kv("flash-firmware", "--bin", "s3.bin", "--board", board, "--dry-run", cwd=str(tmp_path))
+        assert r.returncode == 2 and one_line_error(r) and "is not an ESP32: esptool cannot flash it" in r.stderr, r.stderr
+        assert r.stdout == ""
+    r = kv("flash-firmware", "--bin", "esp32.bin", "--dry-run", cwd=str(tmp_path))  # an ESP32 image, an S3 board
+    assert r.returncode == 2 and "is an image for esp32 (its header's chip id 0), not for this board's esp32s3" in r.stderr
+    os.mkfifo(tmp_path / "fifo")
+    for p, what in ((str(tmp_path / "fifo"), "is a FIFO (named pipe), not a file"), ("/dev/null", "is a character device, not a file")):
+        r = kv("flash-firmware", "--bin", p, "--dry-run", timeout=30)
+        assert r.returncode == 2 and one_line_error(r) and what in r.stderr, r.stderr
