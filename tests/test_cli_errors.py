@@ -982,3 +982,24 @@ def test_flash_firmware_writes_each_chip_at_its_own_offset_and_refuses_what_espt
     for p, what in ((str(tmp_path / "fifo"), "is a FIFO (named pipe), not a file"), ("/dev/null", "is a character device, not a file")):
         r = kv("flash-firmware", "--bin", p, "--dry-run", timeout=30)
         assert r.returncode == 2 and one_line_error(r) and what in r.stderr, r.stderr
+
+
+def test_unwritable_outputs_are_one_line_before_any_work(tmp_path):
+    # convert --out /proc/x.bin gave a traceback, a path through a file "folder does not
+    # exist"; sweep --out/--cache in /proc ran every point, then a traceback. CI runs as
+    # root: /proc and /sys refuse new files whatever the modes, a regular file refuses children
+    from host import paths
+
+    model = os.path.join(paths.shared_models(), "stories260K.bin")
+    if not os.path.isfile(model):
+        model = os.path.join(paths.ROOT, "models", "kvrtos-tiny", "model.bin")
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for out, says in (("/proc/x.bin", "cannot be written"), ("/sys/x.bin", "cannot be written"),
+                      (str(afile / "x.bin"), "%s is a file, not a folder" % afile),
+                      (str(afile / "sub" / "x.bin"), "%s is a file, not a folder" % afile)):
+        r = kv("convert", "--model", model, "--out", out)
+        assert r.returncode == 2 and one_line_error(r) and says in r.stderr, (out, r.stderr)
+    for args in (("--out", "/proc/sw"), ("--cache", "/proc/c"), ("--out", "/sys/sw"), ("--cache", str(afile / "c"))):
+        r = kv("sweep", "--boards", "esp32s3_n8r8", "--tokens", "4", *args, timeout=60)
+        assert r.returncode == 2 and one_line_error(r) and r.stdout == "", (args, r.stdout, r.stderr)
