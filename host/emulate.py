@@ -77,6 +77,7 @@ DEFAULTS = {
 _INT_KEYS = {"window": (0, options.WINDOW_MAX), "sinks": (0, 64), "tokens": (1, options.TOKENS_MAX), "seed": (0, sample.SEED_MAX),
              "piece_bytes": (0, 1 << 24), "kv_blocks": (0, 1 << 20), "reserve": (-1, 1 << 30), "link_bps": (100, 1000000), "rate_hz": (1, 1000), "ambient_c": (-40, 120),
              "max_ms": (1, MAX_MS), "slice_us": (0, decode.SLICE_MAX_US)}
+PIECE_MIN = 64  # the smallest piece_bytes but 0 (decode.Session's own floor when it sizes pieces to a slice)
 _FLOAT_KEYS = {"temperature": (0.0, sample.TEMPERATURE_MAX), "top_p": (0.0, 1.0)}  # top_p: above 0 (appcfg.OPEN_LO)
 _STR_KEYS = ("board", "model", "tokenizer", "policy", "kv_dtype", "prompt", "scenario", "cost", "weights_tier",
              "kv_tier", "weights", "speed")
@@ -207,6 +208,10 @@ def normalize(spec):
         v = out[key]
         if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
             _bad("%s must be a whole number in %d..%d, got %r" % (name(key), lo, hi, v))
+    if 0 < out["piece_bytes"] < PIECE_MIN:
+        _bad("%s must be 0 (a layer's traffic at a time) or at least %d B, got %d: the decode charges and may yield per "
+             "piece, so a piece of a few bytes makes millions per token (the decode sizes its own pieces to at least %d B)"
+             % (name("piece_bytes"), PIECE_MIN, out["piece_bytes"], PIECE_MIN))
     for key, (lo, hi) in _FLOAT_KEYS.items():
         v = out[key]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not lo <= v <= hi:

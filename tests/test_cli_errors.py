@@ -1003,3 +1003,15 @@ def test_unwritable_outputs_are_one_line_before_any_work(tmp_path):
     for args in (("--out", "/proc/sw"), ("--cache", "/proc/c"), ("--out", "/sys/sw"), ("--cache", str(afile / "c"))):
         r = kv("sweep", "--boards", "esp32s3_n8r8", "--tokens", "4", *args, timeout=60)
         assert r.returncode == 2 and one_line_error(r) and r.stdout == "", (args, r.stdout, r.stderr)
+
+
+def test_emulate_refuses_pieces_too_small_to_finish():
+    # --piece-bytes 1 ran 15-45x slower (64 tokens of stories260K past 150 s): refused below
+    # the decode's own floor, 64 B, whose runs take seconds
+    from host import emulate
+
+    for v in ("1", "63"):
+        r = kv("emulate", "--piece-bytes", v, "--tokens", "2", timeout=60)
+        assert r.returncode == 2 and one_line_error(r) and "at least %d B, got %s" % (emulate.PIECE_MIN, v) in r.stderr, r.stderr
+    r = kv("emulate", "--piece-bytes", str(emulate.PIECE_MIN), "--tokens", "2", timeout=120)
+    assert r.returncode == 0, r.stderr
