@@ -37,6 +37,32 @@ def named(model_arg):
     return None
 
 
+WEIGHT_MAX = 1e4  # the largest |weight| or |scale| a checkpoint may hold (stories260K's: 4.4, kvrtos-tiny's: 1.8)
+
+
+def check_weights(path, lay):
+    # a damaged checkpoint (bytes flipped inside it: its size and header still right) is
+    # refused in one line (exit 2) when a float it holds (an fp32 weight, an int8 tensor's
+    # scale) is NaN, infinite or past WEIGHT_MAX: the decode would run to garbage, numpy's
+    # overflow warnings on the way. lay: llama2c.plan(path)[1]. Plausible values that are
+    # wrong cannot be told from a model's own
+    import numpy as np  # noqa: PLC0415
+
+    raw = np.fromfile(path, dtype=np.uint8)
+    for t in lay.tensors:
+        if t.name == "freq_cis":
+            continue  # legacy files' RoPE table: never read
+        off, n = (t.scales_file_off, t.rows * t.cols // t.group) if t.group else (t.file_off, t.rows * t.cols)
+        a = raw[off:off + 4 * n].view("<f4")
+        bad = ~np.isfinite(a) | (np.abs(np.nan_to_num(a)) > WEIGHT_MAX)
+        if bad.any():
+            i = int(np.argmax(bad))
+            where = "%s%s" % (t.name, "" if t.layer < 0 else " of layer %d" % t.layer)
+            raise UserError("%s is damaged: %s %s holds %r at byte %d (a trained model's are below %g): a flipped or "
+                            "overwritten byte; use an intact copy" % (path, where, "scales" if t.group else "weights",
+                                                                     float(a[i]), off + 4 * i, WEIGHT_MAX), 2)
+
+
 # (model path, tokenizer path) for what the user typed: "" is kvrtos-tiny, "stories260K"
 # is ../shared/models (named()), anything else a path (its tokenizer.bin or tok512.bin
 # beside it, unless tok_arg names one); a file that is not there: one line, exit 2. The
@@ -136,6 +162,7 @@ def files_for(board_name, model_arg, tok_arg="", weights="int8", out=None, conte
         tokenizer.load(tp, cfg.vocab_size)
     except (llama2c.CheckpointError, tokenizer.TokenizerError) as e:
         raise UserError(str(e), 2) from None
+    check_weights(mp, plan[1])
     if weights == "fp32" and plan[1].q8_len:
         raise UserError("--weights fp32: %s is already int8; give its fp32 checkpoint, or leave --weights out" % model_arg, 2)
     if weights == "int8" and not plan[1].q8_len:

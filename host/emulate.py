@@ -275,7 +275,14 @@ def normalize(spec):
 def _model_file(n):
     # the checkpoint a run loads: the spec's, or for weights int8 and an fp32 file its
     # q8row copy, converted once into .kvrtos-cache/models (as kv flash --model does on
-    # the fly); each process (a sweep's workers too) converts from the spec's own file
+    # the fly); each process (a sweep's workers too) converts from the spec's own file. A
+    # damaged file (a float past any trained model's) is refused first, in one line
+    from host import boardmodel  # noqa: PLC0415 - the model catalog, beside the emulator
+
+    try:
+        boardmodel.check_weights(n["model"], llama2c.plan(n["model"])[1])
+    except (llama2c.CheckpointError, OSError) as e:
+        _bad("%s: %s" % (_display(n["model"]), e))
     if n["weights"] == "int8" and _file_dtype(n["model"]) == "fp32":
         from host import convert as conv  # noqa: PLC0415
 
@@ -488,10 +495,15 @@ def run(spec, out_dir=None, progress=None):
     # a scenario's module tasks import from the scenario's folder (as a board's kvrtos.json
     # beside its modules): on the path for this run only, the modules it brought in dropped after
     folder = os.path.dirname(n["scenario"]) if n["scenario"] else ""
-    if not folder:
-        return _run(n, out_dir, progress)
-    with paths.import_folder(folder):
-        return _run(n, out_dir, progress)
+    import numpy as np  # noqa: PLC0415 - the firmware's CPython kernels use it
+
+    # a float that overflows in the kernels (an exp to inf: a softmax's 0) is the decode's
+    # to answer, as on the board, not a numpy warning on the user's terminal
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+        if not folder:
+            return _run(n, out_dir, progress)
+        with paths.import_folder(folder):
+            return _run(n, out_dir, progress)
 
 
 OUT_FILES = ("report.json", "telemetry.jsonl", "trace.json", "kv_bytes.png", "pool.png", "bandwidth.png")

@@ -59,10 +59,11 @@ def main(model="", prompt="", tokens="64", tokenizer_path="", temperature="0", t
     _check_text(prompt)
     mp, tp = resolve(model, tokenizer_path)
     try:
-        cfg = llama2c.plan(mp)[0]
+        cfg, lay = llama2c.plan(mp)[:2]
         tokenizer.load(tp, cfg.vocab_size)
     except (llama2c.CheckpointError, tokenizer.TokenizerError) as e:
         raise UserError(str(e), 2)
+    boardmodel.check_weights(mp, lay)
     if policy != "full" and w > cfg.seq_len:
         raise UserError("--window %d is more than the model's context: it must be at most seq_len %d" % (w, cfg.seq_len), 2)
     if runtime == "board" and backend == "numpy":
@@ -78,8 +79,13 @@ def main(model="", prompt="", tokens="64", tokenizer_path="", temperature="0", t
         return None
     heap = boards.load(paths.DEFAULT_BOARD).mpy_heap
     if runtime == "cpython":
+        import numpy as np  # noqa: PLC0415 - the CPython kernels' own
+
         try:
-            return decode.run(mp, tp, prompt, n, heap=heap, **opts)
+            # the kernels' numpy floats may overflow in an exp or a product where the board's
+            # do too (to inf, a softmax's 0): what the decode makes of it is the answer, not a warning
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+                return decode.run(mp, tp, prompt, n, heap=heap, **opts)
         except decode.DecodeError as e:
             raise UserError(str(e), 2)
     args = ["--model", mp, "--tokenizer", tp, "--prompt", prompt, "--tokens", str(n), "--temperature", repr(t),

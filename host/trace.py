@@ -413,7 +413,10 @@ def plots(series, fit, out_dir):
                  label="KV tokens cached")
         ax2.set_ylabel("tokens")
         ax2.legend(loc="lower right")
-    ax.legend(loc="upper left")
+    if series["pool"]:
+        ax.legend(loc="upper left")
+    elif not series["seq"]:
+        ax.text(0.5, 0.5, "no pool or KV rows in this log", ha="center", transform=ax.transAxes)
     finish(fig, ax, "pool.png", "board time (s)", "blocks", "pool occupancy")
 
     fig, ax = plt.subplots(figsize=(7, 4.5))

@@ -1015,3 +1015,35 @@ def test_emulate_refuses_pieces_too_small_to_finish():
         assert r.returncode == 2 and one_line_error(r) and "at least %d B, got %s" % (emulate.PIECE_MIN, v) in r.stderr, r.stderr
     r = kv("emulate", "--piece-bytes", str(emulate.PIECE_MIN), "--tokens", "2", timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+def test_a_damaged_model_is_refused_and_no_library_warning_leaks(tmp_path):
+    # a byte-flipped stories260K ran to garbage with numpy's overflow RuntimeWarnings on the
+    # terminal (generate, emulate, exit 0); ./kv trace on a one-line log leaked matplotlib's
+    # "No artists with labels" UserWarning
+    import shutil
+
+    from host import paths
+
+    shared = paths.shared_models()
+    src = os.path.join(shared or "", "stories260K.bin")
+    if not os.path.isfile(src):
+        src = os.path.join(paths.ROOT, "models", "kvrtos-tiny", "model.bin")
+        tok = os.path.join(paths.ROOT, "models", "kvrtos-tiny", "tokenizer.bin")
+    else:
+        tok = os.path.join(shared, "tok512.bin")
+    bad = tmp_path / "model.bin"
+    data = bytearray(open(src, "rb").read())
+    mid = len(data) // 2
+    for i in range(mid, mid + 4000):
+        data[i] ^= 0x5A
+    bad.write_bytes(bytes(data))
+    shutil.copy(tok, tmp_path / "tokenizer.bin")
+    for args in (("generate", "--tokens", "4"), ("emulate", "--tokens", "4"), ("emulate", "--tokens", "4", "--weights", "fp32"),
+                 ("flash", "--port", "/dev/null")):
+        r = kv(*args, "--model", str(bad), timeout=120)
+        assert r.returncode == 2 and one_line_error(r) and "is damaged:" in r.stderr and "Warning" not in r.stderr, (args, r.stderr)
+    log = tmp_path / "one.jsonl"
+    log.write_text('{"host_t":1.0,"type":"periodic","seq":1,"ms":10,"core":{"tokens":1}}\n')
+    r = kv("trace", str(log), "--out", str(tmp_path / "t"))
+    assert r.returncode == 0 and "Warning" not in r.stderr, r.stderr
