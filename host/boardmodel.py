@@ -26,7 +26,7 @@ def named(model_arg):
 
     name = (model_arg or TINY_NAME).lower()
     if name == TINY_NAME:
-        tiny = os.path.join(paths.ROOT, "models", TINY_NAME)
+        tiny = os.path.join(paths.MODELS, TINY_NAME)
         return os.path.join(tiny, "model.bin"), os.path.join(tiny, "tokenizer.bin")
     if name == "stories260k":
         shared = paths.shared_models()

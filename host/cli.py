@@ -267,7 +267,7 @@ def kvrtos(argv=None):
     from host import paths
 
     os.environ.pop("KVRTOS_CALLER_CWD", None)
-    import tasks
+    from host import tasks
 
     ns = Collection.from_module(tasks)
     if not paths.CHECKOUT:

@@ -33,7 +33,7 @@ from firmware_py.status import CARRY_N
 from host import boards, options, paths
 from host.errors import UserError
 
-SCENARIOS = os.path.join(paths.ROOT, "scenarios")
+SCENARIOS = paths.SCENARIOS
 COST_KINDS = ("c", "dsp", "asm", "viper", "bytecode")  # firmware_py/cpucost.KINDS
 REPORT_VERSION = 1
 # board time: the kernel runs in chunks of at most CHUNK_US (below half the 2**30 us tick

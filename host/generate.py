@@ -13,7 +13,7 @@ from firmware_py import model as fw_model
 from host import boardmodel, boards, interp, options, paths
 from host.errors import UserError
 
-TINY = os.path.join(paths.ROOT, "models", "kvrtos-tiny")  # the committed default model
+TINY = os.path.join(paths.MODELS, "kvrtos-tiny")  # the committed default model
 RUNTIMES = ("cpython", "micropython", "board")
 ENTRY = os.path.join("firmware_py", "tools", "generate.py")  # the board-side entry (unix port)
 

@@ -25,7 +25,7 @@ from host.errors import UserError
 PROBE = os.path.join(paths.FIRMWARE, "tools", "heapprobe.py")
 OUT = os.path.join(paths.FIRMWARE, "heapmargin.py")
 BOARD = "esp32s3_n4r2"  # the board whose heap the probe boots with (the smaller: faster, the same code)
-CONFIG = os.path.join(paths.ROOT, "scenarios", "voice-assistant.json")  # the tasks of part "tasks"
+CONFIG = os.path.join(paths.SCENARIOS, "voice-assistant.json")  # the tasks of part "tasks"
 LEAVE_MAX = 131072  # bisection range of `leave` (B)
 LEAVE_STEP = 256  # ... resolution
 DRAWS = ((0.0, 1), (0.8, 7))  # (temperature, seed)

@@ -33,7 +33,14 @@ def state(*parts):
 
 
 FIRMWARE = os.path.join(ROOT, "firmware_py")
-BOARDS = os.path.join(ROOT, "boards")
+# what the commands read: the board profiles, the emulator's scenarios and the committed
+# tiny model, at the repository's top level in a checkout; installed, package data of
+# host (host/data/boards, ...: no top-level `boards`, `models` or `scenarios` in
+# site-packages to collide with a user's)
+DATA = ROOT if CHECKOUT or not os.path.isdir(os.path.join(ROOT, "host", "data", "boards")) else os.path.join(ROOT, "host", "data")
+BOARDS = os.path.join(DATA, "boards")
+SCENARIOS = os.path.join(DATA, "scenarios")
+MODELS = os.path.join(DATA, "models")  # models/kvrtos-tiny
 VBOARD_HOME = os.environ.get("KVRTOS_VBOARD_HOME") or state(".vboard")  # virtual boards' state
 BUILD = state("build")
 DEFAULT_BOARD = "esp32s3_n8r8"

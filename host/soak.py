@@ -47,12 +47,12 @@ LAYER_US = 2000  # virtual µs charged per layer where a VirtualClock runs (serv
 RUN_TIMEOUT_S = 3600
 TASK_CONFIGS = {  # application configs whose tasks run beside the decode ("none": decode alone)
     "none": None,
-    "voice-assistant": os.path.join(paths.ROOT, "scenarios", "voice-assistant.json"),
-    "sensor-gateway": os.path.join(paths.ROOT, "scenarios", "sensor-gateway.json"),
-    "two-chats": os.path.join(paths.ROOT, "scenarios", "two-chats.json"),
+    "voice-assistant": os.path.join(paths.SCENARIOS, "voice-assistant.json"),
+    "sensor-gateway": os.path.join(paths.SCENARIOS, "sensor-gateway.json"),
+    "two-chats": os.path.join(paths.SCENARIOS, "two-chats.json"),
     "user-task": os.path.join(paths.ROOT, "examples", "user-task", "kvrtos.json"),
 }
-TINY = os.path.join(paths.ROOT, "models", "kvrtos-tiny")
+TINY = os.path.join(paths.MODELS, "kvrtos-tiny")
 
 
 def models():

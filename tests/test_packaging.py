@@ -86,9 +86,13 @@ def test_pip_wheel_gives_a_kvrtos_command_with_the_tasks_of_kv(tmp_path):
     work.mkdir()
     env = dict(os.environ, PYTHONPATH=str(site))
     env.pop("KVRTOS_CALLER_CWD", None)
-    where = subprocess.run([sys.executable, "-c", "import host, tasks, firmware_py.sched; print(host.__file__, tasks.__file__)"],
+    where = subprocess.run([sys.executable, "-c", "import host, host.tasks, firmware_py.sched; print(host.__file__, host.tasks.__file__)"],
                            cwd=work, env=env, capture_output=True, text=True, timeout=60)
     assert where.returncode == 0 and where.stdout.count(str(site)) == 2, where.stdout + where.stderr
+    # site-packages gets the project's two packages and nothing else at its top level that a
+    # user's could collide with (no tasks, boards, models or scenarios)
+    top = sorted(n for n in os.listdir(site) if not n.endswith((".dist-info", ".egg-info")) and n not in ("bin", "__pycache__"))
+    assert top == ["firmware_py", "host"], top
     r = subprocess.run([str(exe), "--list"], cwd=work, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     kv = subprocess.run([sys.executable, "-m", "host.cli", "--list"], cwd=ROOT, capture_output=True, text=True, timeout=60)
@@ -99,7 +103,7 @@ def test_pip_wheel_gives_a_kvrtos_command_with_the_tasks_of_kv(tmp_path):
     b = json.loads(r.stdout)
     assert b["board"] == "esp32s3_n8r8" and b["fits"] and b["max_tokens"] > 0  # boards/ came with the wheel
     # the installed tiny model too (./kv demo's default)
-    assert (site / "models" / "kvrtos-tiny" / "model.bin").exists()
+    assert (site / "host" / "data" / "models" / "kvrtos-tiny" / "model.bin").exists()
     # a mistake is one line and exit 2, as with ./kv
     r = subprocess.run([str(exe), "budget", "--board", "no_such_board"], cwd=work, env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
@@ -116,7 +120,7 @@ def test_installed_kvrtos_outside_a_checkout(tmp_path):
     # tasks that need the repository say so in one line
     site = _wheel_site(tmp_path)
     exe = str(site / "bin" / "kvrtos")
-    assert (site / "scenarios" / "voice-assistant.json").exists()
+    assert (site / "host" / "data" / "scenarios" / "voice-assistant.json").exists()
     (tmp_path / "shared" / "models").mkdir(parents=True)  # a stray ../shared beside site-packages
     work, home = tmp_path / "elsewhere", tmp_path / "home"
     work.mkdir()

@@ -27,7 +27,7 @@ STORIES260K = (64, 172, 5, 8, 4, 512, 512)  # dim, hidden, layers, heads, kv_hea
 PROBE = os.path.join(paths.FIRMWARE, "tools", "kvprobe.py")
 _LINE = re.compile(r"kvprobe: tried blocks=(\d+) booted=(\d)(?: limit=(\S+))?(?: tokens=(\d+) status=(\w+) decoded=(\d+) "
                    r"extra_blocks=(\d+) memory_error_tokens=(\d+) block_bytes=(\d+))?")
-TINY_TOKENIZER = os.path.join(paths.ROOT, "models", "kvrtos-tiny", "tokenizer.bin")  # 512 tokens, as tok512.bin
+TINY_TOKENIZER = os.path.join(paths.MODELS, "kvrtos-tiny", "tokenizer.bin")  # 512 tokens, as tok512.bin
 
 
 def model_path(tmp, weights="fp32"):

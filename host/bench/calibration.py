@@ -199,7 +199,7 @@ def stories15m():
 
 
 def _profile(board_name):
-    with open(os.path.join(paths.ROOT, "boards", board_name + ".json")) as f:
+    with open(os.path.join(paths.BOARDS, board_name + ".json")) as f:
         return json.load(f)
 
 

@@ -19,7 +19,7 @@ from host.errors import UserError
 
 PROMPTS = ("Once upon a time", "Lily and Tom", "The little dog", "One day, a boy named Tim", "Sara wanted to")
 COMMAND = "./kv bench quality"
-TINY = os.path.join(paths.ROOT, "models", "kvrtos-tiny")
+TINY = os.path.join(paths.MODELS, "kvrtos-tiny")
 
 
 # (model path, tokenizer path, what the output calls it): the user's, else stories260K from

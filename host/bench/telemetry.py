@@ -32,7 +32,7 @@ RATE = tm.DEFAULT_RATE_HZ
 
 def micro_figures():
     # _telemetry_mp.py under MicroPython on kvrtos-tiny converted to q8row; its JSON
-    tiny = os.path.join(paths.ROOT, "models", "kvrtos-tiny")
+    tiny = os.path.join(paths.MODELS, "kvrtos-tiny")
     with tempfile.TemporaryDirectory() as d:
         q8 = os.path.join(d, "model.bin")
         import contextlib
