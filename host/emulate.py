@@ -1395,10 +1395,14 @@ def band(opts, rep):
 def main(opts, out=None, as_json=False, err=None):
     err = err or sys.stderr
     prog = _progress_fn(err)
+    earlier = bool(out) and os.path.isfile(os.path.join(out, OUT_MARKER)) and any(
+        os.path.exists(os.path.join(out, n)) for n in OUT_FILES)
     try:
         rep = run(opts, out_dir=out, progress=prog)
     finally:
         prog.close()
+    if earlier:
+        print("emulate: note: %s held an earlier ./kv emulate run's files; this run's replaced them" % out, file=err)
     rep["band"] = band(opts, rep)
     if as_json:
         print(json.dumps(rep, sort_keys=True))

@@ -655,9 +655,11 @@ def test_out_does_not_overwrite_a_users_files_but_rewrites_its_own(tmp_path):
     assert r.returncode == 2 and len(lines) == 1 and "holds report.json (not from emulate)" in lines[0], r.stderr
     assert (mine / "report.json").read_text() == "my notes" and sorted(p.name for p in mine.iterdir()) == ["report.json"]
     ours = tmp_path / "ours"
-    for _ in range(2):
+    for i in range(2):
         r = _kv("--tokens", "2", "--cost", "c", "--out", str(ours))
         assert r.returncode == 0, r.stderr
+        # the second run says it replaced the first's files (it did so silently)
+        assert ("held an earlier ./kv emulate run's files; this run's replaced them" in r.stderr) == (i == 1), r.stderr
     assert json.loads((ours / "report.json").read_text())["tokens"] == 2
 
 
