@@ -20,6 +20,7 @@ from host import boards, boardspeed, mp32, options, paths
 from host.errors import UserError
 
 RUNS = 7
+TIMEOUT_S = 600  # the longest the host run (warm-up and every timed call) may take, by default (--timeout)
 RUNS_MAX = 10000  # the driver keeps each run's time in a list on the 32-bit port's heap
 STEP_US_MAX = appcfg.PARAMS["module"]["step_us"][2]  # the most a module task's step_us may say
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -73,7 +74,7 @@ def emitter_of(text, call=None):
     return "bytecode"
 
 
-def predict(path, call="main", board="esp32s3_n8r8", mhz=None, emitter=None, runs=RUNS, record=None):
+def predict(path, call="main", board="esp32s3_n8r8", mhz=None, emitter=None, runs=RUNS, timeout=TIMEOUT_S, record=None):
     # {"host_us", "board_us", "band_us", "factor", ...} for one function of a file
     if os.path.exists(path):
         paths.regular_file(path, "source file")  # a folder, a FIFO or /dev/null was "no file"
@@ -110,9 +111,10 @@ def predict(path, call="main", board="esp32s3_n8r8", mhz=None, emitter=None, run
             f.write(_DRIVER % {"dir": tmp, "mod": mod, "call": call, "runs": runs, "span": SPAN_US, "reps": REPS_MAX,
                                "home": os.path.dirname(os.path.abspath(path)), "root": paths.ROOT})
         try:
-            r = subprocess.run([exe, drv], cwd=tmp, capture_output=True, text=True, timeout=600)
+            r = subprocess.run([exe, drv], cwd=tmp, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
-            raise UserError("%s:%s() ran past 600 s on the host" % (path, call), 1)
+            raise UserError("%s:%s() ran past %g s on the host (--timeout): a function that does not return, or give it "
+                            "longer" % (path, call, timeout), 1)
     m = _LINE.search(r.stdout)
     if not m or m.group(1) != "ok":
         if m and m.group(1) == "nofunc":
@@ -142,8 +144,8 @@ def _us(v):
     return "{:,}".format(round(v)) if v >= 100 else "%.3g" % v
 
 
-def main(path, call="main", board="esp32s3_n8r8", mhz=None, emitter=None, runs=RUNS, as_json=False):
-    r = predict(path, call, board, mhz, emitter, runs)
+def main(path, call="main", board="esp32s3_n8r8", mhz=None, emitter=None, runs=RUNS, as_json=False, timeout=None):
+    r = predict(path, call, board, mhz, emitter, runs, timeout=TIMEOUT_S if timeout is None else timeout)
     if as_json:
         print(json.dumps(r, sort_keys=True))
         return r

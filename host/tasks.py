@@ -494,16 +494,18 @@ def sweep(c, grid=None, boards=None, models=None, policies=None, windows=None, k
             "freq": "the board's CPU clock in MHz (default: the profile's)",
             "emitter": "bytecode, native or viper (default: from the file's decorators)",
             "runs": "timed calls after one warm-up (default 7; the median is taken)",
+            "timeout": "seconds the host run may take, warm-up and every timed call (default 600)",
             "json": "print one JSON object"})
 @one_line_errors
-def boardtime(c, file, call="main", board="esp32s3_n8r8", freq=None, emitter=None, runs="7", json=False):
+def boardtime(c, file, call="main", board="esp32s3_n8r8", freq=None, emitter=None, runs="7", timeout=None, json=False):
     """Time a MicroPython function on the 32-bit host build and predict its time on the board, with the band (docs/calibration.md)."""
     from host import boardtime as bt
 
-    not_empty(("file",), file=file, call=call, board=board, freq=freq, emitter=emitter)
+    not_empty(("file",), file=file, call=call, board=board, freq=freq, emitter=emitter, timeout=timeout)
 
     mhz = None if freq is None else options.number(freq, "--freq", 1.0, 10000.0)  # MHz
-    bt.main(paths_user(file), call=call, board=board, mhz=mhz, emitter=emitter, runs=options.whole(runs, "--runs", 1, bt.RUNS_MAX), as_json=json)
+    bt.main(paths_user(file), call=call, board=board, mhz=mhz, emitter=emitter, runs=options.whole(runs, "--runs", 1, bt.RUNS_MAX),
+            as_json=json, timeout=None if timeout is None else options.seconds(timeout, "--timeout"))
 
 
 @task(help={"write": "rewrite the MicroPython cost figures of every board profile from docs/bench/boardspeed.json",

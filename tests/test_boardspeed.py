@@ -393,3 +393,22 @@ def test_the_32_bit_build_says_how_far_it_is(monkeypatch):
     assert any(re.match(r"mp32: the part: [1-3] files compiled, \d+ s$", s) for s in said[1:-1]), said
     r = mp32._make(["sh", "-c", "echo CC a.c; echo 'a.c:1: error: nope'; exit 2"], "the part", said.append)
     assert r.returncode == 2 and "error: nope" in r.stdout and said[-1].startswith("mp32: the part failed: 1 files")
+
+
+def test_boardtime_on_a_function_that_never_returns_ends_at_its_timeout(tmp_path):
+    # it waited out a fixed 600 s; --timeout bounds it, one line and exit 1
+    mp32.available()[0] or pytest.skip("no 32-bit MicroPython build")
+    import subprocess
+    import sys
+    import time
+
+    f = tmp_path / "spin.py"
+    f.write_text("def main():\n    while True:\n        pass\n")
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "host.cli", "boardtime", str(f), "--timeout", "3"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and time.monotonic() - t0 < 60, r.stderr
+    assert "ran past 3 s on the host (--timeout)" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    r = subprocess.run([sys.executable, "-m", "host.cli", "boardtime", str(f), "--timeout", "0"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--timeout must be a positive number of seconds" in r.stderr, r.stderr
