@@ -31,6 +31,8 @@ RETRY_S = 0.2  # how often a lost port is looked for again
 DONE_GRACE_S = 0.5  # --until-done: read this long after the last done event (its last periodic frames)
 SERVE_ANSWER_S = 5.0  # commands wait for serve's first telemetry frame this long (it sends one a period)
 SERVE_BOOT_S = 60.0  # ... and after --start, this long: serve's boot (model, pool, the config's tasks) comes first
+SILENT_S = 15.0  # --until-done: a serve that answered and then sends no frame this long has stopped (it sends
+# one every period, 0.1 s by default, whatever the decode does: its slices are bounded)
 # serve has ended on the board (its requests never will): the raw REPL's end of a run
 # ("\x04" then its error text then "\x04>"), a soft reboot (sys.exit: serve's one-line error
 # exits 2; a board's raw REPL then soft-resets), the raw REPL's banner
@@ -241,6 +243,7 @@ class Monitor:
         self.serve_line = None  # the last "serve: ..." line the board printed
         self.layout_asked = False  # the layout was asked for (attached to a running serve), once
         self.layout_start = False  # a layout's start (its part 1, or a whole one) was seen
+        self.last_frame_t = None  # host time (monotonic) of the last good frame
         self.error_line = None  # the last line of a traceback the board printed
         self._traceback = False  # inside a traceback: its first unindented line is the error
         self.keys = None  # Keys while interactive: typed keys go to the board, its text shows as it comes
@@ -297,6 +300,7 @@ class Monitor:
 
     # one decoded frame: JSONL log, state, view
     def frame(self, f):
+        self.last_frame_t = time.monotonic()
         if self.jsonl:
             try:
                 self.jsonl.write(con.jsonl_line(f) + "\n")
@@ -612,6 +616,11 @@ class Monitor:
                                         "--start runs serve first" % (self.port, answer_s), 2)
                 if hit is not None:
                     return hit  # the rest of what was read is logged (feed_text); the logs flushed below
+                if (until_done and grace is None and self.last_frame_t is not None and self.done_events < until_done
+                        and time.monotonic() - self.last_frame_t > SILENT_S):
+                    raise UserError("the board stopped answering: no telemetry frame for %g s with %d of %d requests "
+                                    "not ended (a hung or stopped board, or serve killed; --start runs it again)"
+                                    % (SILENT_S, until_done - self.done_events, until_done), 1)
                 if data and until_done and self.done_events >= until_done and grace is None:
                     grace = time.monotonic() + DONE_GRACE_S  # the frames sent after the done event
                 if data and until_done and self.cmd_refused and (self.prompts_refused or not self.prompts_sent) and grace is None:

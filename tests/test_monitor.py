@@ -785,3 +785,27 @@ def test_replays_exit_status_is_what_the_telemetry_page_says(tmp_path):
         assert code == 0 or (one_line_error(r) and not log.exists()), (i, r.stderr)  # no escaped lines, no empty log
     r = kv("monitor", "--replay", str(tmp_path))
     assert r.returncode == 2 and one_line_error(r) and "not a file" in r.stderr, r.stderr
+
+
+def test_until_done_ends_when_the_board_stops_answering(tmp_path, monkeypatch):
+    # a board that answered and then went silent (SIGSTOP, a hang) held `monitor --prompt hi
+    # --until-done 1` forever: silence past SILENT_S after serve answered is one line, exit 1
+    import time as time_mod
+
+    from firmware_py import telemetry as tm
+    from host import monitor as mon
+
+    monkeypatch.setattr(mon, "SILENT_S", 0.5)
+    m, _ = _mon(tmp_path)
+    port = FakePort([_frame(tm.T_PERIODIC, 1, 100, bytes([tm.R_CORE, 1, 5]))])  # then silence: reads give b""
+    t0 = time_mod.monotonic()
+    with pytest.raises(mon.UserError) as e:
+        m.run(until_done=1, timeout=30, ser=port)
+    m.close()
+    assert "the board stopped answering: no telemetry frame for 0.5 s with 1 of 1 requests not ended" in str(e.value)
+    assert e.value.code == 1 and time_mod.monotonic() - t0 < 10
+    # without --until-done a quiet board is only watched (no error), up to --timeout
+    m, _ = _mon(tmp_path / "b")
+    port = FakePort([_frame(tm.T_PERIODIC, 1, 100, bytes([tm.R_CORE, 1, 5]))])  # then silence: reads give b""
+    assert m.run(timeout=1.0, ser=port) is None
+    m.close()
