@@ -242,18 +242,27 @@ def run_one(c, timeout=RUN_TIMEOUT_S):
             "tail": out.strip().splitlines()[-3:] if res is None else []}
 
 
-def drift(free):
+def drift(free, who=None):
     # (|free heap after the DRIFT_FROM-th new token - free heap after the last|, the spread
     # max - min of the samples from that token on, the floor's drop: the least free heap in
     # the first half of those samples less the least in the second half, > 0 when the heap
     # in use grew): free[i] is the sample after new token i + 1; (None, None, None) when
-    # the run made too few tokens to tell
+    # the run made too few tokens to tell. who[i]: the sequence that took sample i (chats
+    # on one Session: each samples while the others are suspended inside their own steps,
+    # each holding its own live objects, so a run of two chats alternates between two
+    # levels); each sequence's own samples are compared, and the largest of each figure
+    # over the sequences is the run's
     if len(free) <= DRIFT_FROM:
         return None, None, None
     tail = free[DRIFT_FROM - 1:]
-    h = len(tail) // 2
-    drop = min(tail[:h]) - min(tail[h:]) if h else 0
-    return abs(tail[0] - tail[-1]), max(tail) - min(tail), drop
+    tw = (who or [0] * len(free))[DRIFT_FROM - 1:]
+    out = None
+    for w in sorted(set(tw)):
+        own = [v for v, x in zip(tail, tw, strict=True) if x == w]
+        h = len(own) // 2
+        fig = (abs(own[0] - own[-1]), max(own) - min(own), min(own[:h]) - min(own[h:]) if h else 0)
+        out = fig if out is None else tuple(max(a, b) for a, b in zip(out, fig, strict=True))
+    return out
 
 
 def check(r):
@@ -291,16 +300,17 @@ def check(r):
                            % (who, s["stop"], s["n_new"], res["asked"], line))
         elif s["stop"] or s["n_new"] != res["asked"]:
             bad.append("%s%s stopped at %d of %d tokens (%s)" % (who, c["policy"], s["n_new"], res["asked"], s["stop_line"] or s["stop"]))
-    d, spread, drop = drift(res["free"])
+    d, spread, drop = drift(res["free"], res.get("who"))
     figs["drift_bytes"] = d
     figs["spread_bytes"] = spread
     figs["floor_drop_bytes"] = drop
     if d is not None and d > block:
         f = res["free"]
-        bad.append("free heap drifted %d B (> one %d B GC block): %d B free after token %d, %d B after the last (%d); "
-                   "from token %d on it ranges over %d B (%d to %d), its floor dropped %d B from the first half to the second"
-                   % (d, block, f[DRIFT_FROM - 1], DRIFT_FROM, f[-1], len(f), DRIFT_FROM, spread, min(f[DRIFT_FROM - 1:]),
-                      max(f[DRIFT_FROM - 1:]), drop))
+        bad.append("free heap drifted %d B (> one %d B GC block) between a sequence's sample after token %d and its last "
+                   "(all samples: %d B free after token %d, %d B after the last (%d)); from token %d on a sequence's samples "
+                   "range over %d B (all: %d to %d), its floor dropped %d B from the first half to the second"
+                   % (d, block, DRIFT_FROM, f[DRIFT_FROM - 1], DRIFT_FROM, f[-1], len(f), DRIFT_FROM, spread,
+                      min(f[DRIFT_FROM - 1:]), max(f[DRIFT_FROM - 1:]), drop))
     return bad, figs
 
 

@@ -15,13 +15,15 @@ RING = {"policy": "window", "window": 16, "batch": 1}
 FULL = {"policy": "full", "window": 0, "batch": 1}
 
 
-def record(config, free=None, seqs=None, tasks_failed=(), asked=2000, gc_block=16, rc=0, error=""):
+def record(config, free=None, seqs=None, tasks_failed=(), asked=2000, gc_block=16, rc=0, error="", who=None):
     # a run_one() record as soakrun's result would make it
     res = None
     if rc == 0:
         res = {"seqs": seqs if seqs is not None else [{"n_new": asked, "stop": "", "stop_line": ""}],
                "tasks_failed": list(tasks_failed), "free": free if free is not None else [1000] * asked,
                "asked": asked, "gc_block": gc_block, "word_bytes": gc_block // 4}
+        if who is not None:
+            res["who"] = who
     return {"config": config, "rc": rc, "wall_s": 1.0, "result": res, "error": error, "tail": []}
 
 
@@ -41,6 +43,22 @@ def test_heap_drift_over_one_gc_block_is_flagged():
     # the first 100 tokens do not count; a run of fewer tokens cannot tell
     assert soak.check(record(RING, free=[9000] * 99 + [5000] * 1901))[0] == []
     assert soak.drift([1, 2, 3]) == (None, None, None)
+
+
+def test_two_chats_are_each_compared_with_their_own_samples():
+    # seed 18 (two chats, the 32-bit port): the samples alternate between two levels 304 B
+    # apart, as each chat samples while the other is suspended inside its own step holding
+    # its own live objects; the run's first and last samples were taken by different chats,
+    # which read as a 304 B drift with no growth at all. Each chat's own samples: no drift
+    free = ([3261968, 3261664] * 1000)[:1997]  # 1,997 samples, as the run took
+    who = ([0, 1] * 1000)[:1997]
+    assert soak.drift(free) == (304, 304, 0)
+    assert soak.drift(free, who) == (0, 0, 0)
+    bad, figs = soak.check(record(RING, free=free, who=who))
+    assert bad == [] and figs["drift_bytes"] == 0
+    # a chat whose own heap use grows is still caught, whoever samples last
+    grow = [3261968 - (32 * i // 1000 if i % 2 else 0) for i in range(1997)]
+    assert soak.drift(grow, who)[0] == 60 and soak.check(record(RING, free=grow, who=who))[0]
 
 
 def test_a_memory_error_is_flagged_and_counted():

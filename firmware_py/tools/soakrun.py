@@ -77,6 +77,10 @@ class _Trace(decode.HeapTrace):
         self.last = last
         self.chats = chats  # a chat stopped by its cache (full, no block) ends its task too
         self.done = False
+        # [sample] which chat took it (its index; 0 without chats): a chat samples while the
+        # others are suspended inside their own steps, each holding its own live objects, so
+        # the samples alternate between levels; the soak compares each chat's own samples
+        self.who = compat.new_array("i", n + 1)
 
     def __call__(self, s):
         if self.done:
@@ -85,7 +89,14 @@ class _Trace(decode.HeapTrace):
             if c.stop:
                 self.done = True
                 return
+        i = self.n
         decode.HeapTrace.__call__(self, s)
+        if self.n > i:
+            w = 0
+            for j in range(len(self.chats)):
+                if self.chats[j] is s:
+                    w = j
+            self.who[i] = w
         if self.last and s.n_new >= self.last:
             self.done = True
 
@@ -220,6 +231,7 @@ def main(argv):
         return 3
     tr = r.pop("trace")
     r["free"] = list(tr.free[:tr.n])
+    r["who"] = list(tr.who[:tr.n]) if isinstance(tr, _Trace) else [0] * tr.n  # the sequence that took each sample
     r["used_max"] = max(tr.used[:tr.n]) if tr.n else 0  # pool blocks in use, at most
     r["asked"] = o["tokens"]
     r["word_bytes"] = decode.WORD_BYTES

@@ -48,7 +48,8 @@ def render(r):
         "unix port with the board's usable heap, drawn from its seed across boards, models, weights, KV types, "
         "policies, batch sizes and co-running tasks. A full policy is asked for more than its context and must stop "
         "with its one line; a ring policy decodes %s tokens. Drift = |free heap after the %dth new token - free heap "
-        "after the last| (after a collection, `decode.HeapTrace`); the promise is at most one GC block (16 B on "
+        "after the last| (after a collection, `decode.HeapTrace`; with chats, each chat's own samples, the largest "
+        "over the chats); the promise is at most one GC block (16 B on "
         "32-bit, 32 B on 64-bit). Spread = max - min of the free heap from that token on." % (
             r["command"], "{:,}".format(r["ring_tokens"]), soak.DRIFT_FROM),
         "",
