@@ -167,12 +167,14 @@ def render(state, counts=None, board_text=(), title="kvrtos telemetry", width=80
     from rich.console import Group
     from rich.table import Table
 
-    width = max(40, int(width))
-    avail = max(8, int(height)) - 1  # the line under it: the cursor's (and the monitor's last newline)
+    width = max(1, int(width))
+    avail = max(1, int(height) - 1)  # the line under it: the cursor's (and the monitor's last newline)
     head = _crop(_header(state, counts, title), width, "bold")
+    if avail < 2:
+        return Group(head)  # a terminal of two lines or fewer: the header alone
     if width < WIDE:
         return Group(head, *_column(_sections(state, board_text, width, detail=False), avail - 1))
-    lw = (width - 3) * 3 // 5
+    lw = (width - 3) // 2
     rw = width - 3 - lw
     left = _column(_left(state, board_text, lw), avail - 1)
     right = _column(_right(state, rw), avail - 1)
@@ -188,7 +190,7 @@ def render(state, counts=None, board_text=(), title="kvrtos telemetry", width=80
 # with that many; keep "head" shows the first lines when cropped, "tail" the last (text,
 # events: the newest). Their order is their priority
 def _sections(state, board_text, width, detail):
-    out = [("vitals", [_crop(s, width) for s in _vitals(state)], 1, "head"),
+    out = [("vitals", [_crop(s, width) for s in _vitals(state, width)], 1, "head"),
            ("text", _text_lines(state, width), 3, "tail"),
            ("events", _event_lines(state, width), 3, "tail"),
            ("tasks", _task_lines(state, width), 3, "head")]
@@ -207,14 +209,15 @@ def _left(state, board_text, width):
 
 
 def _right(state, width):
-    return [("vitals", [_crop(s, width) for s in _vitals(state)], 1, "head"),
+    return [("vitals", [_crop(s, width) for s in _vitals(state, width)], 1, "head"),
             ("tasks", _task_lines(state, width), 3, "head"),
             ("detail", _detail_lines(state, width), 2, "head")]
 
 
 # the lines of the sections that fit `avail` lines: each section in priority order gets
 # its least (or is left out), then the room left goes first to the text and events (up to
-# FIRST lines each, their titles in), then to each section in order, in full
+# FIRST lines each, their titles in), then to each other section in order, in full, and
+# what is left to the text
 FIRST = {"text": 7, "events": 5}
 
 
@@ -226,8 +229,9 @@ def _column(sections, avail):
         if n and n <= left:
             got[name] = n
             left -= n
+    order = [x for x in sections if x[0] != "text"] + [x for x in sections if x[0] == "text"]
     for first in (True, False):
-        for name, lines, _, _ in sections:
+        for name, lines, _, _ in sections if first else order:  # the rest: the text last (it takes what is left)
             if name not in got or (first and name not in FIRST):
                 continue
             want = min(len(lines), FIRST[name]) if first else len(lines)
@@ -262,35 +266,39 @@ def _header(state, counts, title):
     return "  ".join(parts)
 
 
-def _vitals(state):
-    # pool and heap, the KV sequences, the worst deadline: what a glance needs
-    out = []
+def _vitals(state, width):
+    # pool and heap, the KV sequences, the worst deadline, the longest slice: what a glance
+    # needs, each an item of its own, packed into lines of at most width columns (an item
+    # wider than that is cropped on a line of its own), so a narrow column loses none
+    items = []
     p, h = state.pool, state.heap
-    parts = []
     if p:
         total = int(state.layout.get("pool.blocks", 0) or 0)
-        parts.append("pool blocks %s %d/%s, high %d, refused %d" % (
+        items.append("pool blocks %s %d/%s, high %d, refused %d" % (
             _bar(p.get("used", 0), total, 10), p.get("used", 0), total or "?", p.get("high_water", 0), p.get("failed", 0)))
     if h:
-        least = "" if state.heap_least is None else ", least %s" % _n(state.heap_least)
-        parts.append("heap free %s of %s B%s" % (_n(h.get("free", 0)), _n(h.get("free", 0) + h.get("alloc", 0)), least))
-    if parts:
-        out.append("  ".join(parts))
-    seqs = ["KV seq %d %d/%d (evicted %d)" % (slot, s.get("cached", 0), s.get("cap", 0), s.get("evictions", 0))
-            for slot, s in sorted(state.seqs.items())]
-    if seqs:
-        out.append("  ".join(seqs))
+        items.append("heap free %s of %s B" % (_n(h.get("free", 0)), _n(h.get("free", 0) + h.get("alloc", 0))))
+        if state.heap_least is not None:
+            items.append("least free %s B" % _n(state.heap_least))
+    items += ["KV seq %d %d/%d (evicted %d)" % (slot, s.get("cached", 0), s.get("cap", 0), s.get("evictions", 0))
+              for slot, s in sorted(state.seqs.items())]
     tasks = list(state.tasks.values())
     if tasks:
         worst = max(tasks, key=lambda t: (t.get("misses", 0), t.get("max_lat_us", 0)))
         slice_ = max(tasks, key=lambda t: t.get("max_slice_us", 0))
         misses = sum(t.get("misses", 0) for t in tasks)
         if misses:
-            line = "deadlines: %d missed, worst %s (%d, latency up to %s us)" % (
-                misses, worst["name"], worst.get("misses", 0), _n(worst.get("max_lat_us", 0)))
+            items.append("deadlines: %d missed, worst %s (%d, latency up to %s us)" % (
+                misses, worst["name"], worst.get("misses", 0), _n(worst.get("max_lat_us", 0))))
         else:
-            line = "deadlines: none missed (latency up to %s us: %s)" % (_n(worst.get("max_lat_us", 0)), worst["name"])
-        out.append(line + "  longest slice %s us: %s" % (_n(slice_.get("max_slice_us", 0)), slice_["name"]))
+            items.append("deadlines: none missed (latency up to %s us: %s)" % (_n(worst.get("max_lat_us", 0)), worst["name"]))
+        items.append("longest slice %s us: %s" % (_n(slice_.get("max_slice_us", 0)), slice_["name"]))
+    out = []
+    for it in items:
+        if out and len(out[-1]) + 2 + len(it) <= width:
+            out[-1] += "  " + it
+        else:
+            out.append(it)
     return out
 
 
@@ -307,18 +315,22 @@ def _event_lines(state, width):
 
 
 def _task_lines(state, width):
-    # tasks, those that missed first, then the busiest (now, then in all): name, state, CPU %, latency, slice, misses (+ prio, faults when wide)
-    wide = width >= 72
-    cols = [("task", 12, "<"), ("state", 8, "<"), ("CPU %", 6, ">"), ("lat us", 8, ">"), ("slice us", 9, ">"),
-            ("misses", 7, ">")] + ([("prio", 5, ">"), ("faults", 7, ">")] if wide else [])
+    # tasks, those that missed first, then the busiest (now, then in all): name, state, CPU %, misses, and as the
+    # width allows latency, slice, prio, faults
+    # the columns that fit, in this order (the name, state, CPU % and misses always)
+    cols = [("task", 12, "<"), ("state", 8, "<"), ("CPU %", 6, ">"), ("misses", 7, ">")]
+    for extra in (("lat us", 8, ">"), ("slice us", 9, ">"), ("prio", 5, ">"), ("faults", 7, ">")):
+        if sum(w + 1 for _, w, _ in cols) + extra[1] <= width:
+            cols.append(extra)
     out = [_rule("tasks", width), _crop(" ".join(_cell(n, w, a) for n, w, a in cols), width, "bold")]
     rows = sorted(state.tasks.values(), key=lambda t: (-t.get("misses", 0), -(t.get("cpu_pct") or 0), -t.get("run_ms", 0), t["slot"]))
     for t in rows:
         st = t.get("state", 0)
-        vals = [t["name"], STATE_NAMES[st] if 0 <= st < len(STATE_NAMES) else str(st),
-                "-" if t.get("cpu_pct") is None else "%.1f" % t["cpu_pct"], _n(t.get("max_lat_us", 0)),
-                _n(t.get("max_slice_us", 0)), str(t.get("misses", 0))] + \
-            ([str(t.get("prio", "")), str(t.get("faults", 0))] if wide else [])
+        every = {"task": t["name"], "state": STATE_NAMES[st] if 0 <= st < len(STATE_NAMES) else str(st),
+                 "CPU %": "-" if t.get("cpu_pct") is None else "%.1f" % t["cpu_pct"], "misses": str(t.get("misses", 0)),
+                 "lat us": _n(t.get("max_lat_us", 0)), "slice us": _n(t.get("max_slice_us", 0)),
+                 "prio": str(t.get("prio", "")), "faults": str(t.get("faults", 0))}
+        vals = [every[n] for n, _, _ in cols]
         out.append(_crop(" ".join(_cell(v, w, a) for v, (_, w, a) in zip(vals, cols, strict=True)), width,
                          "red" if t.get("misses", 0) else None))
     return out

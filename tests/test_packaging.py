@@ -232,3 +232,21 @@ def test_dependencies_are_ranges_but_for_the_boards_and_constraints_pin_them_all
         except metadata.PackageNotFoundError:
             continue  # an extra not installed here
         assert have == pins[name], (name, have, pins[name])
+
+
+def test_host_finds_its_data_through_paths_only():
+    # installed, the board profiles, scenarios and tiny model are host/data/...: a host
+    # module that joins ROOT with "boards", "models" or "scenarios" breaks in a wheel
+    # (host/bench/_flash.py did: `kvrtos bench dma`)
+    import re
+
+    bad = []
+    pat = re.compile(r"""ROOT\s*(,|\+)\s*["'][/]?(boards|models|scenarios)\b""")
+    for dp, _, fs in os.walk(os.path.join(ROOT, "host")):
+        for f in fs:
+            if f.endswith(".py"):
+                p = os.path.join(dp, f)
+                for i, line in enumerate(open(p, encoding="utf-8"), 1):
+                    if pat.search(line):
+                        bad.append("%s:%d: %s" % (os.path.relpath(p, ROOT), i, line.strip()))
+    assert bad == [], bad

@@ -22,12 +22,12 @@ TOK = os.path.join(TINY, "tokenizer.bin")
 
 class Board:
     # a Server on a VirtualClock whose link is a bytearray and whose input is a list of command frames
-    def __init__(self, **kw):
+    def __init__(self, model=MODEL, tokenizer=TOK, **kw):
         self.cap = bytearray()
         self.cmds = []
         self.lines = []
-        self.srv = serve.Server(self._write, self._poll, clock=VirtualClock(), model=MODEL, tokenizer=TOK, layer_us=2000,
-                                out=self.lines.append, **kw)
+        self.srv = serve.Server(self._write, self._poll, clock=VirtualClock(), model=model, tokenizer=tokenizer,
+                                layer_us=2000, out=self.lines.append, **kw)
 
     def _write(self, buf, n):
         self.cap.extend(bytes(buf[:n]))
@@ -140,11 +140,13 @@ def test_trace_and_plots(full_run, tmp_path):
 
 
 def _dashboard(st, width, height, counts=None, board_text=()):
+    # the dashboard's lines for a terminal of width x height, drawn on a console wider and
+    # taller than that (so nothing the console itself crops hides a line that is too long)
     from rich.console import Console
 
-    con = Console(file=io.StringIO(), width=width, height=height, record=True)
+    con = Console(file=io.StringIO(), width=width + 60, height=height + 60, record=True)
     con.print(dashboard.render(st, counts, board_text, width=width, height=height))
-    return con.export_text().rstrip("\n").split("\n")
+    return [ln.rstrip() for ln in con.export_text().rstrip("\n").split("\n")]
 
 
 def test_dashboard_renders_from_the_frames(full_run):
@@ -177,14 +179,27 @@ def test_the_dashboard_fits_its_terminal_with_what_matters_first(full_run):
                  "done", "tasks", "decode"):
         assert want in text, (want, text)
     assert st.text.rstrip()[-20:].split()[-1] in text  # the newest text, not the oldest
-    for w in (40, 60, 79, 100, 119, 120, 160, 240):
-        for h in (8, 12, 24, 50, 80):
+    for w in (20, 40, 60, 79, 100, 119, 120, 160, 240):
+        for h in (2, 3, 5, 8, 12, 24, 50, 80):
             lines = _dashboard(st, w, h, counts, ["a board line " * 12] * 6)
-            assert len(lines) <= h - 1 and max(len(x) for x in lines) <= w, (w, h, lines)
-            assert lines[0].startswith("kvrtos telemetry"), (w, h)
-    # a taller terminal shows every task row (80x24 has room for the busiest two)
-    tall = "\n".join(_dashboard(st, 80, 50, counts, ["board says hi"]))
-    assert all(t["name"] in tall for t in st.tasks.values()) and not all(t["name"] in text for t in st.tasks.values())
+            assert len(lines) <= max(1, h - 1) and max(len(x) for x in lines) <= w, (w, h, lines)
+            assert "kvrtos telemetry"[:w - 1] in lines[0], (w, h)
+    # the heap (a board's: CPython's is not measured) is shown at every width, the two-column
+    # layout's narrower right column too (it was cropped off between 120 and 159 columns)
+    st.heap = {"free": 1234567, "alloc": 7777777 - 1234567}
+    st.heap_least = 1200000
+    for w in (80, 100, 120, 140, 160):
+        text = "\n".join(_dashboard(st, w, 24, counts))
+        assert "heap free 1,234,567 of 7,777,777 B" in text and "least free 1,200,000 B" in text, (w, text)
+        assert "longest slice" in text and "deadlines:" in text, (w, text)
+    # every task row shows before more of the text does: a long text no longer pushes the
+    # tasks off (80x24 with the 2,000-character text buffer full)
+    long = dashboard.State()
+    for f in frames:
+        long.update(f)
+    long.text = ("Once upon a time there was a long story. " * 60)[-long.text_chars:]
+    text = "\n".join(_dashboard(long, 80, 24, counts))
+    assert all(t["name"] in text for t in long.tasks.values()) and "a long story" in text, text
     # before any frame: something to look at, still within the size
     empty = _dashboard(dashboard.State(), 80, 24)
     assert 1 < len(empty) <= 23 and "(no text yet)" in "\n".join(empty)
@@ -227,15 +242,24 @@ def test_attaching_to_a_running_serve_asks_for_its_layout():
     assert "decode" in names and not any(n.startswith("task") and n[4:].isdigit() for n in names), names
 
 
-def test_the_link_budget_is_what_the_docs_say(full_run):
+def test_the_link_budget_is_what_the_docs_say(tmp_path, monkeypatch):
     # docs/telemetry.md's link budget: the share of a 115,200-baud link each frame type
-    # took in full_run's request (deterministic: a VirtualClock), recomputed from the wire
-    # bytes; the periodic frames within share_pct; all of it within the link. And below the
+    # took in one request of 200 tokens (deterministic: a VirtualClock), recomputed from
+    # the wire bytes; the periodic frames within share_pct; all of it within the link. The
+    # model and tokenizer by the names a board's filesystem gives them (the layout names
+    # the model file: an absolute path made its length the checkout's). And below the
     # 64-byte floor the layout's frame_max is the floor, as the page says
     import collections
+    import shutil
 
-    data = bytes(full_run.cap)
-    _, frames = full_run.decoded()
+    shutil.copy(MODEL, tmp_path / decode.MODEL_FILE)
+    shutil.copy(TOK, tmp_path / decode.TOKENIZER_FILE)
+    monkeypatch.chdir(tmp_path)
+    b = Board(max_requests=1, model=decode.MODEL_FILE, tokenizer=decode.TOKENIZER_FILE)
+    b.send("prompt", text="Once upon a time", tokens=200)
+    b.run()
+    data = bytes(b.cap)
+    _, frames = b.decoded()
     secs = (frames[-1]["ms"] - frames[0]["ms"]) / 1000.0
     names = {tm.T_LAYOUT: "layout", tm.T_PERIODIC: "periodic", tm.T_TEXT: "text", tm.T_EVENT: "event"}
     wire = collections.Counter()

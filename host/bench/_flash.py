@@ -10,7 +10,7 @@ import tempfile
 from firmware_py import bandwidth as bwm, board, flashkv, kv, pool, tiers
 from firmware_py.clock import VirtualClock
 from host import budget
-from host.paths import ROOT
+from host.paths import BOARDS
 
 _BOARD = "esp32s3_n8r8"
 
@@ -34,7 +34,7 @@ def erases_per_1000_tokens(batch_tokens, dtype="fp32", tokens=1000, keep_sram=2,
     p = pool.Pool(lay.block_bytes, n_sram + n_psram, views=False, tiers=(n_sram, n_psram), tier_names=("sram", "psram"))
     r = p.add_region(n_sram + n_psram)
     c = kv.KVCache(p, lay, max_seqs=1, max_blocks_per_seq=nblk)
-    bd = board.load(os.path.join(ROOT, "boards", _BOARD + ".json"))
+    bd = board.load(os.path.join(BOARDS, _BOARD + ".json"))
     bw = bwm.Bandwidth(bd, clock=VirtualClock())
     with tempfile.TemporaryDirectory() as d:
         fs = flashkv.FlashStore(os.path.join(d, "kv.bin"), nblk, lay.block_bytes, programmed=programmed)
