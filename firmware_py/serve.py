@@ -172,8 +172,8 @@ class Server:
 
     def command(self, ftype, body, seq):
         st = OK
-        if ftype != tm.T_CMD_PROMPT and ftype != tm.T_CMD_RESUME:
-            self.resume_failed = False  # it holds only for the prompt sent right after the resume
+        if ftype != tm.T_CMD_PROMPT and ftype != tm.T_CMD_RESUME and ftype != tm.T_CMD_LAYOUT:
+            self.resume_failed = False  # it holds only for the prompt sent right after the resume (a layout ask reads)
         if ftype == tm.T_CMD_PROMPT:
             try:
                 n, off = tm.get_varint(body, 0)

@@ -48,7 +48,7 @@ def check_weights(path, lay):
     # wrong cannot be told from a model's own
     import numpy as np  # noqa: PLC0415
 
-    raw = np.fromfile(path, dtype=np.uint8)
+    raw = np.memmap(path, dtype=np.uint8, mode="r")  # the pages read as the tensors are, not the whole file at once
     for t in lay.tensors:
         if t.name == "freq_cis":
             continue  # legacy files' RoPE table: never read

@@ -538,6 +538,15 @@ def _varint(v):
     return bytes(out)
 
 
+def frame_rows(f, name):
+    # the rows of a record that may appear once (a dict) or several times (a list under name + "s")
+    rows = f.get(name + "s")
+    if rows is not None:
+        return rows
+    r = f.get(name)
+    return [r] if isinstance(r, dict) else []
+
+
 def jsonl_line(frame, host_time=None):
     # one JSONL log line for a decoded frame
     d = {"host_t": round(time.time() if host_time is None else host_time, 3)}

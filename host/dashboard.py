@@ -10,6 +10,7 @@ import textwrap
 
 from firmware_py import telemetry as tm
 from firmware_py.sched.task import STATE_NAMES
+from host.console import frame_rows
 
 WIDE = 120  # columns from which the dashboard shows two columns
 
@@ -142,15 +143,6 @@ class State:
         if self.temp:
             parts.append("%.1f C" % (self.temp.get("deci_c", 0) / 10.0))
         return " | ".join(parts)
-
-
-def frame_rows(f, name):
-    # the rows of a record that may appear once (a dict) or several times (a list under name + "s")
-    rows = f.get(name + "s")
-    if rows is not None:
-        return rows
-    r = f.get(name)
-    return [r] if isinstance(r, dict) else []
 
 
 def event_line(e, state=None):

@@ -31,6 +31,7 @@ RETRY_S = 0.2  # how often a lost port is looked for again
 DONE_GRACE_S = 0.5  # --until-done: read this long after the last done event (its last periodic frames)
 SERVE_ANSWER_S = 5.0  # commands wait for serve's first telemetry frame this long (it sends one a period)
 SERVE_BOOT_S = 60.0  # ... and after --start, this long: serve's boot (model, pool, the config's tasks) comes first
+JUDGE_BYTES = 1 << 20  # --replay: the bytes judged before the replay (no capture: one line, nothing shown)
 SILENT_S = 15.0  # --until-done: a serve that answered and then sends no frame this long has stopped (it sends
 # one every period, 0.1 s by default, whatever the decode does: its slices are bounded)
 # serve has ended on the board (its requests never will): the raw REPL's end of a run
@@ -599,6 +600,8 @@ class Monitor:
                         raise UserError("port %s vanished" % self.port)
                     if not self._wait_for_port(deadline):
                         break
+                    if self.last_frame_t is not None:
+                        self.last_frame_t = time.monotonic()  # the silence counts from the port's return
                     continue
                 hit = self.feed(data, pattern) if data else self.settle(pattern)
                 if self.keys is not None and self.keys_poll():
@@ -638,7 +641,8 @@ class Monitor:
 
     # decode a recorded capture (raw bytes, as --capture writes them) as if it came from
     # the port; the same outputs. UserError when the file cannot be read
-    def replay(self, path, chunk=4096):
+    def replay(self, path, chunk=4096, limit=None):
+        # limit: read at most this many bytes (None: the whole file)
         try:
             f = open(path, "rb")
         except OSError as e:
@@ -646,13 +650,16 @@ class Monitor:
         with f:
             if os.path.isdir(path):
                 raise UserError("--replay %s is a folder" % path, 2)
-            while True:
+            left = limit
+            while left is None or left > 0:
                 try:
-                    data = f.read(chunk)
+                    data = f.read(chunk if left is None else min(chunk, left))
                 except OSError as e:
                     raise UserError("--replay %s cannot be read: %s" % (path, e.strerror or e), 2) from None
                 if not data:
                     break
+                if left is not None:
+                    left -= len(data)
                 self.feed(data)
         self.settle()  # the capture ended: what the decoder held back for a frame's tail is text, as a quiet live line
         self.flush_partial("end of the capture")
@@ -826,7 +833,7 @@ def main(port=None, board=None, log=None, until=None, timeout=None, jsonl=None, 
         # (empty, random bytes) is one line, not its bytes escaped line by line, nor empty logs
         with open(os.devnull, "w") as sink:
             pre = Monitor(replay, out=sink, view="quiet", timestamps=False)
-            pre.replay(replay)
+            pre.replay(replay, limit=JUDGE_BYTES)  # its first MiB: a capture shows frames or text long before that
             _judge_capture(pre, replay)
     elif port is None:
         port = link.port_of(None, board)

@@ -68,32 +68,43 @@ def cached(src=None):
 
 
 PROGRESS_S = 5  # seconds between the build's progress lines
+MAKE_LIMIT_S = 900  # the longest one make (mpy-cross, the port) may run
 
 
-def _make(cmd, what, say):
+def _make(cmd, what, say, limit=MAKE_LIMIT_S):
     # run make, its output kept (CompletedProcess-like: returncode, stdout, stderr); with
-    # say, a line when it starts and one every 5 s with the files compiled so far
+    # say, a line when it starts and one every PROGRESS_S with the files compiled so far.
+    # A make past `limit` seconds (silent or not) is killed: UserError, exit 1
+    import threading
+
     if say is None:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, timeout=limit)
+        except subprocess.TimeoutExpired:
+            raise UserError("32-bit MicroPython build: %s ran past %d s and was stopped" % (what, limit), 1) from None
     t0 = time.monotonic()
     say("mp32: building %s ..." % what)
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines, cc, last = [], 0, t0
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(p.stdout), daemon=True)  # make's lines as they come
+    reader.start()
+    last = t0
     try:
-        for line in p.stdout:
-            lines.append(line)
-            cc += line.startswith("CC ")
+        while p.poll() is None:
+            time.sleep(0.1)
             now = time.monotonic()
+            if now - t0 > limit:
+                p.kill()
+                raise UserError("32-bit MicroPython build: %s ran past %d s and was stopped" % (what, limit), 1)
             if now - last >= PROGRESS_S:
                 last = now
-                say("mp32: %s: %d files compiled, %.0f s" % (what, cc, now - t0))
-            if now - t0 > 900:
-                p.kill()
-                break
-        p.wait(timeout=60)
+                say("mp32: %s: %d files compiled, %.0f s" % (what, sum(x.startswith("CC ") for x in lines), now - t0))
     finally:
         if p.poll() is None:
             p.kill()
+        p.wait()
+        reader.join(timeout=5)
+    cc = sum(x.startswith("CC ") for x in lines)
     say("mp32: %s %s: %d files compiled in %.0f s" % (what, "done" if p.returncode == 0 else "failed", cc, time.monotonic() - t0))
     return subprocess.CompletedProcess(cmd, p.returncode, "".join(lines), "")
 

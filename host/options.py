@@ -67,11 +67,15 @@ def number(v, flag, lo=0.0, hi=None, open_lo=False):
     return x
 
 
+SECONDS_MAX = 7 * 24 * 3600  # a week: the longest --timeout (far more and Python's own waits overflow)
+
+
 def seconds(v, flag):
     try:
-        return number(v, flag, 0.0, None, open_lo=True)
+        return number(v, flag, 0.0, SECONDS_MAX, open_lo=True)
     except UserError:
-        raise UserError("%s must be a positive number of seconds, got %r" % (flag, v), 2) from None
+        raise UserError("%s must be a positive number of seconds, at most %d (a week), got %r" % (flag, SECONDS_MAX, v),
+                        2) from None
 
 
 def choice(v, flag, choices):

@@ -287,7 +287,8 @@ def flash(c, port=None, board="esp32s3_n8r8", src=None, timeout="10", model=None
              config=paths_user(config) if config else None, weights=weights)
 
 
-@task(help={"bin": "MicroPython firmware image for the ESP32-S3 (.bin)", "port": "serial port", "board": "board profile name (its USB VID finds the port)",
+@task(help={"bin": "MicroPython firmware image for the board's chip (.bin: ESP32_GENERIC_S3 for an S3, ESP32_GENERIC for a classic ESP32)",
+            "port": "serial port", "board": "board profile name: its chip, flash offset and USB VID (default esp32s3_n8r8)",
             "erase": "erase the whole flash first", "dry_run": "print the esptool commands only (no board needed)"})
 @one_line_errors
 def flash_firmware(c, bin="", port=None, board="esp32s3_n8r8", erase=False, dry_run=False):
@@ -295,7 +296,8 @@ def flash_firmware(c, bin="", port=None, board="esp32s3_n8r8", erase=False, dry_
     from host import flash as fl
 
     if not bin:
-        raise UserError("--bin FILE is required: the MicroPython .bin for an ESP32-S3 (micropython.org/download/ESP32_GENERIC_S3)", 2)
+        raise UserError("--bin FILE is required: the MicroPython .bin for the board's chip (micropython.org/download/ESP32_GENERIC_S3 "
+                        "for an ESP32-S3)", 2)
     fl.flash_firmware(paths_user(bin), port=port and paths_user(port), erase=erase, board_name=board, dry_run=dry_run)
 
 

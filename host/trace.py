@@ -27,7 +27,7 @@ import os
 import sys
 
 from host import paths
-from host.dashboard import frame_rows
+from host.console import frame_rows
 from host.errors import UserError
 
 PID = 1  # the board's process in the trace

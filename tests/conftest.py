@@ -62,8 +62,8 @@ def pytest_runtest_logreport(report):
     # the tests run under each interpreter, counted from their reports (a script's own, not
     # its subtests': tests/test_firmware.py reports each failed or skipped check as one)
     m = _INTERP_ID.search(report.nodeid)
-    if report.when == "call" and m and type(report).__name__ != "SubtestReport":
-        _ran[m.group(1)][0 if report.passed else 1] += 1
+    if report.when == "call" and m and type(report).__name__ != "SubtestReport" and not report.skipped:
+        _ran[m.group(1)][0 if report.passed else 1] += 1  # a skip is neither
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -393,6 +393,17 @@ def test_the_32_bit_build_says_how_far_it_is(monkeypatch):
     assert any(re.match(r"mp32: the part: [1-3] files compiled, \d+ s$", s) for s in said[1:-1]), said
     r = mp32._make(["sh", "-c", "echo CC a.c; echo 'a.c:1: error: nope'; exit 2"], "the part", said.append)
     assert r.returncode == 2 and "error: nope" in r.stdout and said[-1].startswith("mp32: the part failed: 1 files")
+    # a make that hangs printing nothing is stopped at its limit (the loop read its lines only)
+    import time as time_mod
+
+    from host.errors import UserError
+
+    t0 = time_mod.monotonic()
+    for say in (said.append, None):
+        with pytest.raises(UserError) as e:
+            mp32._make(["sh", "-c", "sleep 30"], "the part", say, limit=1)
+        assert "the part ran past 1 s and was stopped" in str(e.value) and e.value.code == 1
+    assert time_mod.monotonic() - t0 < 15
 
 
 def test_boardtime_on_a_function_that_never_returns_ends_at_its_timeout(tmp_path):

@@ -199,9 +199,10 @@ def test_budget_refuses_a_profile_whose_heap_exceeds_its_ram(tmp_path):
         (["--until", "("], "--until '(' is not a valid regular expression: missing )"),
         (["--log", "/nonexistent-dir/serial.log"], "--log /nonexistent-dir/serial.log: folder /nonexistent-dir does not exist"),
         (["--log", "/tmp"], "--log /tmp is a folder"),
-        (["--timeout", "abc"], "--timeout must be a positive number of seconds, got 'abc'"),
-        (["--timeout", "-1"], "--timeout must be a positive number of seconds, got '-1'"),
-        (["--timeout", "0"], "--timeout must be a positive number of seconds, got '0'"),
+        (["--timeout", "abc"], "--timeout must be a positive number of seconds, at most 604800 (a week), got 'abc'"),
+        (["--timeout", "-1"], "--timeout must be a positive number of seconds, at most 604800 (a week), got '-1'"),
+        (["--timeout", "0"], "--timeout must be a positive number of seconds, at most 604800 (a week), got '0'"),
+        (["--timeout", "1e12"], "--timeout must be a positive number of seconds, at most 604800 (a week), got '1e12'"),
     ],
 )
 def test_monitor_refuses_bad_options_before_opening_a_port(args, says):

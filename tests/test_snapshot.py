@@ -565,3 +565,22 @@ def test_a_stop_inside_the_end_of_request_save_keeps_the_previous_snapshot_and_s
     assert any("c was stopped while it was written; the previous one of that name is kept" in x for x in lines), lines
     assert os.path.getsize("snapshots/c.kvs") == size and not os.path.exists("snapshots/c.kvs.tmp")
     assert srv.saving == "" and tm
+
+
+def test_a_layout_ask_between_a_refused_resume_and_its_prompt_keeps_the_prompt_refused(tmp_path, monkeypatch):
+    # the console asks for the layout when it attaches; a refused resume makes the prompt sent
+    # with it refused (not run as a new conversation), and a layout ask (it only reads) between
+    # them must not clear that; any other command does
+    from firmware_py import telemetry as tm
+
+    monkeypatch.chdir(tmp_path)
+    lines = []
+    srv = _server(lines)
+    assert srv.command(tm.T_CMD_RESUME, b"nosuch", 1) != 0
+    assert srv.command(tm.T_CMD_LAYOUT, b"", 2) == 0
+    prompt = bytes([4]) + b"hi"  # [tokens varint][text]
+    assert srv.command(tm.T_CMD_PROMPT, prompt, 3) != 0
+    assert any("the resume before it was refused" in x for x in lines), lines
+    assert srv.command(tm.T_CMD_RESUME, b"nosuch", 4) != 0
+    srv.command(tm.T_CMD_STOP, b"", 5)  # another command between them (nothing runs: its own status aside)
+    assert srv.command(tm.T_CMD_PROMPT, prompt, 6) == 0  # the prompt is no longer the resume's: a new request
