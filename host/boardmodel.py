@@ -37,7 +37,10 @@ def named(model_arg):
     return None
 
 
-WEIGHT_MAX = 1e4  # the largest |weight| or |scale| a checkpoint may hold (stories260K's: 4.4, kvrtos-tiny's: 1.8)
+# the largest |weight| an fp32 tensor may hold (stories260K's: 4.4, kvrtos-tiny's: 1.8; a
+# trained llama2.c model's stay far below), and so an int8 tensor's scale (max |w| / 127)
+WEIGHT_MAX = 1e3
+SCALE_MAX = WEIGHT_MAX / 127
 
 
 def check_weights(path, lay):
@@ -54,13 +57,14 @@ def check_weights(path, lay):
             continue  # legacy files' RoPE table: never read
         off, n = (t.scales_file_off, t.rows * t.cols // t.group) if t.group else (t.file_off, t.rows * t.cols)
         a = raw[off:off + 4 * n].view("<f4")
-        bad = ~np.isfinite(a) | (np.abs(np.nan_to_num(a)) > WEIGHT_MAX)
+        top = SCALE_MAX if t.group else WEIGHT_MAX
+        bad = ~np.isfinite(a) | (np.abs(np.nan_to_num(a)) > top)
         if bad.any():
             i = int(np.argmax(bad))
             where = "%s%s" % (t.name, "" if t.layer < 0 else " of layer %d" % t.layer)
-            raise UserError("%s is damaged: %s %s holds %r at byte %d (a trained model's are below %g): a flipped or "
+            raise UserError("%s is damaged: %s %s holds %r at byte %d (a trained model's are below %.3g): a flipped or "
                             "overwritten byte; use an intact copy" % (path, where, "scales" if t.group else "weights",
-                                                                     float(a[i]), off + 4 * i, WEIGHT_MAX), 2)
+                                                                     float(a[i]), off + 4 * i, top), 2)
 
 
 # (model path, tokenizer path) for what the user typed: "" is kvrtos-tiny, "stories260K"

@@ -524,8 +524,9 @@ def esp_chip(board):
     # one it cannot (an RP2350, a Linux board)
     chip = ESP_CHIPS.get(board.cpu_arch)
     if chip is None:
-        raise UserError("board %s (%s) is not an ESP32: esptool cannot flash it; flash its MicroPython with its own tool "
-                        "(an RP2350: copy the .uf2 to its BOOTSEL drive, or picotool)" % (board.name, board.cpu_arch), 2)
+        how = ("flash its MicroPython with its own tool (an RP2350: copy the .uf2 to its BOOTSEL drive, or picotool)"
+               if board.kind == "mcu" else "it is a Linux board: it runs the host tools, not a MicroPython image")
+        raise UserError("board %s (%s) is not an ESP32: esptool cannot flash it; %s" % (board.name, board.cpu_arch, how), 2)
     return chip
 
 
@@ -546,8 +547,8 @@ def esptool_command(bin_path, port, erase=False, baud=460800, chip=ESP_CHIPS["xt
 
 # refuse (one line, exit 2) a file that cannot be an ESP32 firmware image: its header
 # (magic 0xE9, 1..16 segments, SPI mode 0..5: esptool's image format) and its size
-def check_esp_image(bin_path, chip=None):
-    # chip: esp_chip(board): the image's chip id must be that chip's
+def check_esp_image(bin_path, chip=None, board_name=""):
+    # chip: esp_chip(board): the image's chip id must be that chip's (board_name: for the message)
     with open(bin_path, "rb") as f:
         head = f.read(16)
     size = os.path.getsize(bin_path)
@@ -563,8 +564,10 @@ def check_esp_image(bin_path, chip=None):
                         % (bin_path, size, MIN_IMAGE_BYTES), 2)
     cid = head[12] | head[13] << 8
     if chip is not None and cid != chip[2]:
-        raise UserError("%s is an image for %s (its header's chip id %d), not for this board's %s: download the %s build"
-                        % (bin_path, IMAGE_CHIP_IDS.get(cid, "another chip"), cid, chip[0], chip[0].upper()), 2)
+        raise UserError("%s is an image for %s (its header's chip id %d), not for the board's %s (--board %s): download "
+                        "the %s build, or name the board it is for with --board" % (
+                            bin_path, IMAGE_CHIP_IDS.get(cid, "another chip"), cid, chip[0], board_name,
+                            {"esp32s3": "ESP32_GENERIC_S3", "esp32": "ESP32_GENERIC"}.get(chip[0], chip[0].upper())), 2)
 
 
 def flash_firmware(bin_path, port=None, erase=False, board_name=paths.DEFAULT_BOARD, dry_run=False, out=print):
@@ -574,7 +577,7 @@ def flash_firmware(bin_path, port=None, erase=False, board_name=paths.DEFAULT_BO
     paths.regular_file(bin_path, "firmware image")  # a FIFO, /dev/null: what it is, not "does not exist"
     board = boards.load(board_name)
     chip = esp_chip(board)
-    check_esp_image(bin_path, chip)
+    check_esp_image(bin_path, chip, board.name)
     label = chip[0].upper().replace("ESP32S3", "ESP32-S3")
     if port is None:
         port = link.usb_port(board)

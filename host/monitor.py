@@ -86,9 +86,17 @@ def check_log(path, opt="--log"):
         raise UserError("%s %s is a folder; give a file to append to" % (opt, path), 2)
     folder = os.path.dirname(path) or "."
     if not os.path.isdir(folder):
+        up = folder
+        while up and not os.path.exists(up):
+            up = os.path.dirname(up)
+        if up and not os.path.isdir(up):
+            raise UserError("%s %s: %s is a file, not a folder" % (opt, path, up), 2)
         raise UserError("%s %s: folder %s does not exist" % (opt, path, folder), 2)
-    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+    if os.path.exists(path) and not os.access(path, os.W_OK):
         raise UserError("%s %s is not writable" % (opt, path), 2)
+    why = None if os.path.exists(path) else paths.cannot_write_in(folder)  # /proc, /sys: root's access() says yes
+    if why:
+        raise UserError("%s %s cannot be written: %s" % (opt, path, why), 2)
     return path
 
 

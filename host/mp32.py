@@ -40,6 +40,8 @@ def source(src=None):
             return os.path.abspath(cand)
         if cand and cand is src:
             raise UserError("%s is not a MicroPython source tree (no py/mpconfig.h)" % cand, 2)
+        if cand and cand is env:  # set by the user, so meant: no quiet fall-back to ../shared
+            raise UserError("$%s=%s is not a MicroPython source tree (no py/mpconfig.h)" % (SRC_ENV, cand), 2)
     return None
 
 

@@ -978,7 +978,8 @@ def test_flash_firmware_writes_each_chip_at_its_own_offset_and_refuses_what_espt
         assert r.returncode == 2 and one_line_error(r) and "is not an ESP32: esptool cannot flash it" in r.stderr, r.stderr
         assert r.stdout == ""
     r = kv("flash-firmware", "--bin", "esp32.bin", "--dry-run", cwd=str(tmp_path))  # an ESP32 image, an S3 board
-    assert r.returncode == 2 and "is an image for esp32 (its header's chip id 0), not for this board's esp32s3" in r.stderr
+    assert r.returncode == 2 and "is an image for esp32 (its header's chip id 0), not for the board's esp32s3" in r.stderr
+    assert "download the ESP32_GENERIC_S3 build" in r.stderr
     os.mkfifo(tmp_path / "fifo")
     for p, what in ((str(tmp_path / "fifo"), "is a FIFO (named pipe), not a file"), ("/dev/null", "is a character device, not a file")):
         r = kv("flash-firmware", "--bin", p, "--dry-run", timeout=30)
@@ -1044,7 +1045,38 @@ def test_a_damaged_model_is_refused_and_no_library_warning_leaks(tmp_path):
                  ("flash", "--port", "/dev/null")):
         r = kv(*args, "--model", str(bad), timeout=120)
         assert r.returncode == 2 and one_line_error(r) and "is damaged:" in r.stderr and "Warning" not in r.stderr, (args, r.stderr)
+    # an int8 file's damage reaches its scales (max |w| / 127: a trained model's are far below 1)
+    from host import convert
+
+    q8, _ = convert.cached_q8row(src)
+    data = bytearray(open(q8, "rb").read())
+    for i in range(len(data) - 4000, len(data)):
+        data[i] ^= 0x5A
+    (tmp_path / "q8").mkdir()
+    (tmp_path / "q8" / "model.bin").write_bytes(bytes(data))
+    shutil.copy(tok, tmp_path / "q8" / "tokenizer.bin")
+    r = kv("generate", "--tokens", "4", "--model", str(tmp_path / "q8" / "model.bin"), timeout=120)
+    assert r.returncode == 2 and one_line_error(r) and "scales holds" in r.stderr, r.stderr
     log = tmp_path / "one.jsonl"
     log.write_text('{"host_t":1.0,"type":"periodic","seq":1,"ms":10,"core":{"tokens":1}}\n')
     r = kv("trace", str(log), "--out", str(tmp_path / "t"))
     assert r.returncode == 0 and "Warning" not in r.stderr, r.stderr
+
+
+def test_more_bad_input_found_by_a_new_user(tmp_path):
+    # monitor --log through a regular file said "folder ... does not exist"; a wrong
+    # $KVRTOS_MICROPYTHON_SRC fell back to ../shared without a word; flash-firmware gave a
+    # Linux board the RP2350's advice, and an image for another chip did not name the board
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    cap = tmp_path / "t.bin"
+    cap.write_bytes(b"hi\nthere\n")
+    r = kv("monitor", "--replay", str(cap), "--log", str(afile / "x.log"))
+    assert r.returncode == 2 and one_line_error(r) and "%s is a file, not a folder" % afile in r.stderr, r.stderr
+    r = kv("mp32", env=dict(os.environ, KVRTOS_MICROPYTHON_SRC=str(tmp_path / "nope")))
+    assert r.returncode == 2 and one_line_error(r) and "KVRTOS_MICROPYTHON_SRC" in r.stderr and "nope" in r.stderr, r.stderr
+    (tmp_path / "fw.bin").write_bytes(FAKE_IMAGE)
+    r = kv("flash-firmware", "--bin", str(tmp_path / "fw.bin"), "--board", "apple_m1_8gb", "--dry-run")
+    assert r.returncode == 2 and "Linux board" in r.stderr and "RP2350" not in r.stderr, r.stderr
+    r = kv("flash-firmware", "--bin", str(tmp_path / "fw.bin"), "--board", "esp32_wroom32", "--dry-run")
+    assert r.returncode == 2 and "not for the board's esp32 (--board esp32_wroom32)" in r.stderr, r.stderr
