@@ -442,19 +442,32 @@ def _save(fig, out_dir, name):
 OUT_FILES = ("trace.json", "kv_bytes.png", "pool.png", "bandwidth.png")  # what main writes into out_dir
 
 
+def _ours(path):
+    # True when path is a trace.json this module wrote (its otherData source), which may be
+    # written again; a user's own file (or anything unreadable) is not
+    try:
+        with open(path, encoding="utf-8") as f:
+            d = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(d, dict) and str((d.get("otherData") or {}).get("source", "")).startswith("kvrtos telemetry")
+
+
 def main(log, out_dir=None, as_json=False, err=None):
     out_dir = out_dir or (os.path.dirname(os.path.abspath(log)))
     for name in OUT_FILES:  # a log named trace.json (or pool.png) was overwritten by its own trace
         p = os.path.join(out_dir, name)
         if os.path.exists(log) and os.path.exists(p) and os.path.samefile(p, log):
             raise UserError("the log %s would be overwritten by the %s written beside it: rename it or give --out DIR" % (log, name), 2)
+    tp = os.path.join(out_dir, "trace.json")
+    if os.path.exists(tp) and not _ours(tp):
+        raise UserError("%s holds a trace.json that ./kv trace did not write: give --out DIR (it is kept)" % out_dir, 2)
     frames, skipped = read(log)
     paths.out_folder(out_dir)
     note = skipped_note(log, skipped)
     if note:
         print(note, file=err or sys.stderr)
     trace, series = build(frames)
-    tp = os.path.join(out_dir, "trace.json")
     try:
         with open(tp, "w") as f:
             json.dump(trace, f)

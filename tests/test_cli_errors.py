@@ -1080,3 +1080,17 @@ def test_more_bad_input_found_by_a_new_user(tmp_path):
     assert r.returncode == 2 and "Linux board" in r.stderr and "RP2350" not in r.stderr, r.stderr
     r = kv("flash-firmware", "--bin", str(tmp_path / "fw.bin"), "--board", "esp32_wroom32", "--dry-run")
     assert r.returncode == 2 and "not for the board's esp32 (--board esp32_wroom32)" in r.stderr, r.stderr
+
+
+def test_trace_keeps_a_users_own_trace_json(tmp_path):
+    # ./kv trace LOG wrote trace.json beside the log over a user's own file, silently
+    log = tmp_path / "one.jsonl"
+    log.write_text('{"host_t":1.0,"type":"periodic","seq":1,"ms":10,"core":{"tokens":1}}\n')
+    (tmp_path / "trace.json").write_text('{"mine": 1}')
+    r = kv("trace", str(log))
+    assert r.returncode == 2 and one_line_error(r) and "did not write" in r.stderr, r.stderr
+    assert (tmp_path / "trace.json").read_text() == '{"mine": 1}'
+    r = kv("trace", str(log), "--out", str(tmp_path / "t"))
+    assert r.returncode == 0, r.stderr
+    r = kv("trace", str(log), "--out", str(tmp_path / "t"))  # its own: written again
+    assert r.returncode == 0, r.stderr
