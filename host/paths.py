@@ -184,9 +184,9 @@ def new_file(out, flag="--out"):
         up = folder
         while not os.path.exists(up):
             up = os.path.dirname(up)
-        if up != folder or not os.path.isdir(up):
-            what = "is a file, not a folder" if not os.path.isdir(up) else "does not exist"
-            raise UserError("%s %s: %s %s" % (flag, out, up if not os.path.isdir(up) else folder, what), 2)
+        if not os.path.isdir(up):
+            raise UserError("%s %s: %s is a file, not a folder" % (flag, out, up), 2)
+        raise UserError("%s %s: folder %s does not exist" % (flag, out, folder), 2)
     why = cannot_write_in(folder)
     if why:
         raise UserError("%s %s cannot be written: %s" % (flag, out, why), 2)
