@@ -280,10 +280,11 @@ def _model_file(n):
     from host import boardmodel  # noqa: PLC0415 - the model catalog, beside the emulator
 
     try:
-        boardmodel.check_weights(n["model"], llama2c.plan(n["model"])[1])
+        lay = llama2c.plan(n["model"])[1]  # read once: the check and the element type both use it
     except (llama2c.CheckpointError, OSError) as e:
         _bad("%s: %s" % (_display(n["model"]), e))
-    if n["weights"] == "int8" and _file_dtype(n["model"]) == "fp32":
+    boardmodel.check_weights(n["model"], lay)
+    if n["weights"] == "int8" and not lay.q8_len:
         from host import convert as conv  # noqa: PLC0415
 
         return conv.cached_q8row(n["model"])[0]

@@ -86,10 +86,8 @@ def check_log(path, opt="--log"):
         raise UserError("%s %s is a folder; give a file to append to" % (opt, path), 2)
     folder = os.path.dirname(path) or "."
     if not os.path.isdir(folder):
-        up = folder
-        while up and not os.path.exists(up):
-            up = os.path.dirname(up)
-        if up and not os.path.isdir(up):
+        up = paths.existing_part(folder)
+        if up and os.path.exists(up) and not os.path.isdir(up):
             raise UserError("%s %s: %s is a file, not a folder" % (opt, path, up), 2)
         raise UserError("%s %s: folder %s does not exist" % (opt, path, folder), 2)
     if os.path.exists(path) and not os.access(path, os.W_OK):

@@ -136,9 +136,7 @@ def out_folder(out_dir, flag="--out", make=True):
     if not os.path.isdir(out_dir):
         # the deepest part of the path that exists must be a folder (not a file on the way)
         # in which a folder can be made (not /proc, /sys, a read-only mount)
-        up = os.path.dirname(os.path.abspath(out_dir))
-        while not os.path.exists(up):
-            up = os.path.dirname(up)
+        up = existing_part(os.path.dirname(os.path.abspath(out_dir)))
         if not os.path.isdir(up):
             raise UserError("%s %s: %s is a file, not a folder" % (flag, out_dir, up), 2)
         why = cannot_write_in(up)
@@ -154,6 +152,17 @@ def out_folder(out_dir, flag="--out", make=True):
     if why:
         raise UserError("%s %s cannot be written: %s" % (flag, out_dir, why), 2)
     return out_dir
+
+
+def existing_part(p):
+    # the deepest part of path p that exists (p itself when it does): a file there means the
+    # path runs through a file, not a folder
+    while p and not os.path.exists(p):
+        up = os.path.dirname(p)
+        if up == p:
+            break
+        p = up
+    return p
 
 
 def cannot_write_in(folder):
@@ -181,9 +190,7 @@ def new_file(out, flag="--out"):
 
     folder = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(folder):
-        up = folder
-        while not os.path.exists(up):
-            up = os.path.dirname(up)
+        up = existing_part(folder)
         if not os.path.isdir(up):
             raise UserError("%s %s: %s is a file, not a folder" % (flag, out, up), 2)
         raise UserError("%s %s: folder %s does not exist" % (flag, out, folder), 2)
